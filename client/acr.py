@@ -1,0 +1,422 @@
+"""The Advantage Collapse Rate engine: group classification, step metrics and window metrics.
+
+Everything here is pure (no I/O, no globals) and follows DESIGN.md §3, which is normative.
+
+GRPO (Shao et al. 2024, "DeepSeekMath", eq. 3) normalises each reward against its group,
+``A_i = (r_i - mean(r)) / (std(r) + eps)``; a group whose rewards are all equal has ``A_i = 0`` for
+every completion and contributes no gradient. The share of such groups in a step is the ACR.
+
+Numerics: float64, two-pass mean and variance over values divided by ``s = max|r_i|`` so that no
+finite input can overflow; any output that is still not finite is reported as ``None``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+__all__ = [
+    "ACRSettings",
+    "GroupClass",
+    "GroupSummary",
+    "StepAccumulator",
+    "STEP_METRIC_FIELDS",
+    "WINDOW_METRIC_FIELDS",
+    "summarize_rewards",
+    "summarize_stats",
+    "step_metrics",
+    "summarize_step",
+    "window_metrics",
+    "InconsistentStatsError",
+]
+
+
+class GroupClass(StrEnum):
+    """The five classes of DESIGN.md §3; only the last three enter the ACR denominator."""
+
+    INVALID = "invalid"
+    DEGENERATE = "degenerate"
+    COLLAPSED = "collapsed"
+    NEAR_COLLAPSED = "near_collapsed"
+    LIVE = "live"
+
+
+VALID_CLASSES = frozenset({GroupClass.COLLAPSED, GroupClass.NEAR_COLLAPSED, GroupClass.LIVE})
+
+
+class InconsistentStatsError(ValueError):
+    """Compact group statistics that no list of rewards could have produced."""
+
+
+@dataclass(frozen=True, slots=True)
+class ACRSettings:
+    """Per-run constants of the classification.
+
+    reward_min, reward_max: the reward bounds that name a collapsed group's side (all_fail, all_pass).
+    trainer_eps: the eps of the trainer's advantage denominator (TRL and our ``grpo``: 1e-4).
+    tol: a group is near-collapsed when every |A_i| is below this.
+    """
+
+    reward_min: float = 0.0
+    reward_max: float = 1.0
+    trainer_eps: float = 1e-4
+    tol: float = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    """One group after masking, classified.
+
+    n: completions that remain after the mask. mean/std (sample std, n-1)/min/max: None when not
+    finite or undefined. n_pass: completions equal to reward_max when the group is binary, else None.
+    """
+
+    cls: GroupClass
+    side: str | None
+    n: int
+    mean: float | None
+    std: float | None
+    min: float | None
+    max: float | None
+    n_pass: int | None
+
+    @property
+    def valid(self) -> bool:
+        return self.cls in VALID_CLASSES
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _side(value: float, settings: ACRSettings) -> str:
+    if value == settings.reward_max:
+        return "all_pass"
+    if value == settings.reward_min:
+        return "all_fail"
+    return "constant"
+
+
+def _classify(
+    n: int, lo: float, hi: float, mean_x: float, std_x: float, s: float, settings: ACRSettings
+) -> tuple[GroupClass, str | None]:
+    """Class and side of a valid-size group from scaled statistics (x = r / s)."""
+    if hi == lo:
+        return GroupClass.COLLAPSED, _side(lo, settings)
+    # max_i |r_i - mean| is attained at min or max; divide by s on both sides of the ratio so
+    # nothing overflows: |r - mean| / (std + eps) == |x - mean_x| / (std_x + eps / s).
+    max_dev_x = max(hi / s - mean_x, mean_x - lo / s)
+    ratio = max_dev_x / (std_x + settings.trainer_eps / s)
+    if ratio < settings.tol:
+        return GroupClass.NEAR_COLLAPSED, None
+    return GroupClass.LIVE, None
+
+
+def _binary_passes(values: Sequence[float], settings: ACRSettings) -> int | None:
+    n_pass = 0
+    for v in values:
+        if v == settings.reward_max:
+            n_pass += 1
+        elif v != settings.reward_min:
+            return None
+    return n_pass
+
+
+def summarize_rewards(
+    rewards: Sequence[float | None],
+    mask: Sequence[int | bool] | None = None,
+    settings: ACRSettings = ACRSettings(),
+) -> GroupSummary:
+    """Classify one group of G rewards (DESIGN.md §3).
+
+    rewards: length G, float or None (None, NaN and ±inf are non-finite). mask: length G, 0 drops a
+    completion. Raises ValueError when mask and rewards differ in length.
+    """
+    if mask is not None:
+        if len(mask) != len(rewards):
+            raise ValueError(f"mask has {len(mask)} entries for {len(rewards)} rewards")
+        rewards = [r for r, m in zip(rewards, mask, strict=True) if m]
+    n = len(rewards)
+    if any(r is None or not math.isfinite(r) for r in rewards):
+        return GroupSummary(GroupClass.INVALID, None, n, None, None, None, None, None)
+    values: list[float] = [float(r) for r in rewards]  # type: ignore[arg-type]
+    if n < 2:
+        v = values[0] if values else None
+        return GroupSummary(GroupClass.DEGENERATE, None, n, v, None, v, v, None)
+    lo, hi = min(values), max(values)
+    s = max(abs(lo), abs(hi))
+    if s == 0.0:
+        mean_x = std_x = 0.0
+        s = 1.0
+    else:
+        xs = [v / s for v in values]
+        mean_x = math.fsum(xs) / n
+        std_x = math.sqrt(math.fsum((x - mean_x) ** 2 for x in xs) / (n - 1))
+        # Round-off can put the mean a hair outside [min, max] for near-constant groups.
+        mean_x = min(max(mean_x, lo / s), hi / s)
+    cls, side = _classify(n, lo, hi, mean_x, std_x, s, settings)
+    return GroupSummary(
+        cls,
+        side,
+        n,
+        _finite_or_none(mean_x * s),
+        _finite_or_none(std_x * s),
+        lo,
+        hi,
+        _binary_passes(values, settings),
+    )
+
+
+def summarize_stats(
+    n: int,
+    mean: float | None,
+    std: float | None,
+    min: float | None,  # noqa: A002 - the wire field's name
+    max: float | None,  # noqa: A002
+    n_pass: int | None = None,
+    settings: ACRSettings = ACRSettings(),
+) -> GroupSummary:
+    """Classify a group sent as compact statistics (n, mean, sample std, min, max, n_pass?).
+
+    Raises InconsistentStatsError for min > max, std < 0, std > 0 with min == max, n < 0, or an
+    n_pass outside [0, n].
+    """
+    if n < 0:
+        raise InconsistentStatsError(f"n is {n}; it must be >= 0")
+    if n_pass is not None and not 0 <= n_pass <= n:
+        raise InconsistentStatsError(f"n_pass {n_pass} is outside [0, n={n}]")
+    if n > 0 and any(v is None or not math.isfinite(v) for v in (mean, min, max)):
+        return GroupSummary(GroupClass.INVALID, None, n, None, None, None, None, None)
+    if n >= 2 and (std is None or not math.isfinite(std)):
+        return GroupSummary(GroupClass.INVALID, None, n, None, None, None, None, None)
+    if min is not None and max is not None and min > max:
+        raise InconsistentStatsError(f"min {min} > max {max}")
+    if std is not None and std < 0:
+        raise InconsistentStatsError(f"std {std} < 0")
+    if std is not None and std > 0 and min == max:
+        raise InconsistentStatsError(f"std {std} > 0 but min == max == {min}")
+    if n < 2:
+        return GroupSummary(GroupClass.DEGENERATE, None, n, mean, None, min, max, None)
+    assert mean is not None and std is not None and min is not None and max is not None
+    s = abs(min) if abs(min) >= abs(max) else abs(max)
+    s = s or 1.0
+    cls, side = _classify(n, min, max, mean / s, std / s, s, settings)
+    return GroupSummary(cls, side, n, mean, std, min, max, n_pass)
+
+
+# --------------------------------------------------------------------------- step metrics
+
+STEP_METRIC_FIELDS: tuple[str, ...] = (
+    "n_groups",
+    "n_valid",
+    "n_collapsed",
+    "n_near_collapsed",
+    "n_invalid",
+    "n_degenerate",
+    "acr",
+    "acr_eps",
+    "acr_all_pass",
+    "acr_all_fail",
+    "acr_constant",
+    "acr_effective",
+    "wasted_rollouts",
+    "pass_rate",
+    "expected_acr",
+    "excess_acr",
+    "reward_mean",
+)
+
+
+def _ratio(num: float, den: float) -> float | None:
+    if den == 0:
+        return None
+    return _finite_or_none(num / den)
+
+
+@dataclass(slots=True)
+class StepAccumulator:
+    """Mergeable counts behind one (step, split)'s metrics; ranks and batches add into one.
+
+    The server stores these fields per step, so metrics never need the group rows again.
+    ``group_sizes`` maps a valid group's size G_j to how many valid groups have it (for
+    expected_acr); ``n_nonbinary`` counts valid groups that are not binary.
+    """
+
+    n_groups: int = 0
+    n_valid: int = 0
+    n_collapsed: int = 0
+    n_near_collapsed: int = 0
+    n_invalid: int = 0
+    n_degenerate: int = 0
+    n_all_pass: int = 0
+    n_all_fail: int = 0
+    n_constant: int = 0
+    wasted_rollouts: int = 0
+    n_completions: int = 0  # completions of valid groups
+    reward_sum: float = 0.0  # sum of the rewards of valid groups
+    n_pass: int = 0  # completions equal to reward_max, binary valid groups
+    n_nonbinary: int = 0
+    group_sizes: dict[int, int] = field(default_factory=dict)
+    eff_n_valid: int = 0
+    eff_n_zero_advantage: int = 0
+    eff_reports: int = 0
+
+    def add(self, g: GroupSummary) -> None:
+        """Count one classified group."""
+        self.n_groups += 1
+        if g.cls is GroupClass.INVALID:
+            self.n_invalid += 1
+            return
+        if g.cls is GroupClass.DEGENERATE:
+            self.n_degenerate += 1
+            return
+        self.n_valid += 1
+        self.n_completions += g.n
+        if g.mean is not None:
+            self.reward_sum += g.mean * g.n
+        else:  # only when mean * n overflows; poison the sum so reward_mean becomes null
+            self.reward_sum = math.inf
+        self.group_sizes[g.n] = self.group_sizes.get(g.n, 0) + 1
+        if g.n_pass is None:
+            self.n_nonbinary += 1
+        else:
+            self.n_pass += g.n_pass
+        if g.cls is GroupClass.COLLAPSED:
+            self.n_collapsed += 1
+            self.wasted_rollouts += g.n
+            if g.side == "all_pass":
+                self.n_all_pass += 1
+            elif g.side == "all_fail":
+                self.n_all_fail += 1
+            else:
+                self.n_constant += 1
+        elif g.cls is GroupClass.NEAR_COLLAPSED:
+            self.n_near_collapsed += 1
+
+    def add_effective(self, n_valid: int, n_zero_advantage: int) -> None:
+        """Count one rank's effective statistics, reported by the trainer after mitigation."""
+        self.eff_n_valid += n_valid
+        self.eff_n_zero_advantage += n_zero_advantage
+        self.eff_reports += 1
+
+    def merge(self, other: StepAccumulator) -> None:
+        """Add another accumulator of the same (step, split) into this one."""
+        for name in self.__slots__:  # type: ignore[attr-defined]
+            if name == "group_sizes":
+                for size, count in other.group_sizes.items():
+                    self.group_sizes[size] = self.group_sizes.get(size, 0) + count
+            else:
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def metrics(self) -> dict[str, float | int | None]:
+        """Every step metric of DESIGN.md §3 by its field name; ratios are None on a 0 denominator."""
+        return step_metrics(self)
+
+
+def step_metrics(acc: StepAccumulator) -> dict[str, float | int | None]:
+    """Step metrics from an accumulator (DESIGN.md §3 'Step metrics'); no value is NaN or inf."""
+    valid = acc.n_valid
+    binary = valid > 0 and acc.n_nonbinary == 0
+    pass_rate = _ratio(acc.n_pass, acc.n_completions) if binary else None
+    expected = None
+    if pass_rate is not None:
+        p = pass_rate
+        total = math.fsum(
+            count * (p**size + (1.0 - p) ** size) for size, count in acc.group_sizes.items()
+        )
+        expected = _ratio(total, valid)
+    acr = _ratio(acc.n_collapsed, valid)
+    return {
+        "n_groups": acc.n_groups,
+        "n_valid": valid,
+        "n_collapsed": acc.n_collapsed,
+        "n_near_collapsed": acc.n_near_collapsed,
+        "n_invalid": acc.n_invalid,
+        "n_degenerate": acc.n_degenerate,
+        "acr": acr,
+        "acr_eps": _ratio(acc.n_collapsed + acc.n_near_collapsed, valid),
+        "acr_all_pass": _ratio(acc.n_all_pass, valid),
+        "acr_all_fail": _ratio(acc.n_all_fail, valid),
+        "acr_constant": _ratio(acc.n_constant, valid),
+        "acr_effective": (
+            _ratio(acc.eff_n_zero_advantage, acc.eff_n_valid) if acc.eff_reports else None
+        ),
+        "wasted_rollouts": acc.wasted_rollouts,
+        "pass_rate": pass_rate,
+        "expected_acr": expected,
+        "excess_acr": (
+            _finite_or_none(acr - expected) if acr is not None and expected is not None else None
+        ),
+        "reward_mean": _ratio(acc.reward_sum, acc.n_completions),
+    }
+
+
+def summarize_step(
+    groups: Iterable[GroupSummary],
+) -> dict[str, float | int | None]:
+    """Step metrics of one list of classified groups (each group weighs 1)."""
+    acc = StepAccumulator()
+    for g in groups:
+        acc.add(g)
+    return acc.metrics()
+
+
+# --------------------------------------------------------------------------- window metrics
+
+WINDOW_METRIC_FIELDS: tuple[str, ...] = (
+    "acr_pooled",
+    "acr_100",
+    "acr_ema",
+    "acr_volatility",
+    "acr_streak",
+)
+
+EMA_ALPHA = 1.0 - 2.0 ** (-1.0 / 20.0)  # half-life of 20 steps
+DEFAULT_STREAK_THRESHOLD = 0.35
+
+
+def window_metrics(
+    steps: Iterable[Mapping[str, float | int | None]],
+    streak_threshold: float = DEFAULT_STREAK_THRESHOLD,
+) -> dict[str, float | int | None]:
+    """Window metrics over steps ordered by step (DESIGN.md §3 'Window metrics').
+
+    steps: mappings with ``acr``, ``n_collapsed`` and ``n_valid``; steps whose acr is None are
+    skipped. acr_pooled: Σ collapsed / Σ valid. acr_100: mean acr of the first 100 steps (None
+    until 100 exist). acr_ema: EMA with α = 1 − 2^(−1/20) starting at the first acr.
+    acr_volatility: sample std of the last 25 acrs (None before 25). acr_streak: how many of the
+    latest consecutive steps have acr > streak_threshold (0 when the latest one does not).
+    """
+    collapsed = valid = 0
+    first: list[float] = []
+    ema: float | None = None
+    last25: list[float] = []
+    streak = 0
+    for row in steps:
+        acr = row.get("acr")
+        if acr is None:
+            continue
+        acr = float(acr)
+        collapsed += int(row.get("n_collapsed") or 0)
+        valid += int(row.get("n_valid") or 0)
+        if len(first) < 100:
+            first.append(acr)
+        ema = acr if ema is None else ema + EMA_ALPHA * (acr - ema)
+        last25.append(acr)
+        if len(last25) > 25:
+            last25.pop(0)
+        streak = streak + 1 if acr > streak_threshold else 0
+    return {
+        "acr_pooled": _ratio(collapsed, valid),
+        "acr_100": math.fsum(first) / 100 if len(first) == 100 else None,
+        "acr_ema": ema,
+        "acr_volatility": _sample_std(last25) if len(last25) == 25 else None,
+        "acr_streak": streak,
+    }
+
+
+def _sample_std(xs: Sequence[float]) -> float:
+    m = math.fsum(xs) / len(xs)
+    return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1))

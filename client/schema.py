@@ -1,0 +1,318 @@
+"""The wire schema (DESIGN.md §3–§4): pydantic models shared by the client and the server.
+
+Rewards are JSON numbers or null; ``NaN``/``Infinity``/``-Infinity`` tokens are accepted and later
+classed non-finite; booleans and strings are rejected. Validation errors name the record and
+group that failed, so a 422 says what to fix.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
+
+MAX_GROUPS_PER_REQUEST = 10_000
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+MAX_GROUP_SIZE = 65_536
+
+Reward = Annotated[float, Strict()] | None
+"""A reward: a JSON number (NaN and ±Infinity allowed, classed non-finite) or null."""
+
+
+def _group_id(value: str | int) -> str:
+    text = str(value)
+    if len(text) > 128:
+        raise ValueError(f"group_id has {len(text)} characters; at most 128 are allowed")
+    return text
+
+
+GroupId = Annotated[StrictStr | StrictInt, AfterValidator(_group_id)]
+PromptId = Annotated[StrictStr | StrictInt, AfterValidator(_group_id)]
+MaskValue = Annotated[int, Strict(), Field(ge=0, le=1)] | bool
+Split = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GroupStats(_Strict):
+    """Compact statistics of one group: n completions, mean, sample std (n−1), min, max."""
+
+    n: Annotated[int, Strict(), Field(ge=0, le=MAX_GROUP_SIZE)]
+    mean: Reward = None
+    std: Reward = None
+    min: Reward = None
+    max: Reward = None
+    n_pass: Annotated[int, Strict(), Field(ge=0)] | None = None
+
+
+class RawGroup(_Strict):
+    """One group as a list of rewards with an optional 0/1 mask."""
+
+    group_id: GroupId | None = None
+    rewards: Annotated[list[Reward], Field(max_length=MAX_GROUP_SIZE)]
+    mask: list[MaskValue] | None = None
+    prompt_id: PromptId | None = None
+
+    @model_validator(mode="after")
+    def _mask_length(self) -> RawGroup:
+        if self.mask is not None and len(self.mask) != len(self.rewards):
+            raise ValueError(
+                f"mask has {len(self.mask)} entries for {len(self.rewards)} rewards; "
+                "send one 0/1 per completion"
+            )
+        return self
+
+
+class StatsGroup(_Strict):
+    """One group as compact statistics."""
+
+    group_id: GroupId | None = None
+    stats: GroupStats
+    prompt_id: PromptId | None = None
+
+
+GroupIn = Annotated[list[Reward], Field(max_length=MAX_GROUP_SIZE)] | RawGroup | StatsGroup
+
+
+class NormalGroup(BaseModel):
+    """A group after the record's input form has been resolved: always has an id."""
+
+    group_id: str
+    prompt_id: str | None = None
+    rewards: list[float | None] | None = None
+    mask: list[int] | None = None
+    stats: GroupStats | None = None
+
+
+class GroupsForm(_Strict):
+    """The three ways a record or an /acr request carries groups (DESIGN.md §3 'Groups')."""
+
+    groups: Annotated[list[GroupIn], Field(max_length=MAX_GROUPS_PER_REQUEST)] | None = None
+    rewards: list[Reward] | None = None
+    group_ids: list[GroupId] | None = None
+    group_size: Annotated[int, Strict(), Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Any:
+        if self.groups is not None:
+            if self.rewards is not None or self.group_ids is not None or self.group_size:
+                raise ValueError("send either groups or rewards with group_ids/group_size, not both")
+            return self
+        if self.rewards is None:
+            raise ValueError("send groups, or flat rewards with group_ids or group_size")
+        if (self.group_ids is None) == (self.group_size is None):
+            raise ValueError("flat rewards need exactly one of group_ids or group_size")
+        n = len(self.rewards)
+        if self.group_ids is not None and len(self.group_ids) != n:
+            raise ValueError(
+                f"{len(self.group_ids)} group_ids for {n} rewards; send one group_id per reward"
+            )
+        if self.group_size is not None and n % self.group_size:
+            raise ValueError(
+                f"{n} rewards do not divide into groups of {self.group_size}; "
+                "send group_ids or a group_size that divides the count"
+            )
+        return self
+
+    def normal_groups(self) -> list[NormalGroup]:
+        """The groups in input order (first appearance for group_ids), each with its group_id."""
+        if self.groups is not None:
+            out = []
+            for index, g in enumerate(self.groups):
+                if isinstance(g, list):
+                    out.append(NormalGroup(group_id=str(index), rewards=g))
+                elif isinstance(g, RawGroup):
+                    mask = None if g.mask is None else [int(m) for m in g.mask]
+                    gid = g.group_id if g.group_id is not None else str(index)
+                    out.append(
+                        NormalGroup(group_id=gid, prompt_id=g.prompt_id, rewards=g.rewards, mask=mask)
+                    )
+                else:
+                    gid = g.group_id if g.group_id is not None else str(index)
+                    out.append(NormalGroup(group_id=gid, prompt_id=g.prompt_id, stats=g.stats))
+            return out
+        assert self.rewards is not None
+        if self.group_size is not None:
+            k = self.group_size
+            return [
+                NormalGroup(group_id=str(i), rewards=self.rewards[i * k : (i + 1) * k])
+                for i in range(len(self.rewards) // k)
+            ]
+        by_id: dict[str, list[float | None]] = {}
+        for gid, r in zip(self.group_ids or [], self.rewards, strict=True):
+            by_id.setdefault(gid, []).append(r)
+        return [NormalGroup(group_id=gid, rewards=rs) for gid, rs in by_id.items()]
+
+    def group_count(self) -> int:
+        """Number of groups without building them (for the request limit)."""
+        if self.groups is not None:
+            return len(self.groups)
+        if self.group_size:
+            return len(self.rewards or []) // self.group_size
+        return len(set(self.group_ids or []))
+
+
+class Effective(_Strict):
+    """The trainer's own statistics after mitigation, for acr_effective (DESIGN.md §3)."""
+
+    n_valid: Annotated[int, Strict(), Field(ge=0)]
+    n_zero_advantage: Annotated[int, Strict(), Field(ge=0)]
+    n_virtual: Annotated[int, Strict(), Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Effective:
+        if self.n_zero_advantage > self.n_valid:
+            raise ValueError(
+                f"n_zero_advantage {self.n_zero_advantage} exceeds n_valid {self.n_valid}"
+            )
+        return self
+
+
+ScalarName = Annotated[str, Field(min_length=1, max_length=128)]
+
+
+class StepRecord(GroupsForm):
+    """One rank's data for one (step, split). Groups are optional: a record may carry only
+    effective statistics or scalars."""
+
+    step: Annotated[int, Strict(), Field(ge=0, le=2**62)]
+    split: Split = "train"
+    rank: Annotated[int, Strict(), Field(ge=0, le=65_535)] = 0
+    world_size: Annotated[int, Strict(), Field(ge=1, le=65_536)] | None = None
+    time: float | None = None
+    effective: Effective | None = None
+    scalars: dict[ScalarName, Reward] | None = None
+    mitigation: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _allow_no_groups(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "groups" not in data and "rewards" not in data:
+            data = {**data, "groups": []}
+        return data
+
+    @model_validator(mode="after")
+    def _time_finite(self) -> StepRecord:
+        if self.time is not None and not math.isfinite(self.time):
+            raise ValueError("time must be a finite unix timestamp in seconds")
+        return self
+
+    def finite_scalars(self) -> dict[str, float | None]:
+        """Scalars with non-finite values turned into null (NaN is never stored)."""
+        return {k: _finite_or_none(v) for k, v in (self.scalars or {}).items()}
+
+
+class StepsBatch(_Strict):
+    """Body of ``POST /api/v1/runs/{run_id}/steps``."""
+
+    attempt: Annotated[int, Strict(), Field(ge=1)]
+    records: Annotated[list[StepRecord], Field(max_length=100_000)]
+
+    def group_count(self) -> int:
+        return sum(r.group_count() for r in self.records)
+
+
+class ACRRequest(GroupsForm):
+    """Body of the stateless ``POST /api/v1/acr``."""
+
+    trainer_eps: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-4
+    tol: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-3
+    reward_min: Annotated[float, Field(allow_inf_nan=False)] = 0.0
+    reward_max: Annotated[float, Field(allow_inf_nan=False)] = 1.0
+
+
+class RunCreate(_Strict):
+    """Body of ``POST /api/v1/runs``."""
+
+    run_id: str | None = Field(default=None, max_length=64)
+    launch_id: str | None = Field(default=None, min_length=1, max_length=128)
+    name: str = Field(default="run", min_length=1, max_length=200)
+    project: str | None = Field(default=None, max_length=200)
+    config: dict[str, Any] | None = None
+    reward_min: Annotated[float, Field(allow_inf_nan=False)] = 0.0
+    reward_max: Annotated[float, Field(allow_inf_nan=False)] = 1.0
+    group_size: Annotated[int, Field(ge=1, le=MAX_GROUP_SIZE)] | None = None
+    trainer_eps: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-4
+    world_size: Annotated[int, Field(ge=1, le=65_536)] = 1
+    heartbeat_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] = 10.0
+    tags: list[Annotated[str, Field(max_length=100)]] = Field(default_factory=list, max_length=50)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> RunCreate:
+        if self.reward_min >= self.reward_max:
+            raise ValueError(f"reward_min {self.reward_min} must be below reward_max {self.reward_max}")
+        return self
+
+
+class RunPatch(_Strict):
+    """Body of ``PATCH /api/v1/runs/{run_id}``."""
+
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    tags: list[Annotated[str, Field(max_length=100)]] | None = Field(default=None, max_length=50)
+    notes: str | None = Field(default=None, max_length=10_000)
+    mitigation_mode: Literal["off", "suggest", "auto"] | None = None
+
+
+class Heartbeat(_Strict):
+    """Body of ``POST /api/v1/runs/{run_id}/heartbeat``; counters are the client's totals."""
+
+    attempt: Annotated[int, Field(ge=1)]
+    rank: Annotated[int, Field(ge=0)] = 0
+    spooled_groups: Annotated[int, Field(ge=0)] | None = None
+    dropped_groups: Annotated[int, Field(ge=0)] | None = None
+    dead_letter_batches: Annotated[int, Field(ge=0)] | None = None
+
+
+class Finish(_Strict):
+    status: Literal["finished", "failed"]
+
+
+COMMAND_TYPES = ("set_mitigation", "set_sampling", "checkpoint", "stop")
+MITIGATION_MODES = ("none", "avspo", "aapo")
+
+
+class CommandCreate(_Strict):
+    """Body of ``POST /api/v1/runs/{run_id}/commands`` (DESIGN.md §4 'Commands')."""
+
+    type: Literal["set_mitigation", "set_sampling", "checkpoint", "stop"]
+    params: dict[str, Any] = Field(default_factory=dict)
+    reason: str | None = Field(default=None, max_length=1000)
+
+    @model_validator(mode="after")
+    def _params(self) -> CommandCreate:
+        validate_command_params(self.type, self.params)
+        return self
+
+
+def validate_command_params(kind: str, params: dict[str, Any]) -> None:
+    """Raise ValueError when a command's params cannot be applied by the trainer."""
+    if kind == "set_mitigation":
+        mode = params.get("mode")
+        if mode not in MITIGATION_MODES:
+            raise ValueError(f"set_mitigation needs params.mode in {list(MITIGATION_MODES)}")
+    elif kind == "set_sampling":
+        t = params.get("temperature")
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 10:
+            raise ValueError("set_sampling needs params.temperature, a number in (0, 10]")
+
+
+class CommandAck(_Strict):
+    status: Literal["applied", "rejected"]
+    step: Annotated[int, Field(ge=0)] | None = None
+    detail: str | None = Field(default=None, max_length=2000)

@@ -1,0 +1,243 @@
+"""Advantage estimators: ``grpo``, ``avspo`` and ``aapo`` as pure functions on ``[P, G]`` rewards.
+
+Every estimator takes ``rewards: [P, G] float`` (P prompts, G completions each, one group per row)
+and returns an :class:`Advantages` (``values: [P, G]`` plus how many virtual rewards it used). No
+I/O, no globals; ``ESTIMATORS`` maps a name to its function, so adding an estimator is one function
+and one line. DESIGN.md §7 is normative; the docstrings say where each formula comes from.
+
+Numerics: everything is computed in float64 and returned in the rewards' dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import torch
+
+__all__ = [
+    "Advantages",
+    "AvspoState",
+    "EffectiveStats",
+    "ESTIMATORS",
+    "aapo",
+    "adaptive_tau_update",
+    "avspo",
+    "avspo_num_virtual",
+    "compute_advantages",
+    "effective_stats",
+    "grpo",
+]
+
+TRAINER_EPS = 1e-4  # TRL's eps in the advantage denominator; the ACR engine's default trainer_eps
+ZERO_ADVANTAGE_TOL = 1e-3  # DESIGN §3: a group is zero-advantage when max_i |A_i| < tol
+
+ScaleRewards = Literal["group", "batch", "none"]
+
+
+class Advantages(NamedTuple):
+    """values: [P, G] advantages of the real completions; n_virtual: virtual rewards added."""
+
+    values: torch.Tensor
+    n_virtual: int = 0
+
+
+def _check(rewards: torch.Tensor) -> torch.Tensor:
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [P, G]; got shape {tuple(rewards.shape)}")
+    if not torch.isfinite(rewards).all():
+        raise ValueError("rewards contain NaN or inf; score every completion with a finite reward")
+    return rewards.to(torch.float64)
+
+
+def _sample_std(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sample std (n-1); 0 where fewer than 2 values (TRL gives NaN there, which helps nobody)."""
+    n = x.numel() if dim is None else x.shape[dim]
+    if n < 2:
+        return torch.zeros(()) if dim is None else torch.zeros_like(x.select(dim, 0))
+    return x.std() if dim is None else x.std(dim=dim)
+
+
+def collapsed_mask(rewards: torch.Tensor) -> torch.Tensor:
+    """[P] bool: groups whose rewards are all exactly equal (DESIGN §3 'collapsed')."""
+    return rewards.amax(dim=1) == rewards.amin(dim=1)
+
+
+def grpo(
+    rewards: torch.Tensor, *, scale_rewards: ScaleRewards = "group", eps: float = TRAINER_EPS
+) -> Advantages:
+    """GRPO's group-relative advantage, identical to TRL's ``GRPOTrainer``.
+
+    ``A_i = (r_i − mean_g(r)) / (std + eps)`` with the group mean; ``std`` is the group's sample
+    std (``scale_rewards="group"``), the sample std of all P·G rewards (``"batch"``), or the
+    division is skipped (``"none"``). Shao et al. 2024, "DeepSeekMath", eq. 3 (Dr. GRPO, Liu et al.
+    2025, drops the std: ``"none"``). rewards: [P, G] finite; raises ValueError otherwise.
+    """
+    r = _check(rewards)
+    centred = r - r.mean(dim=1, keepdim=True)
+    if scale_rewards == "group":
+        values = centred / (_sample_std(r, dim=1).unsqueeze(1) + eps)
+    elif scale_rewards == "batch":
+        values = centred / (_sample_std(r) + eps)
+    elif scale_rewards == "none":
+        values = centred
+    else:
+        raise ValueError(f"scale_rewards must be group, batch or none; got {scale_rewards!r}")
+    return Advantages(values.to(rewards.dtype), 0)
+
+
+def avspo_num_virtual(group_size: int, acr: float, alpha: float = 0.5) -> int:
+    """AVSPO's K = max(1, min(G, ⌈G·ACR^α − 1e-9⌉)) (DESIGN §7); the 1e-9 keeps G·√ACR = 3 at 3."""
+    if not 0.0 <= acr <= 1.0:
+        raise ValueError(f"acr must be in [0, 1]; got {acr}")
+    return max(1, min(group_size, math.ceil(group_size * acr**alpha - 1e-9)))
+
+
+def _virtual_rewards(c: float, k: int, reward_min: float, reward_max: float) -> list[float]:
+    """K values strictly between c and the bound b, evenly spaced: v_k = c + (b − c)·k/(K + 1)."""
+    # For c outside [reward_min, reward_max] this rule picks the bound farther from c, as §7 asks.
+    b = reward_min if c >= (reward_min + reward_max) / 2 else reward_max
+    return [c + (b - c) * j / (k + 1) for j in range(1, k + 1)]
+
+
+def avspo(
+    rewards: torch.Tensor,
+    *,
+    acr: float,
+    reward_min: float = 0.0,
+    reward_max: float = 1.0,
+    alpha: float = 0.5,
+    variant: Literal["fixed", "adaptive", "single"] = "fixed",
+    tau: float = 0.5,
+    scale_rewards: ScaleRewards = "group",
+    eps: float = TRAINER_EPS,
+) -> Advantages:
+    """AVSPO: virtual reward samples give collapsed groups a non-zero advantage without rollouts.
+
+    For each collapsed group (all G rewards equal to c; near-collapsed groups are left alone) add K
+    virtual rewards ``v_k = c + (b − c)·k/(K+1)``, k = 1..K, b the reward bound on the other side of
+    the midpoint; they enter only that group's mean μ′ and sample std σ′, so the G real completions
+    get ``A_i = (r_i − μ′)/(σ′ + eps)`` and the virtual ones get nothing. K =
+    :func:`avspo_num_virtual` (G, acr, α); variant ``single`` uses K = 1. Trigger: ``fixed``
+    augments whenever a group collapsed, ``adaptive`` only when ``acr > tau`` (the paper's
+    threshold), ``single`` always. Groups that did not collapse get :func:`grpo` advantages.
+
+    acr: the step's raw ACR over all ranks, in [0, 1]. From the AVSPO paper (virtual samples); the
+    spacing is DESIGN §7's fix of its r_max·(1 − (k−1)/K), which repeats c. Returns ``n_virtual`` = virtual rewards added over all groups.
+    """
+    base = grpo(rewards, scale_rewards=scale_rewards, eps=eps).values.to(torch.float64)
+    r = _check(rewards)
+    collapsed = collapsed_mask(r)
+    augment = bool(collapsed.any()) and (variant != "adaptive" or acr > tau)
+    if variant not in ("fixed", "adaptive", "single"):
+        raise ValueError(f"AVSPO variant must be fixed, adaptive or single; got {variant!r}")
+    if not augment:
+        return Advantages(base.to(rewards.dtype), 0)
+    g = r.shape[1]
+    k = 1 if variant == "single" else avspo_num_virtual(g, acr, alpha)
+    n_virtual = 0
+    for p in torch.nonzero(collapsed).flatten().tolist():
+        c = float(r[p, 0])
+        augmented = torch.cat(
+            [r[p], torch.tensor(_virtual_rewards(c, k, reward_min, reward_max), dtype=r.dtype)]
+        )
+        mu, sigma = augmented.mean(), augmented.std()
+        base[p] = (r[p] - mu) / (sigma + eps)
+        n_virtual += k
+    return Advantages(base.to(rewards.dtype), n_virtual)
+
+
+def aapo(
+    rewards: torch.Tensor,
+    *,
+    reference_rewards: torch.Tensor,
+    reward_min: float = 0.0,
+    reward_max: float = 1.0,
+    delta_low: float = -0.2,
+    delta_high: float = 0.28,
+    scale_rewards: ScaleRewards = "group",
+    eps: float = TRAINER_EPS,
+) -> Advantages:
+    """AAPO: GRPO's advantage plus a clipped margin over a frozen reference policy's rewards.
+
+    ``A_i = Â_i + clip((r_i − r_ref_i)/m, δ_low, δ_high)`` with Â the :func:`grpo` advantage,
+    m = reward_max − reward_min, and r_ref_i the reward of the i-th of G completions the reference
+    policy sampled for the same prompt (paired by index). reference_rewards: [P, G] like rewards.
+    AAPO ("advantage momentum", arXiv 2505.14264) as DESIGN §7 fixes it. Raises ValueError on a shape mismatch or m ≤ 0.
+    """
+    if reference_rewards.shape != rewards.shape:
+        raise ValueError(
+            f"reference_rewards has shape {tuple(reference_rewards.shape)}; rewards have "
+            f"{tuple(rewards.shape)}: the reference policy must sample G completions per prompt"
+        )
+    scale = reward_max - reward_min
+    if scale <= 0:
+        raise ValueError(f"reward_max ({reward_max}) must exceed reward_min ({reward_min})")
+    base = grpo(rewards, scale_rewards=scale_rewards, eps=eps).values.to(torch.float64)
+    margin = ((_check(rewards) - _check(reference_rewards)) / scale).clamp(delta_low, delta_high)
+    return Advantages((base + margin).to(rewards.dtype), 0)
+
+
+ESTIMATORS: dict[str, Callable[..., Advantages]] = {"grpo": grpo, "avspo": avspo, "aapo": aapo}
+
+
+def compute_advantages(name: str, rewards: torch.Tensor, **params: object) -> Advantages:
+    """Look up an estimator by name and apply it; raises ValueError naming the known ones."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}")
+    return ESTIMATORS[name](rewards, **params)
+
+
+# --------------------------------------------------------------------------- AVSPO's threshold
+
+
+def adaptive_tau_update(
+    tau: float,
+    acr: float,
+    reward: float,
+    previous_reward: float | None,
+    eta: float = 0.01,
+    low: float = 0.1,
+    high: float = 0.9,
+) -> float:
+    """τ_{t+1} = clip(τ_t + η·sign(J_t − J_{t−1})·(acr_t − τ_t), 0.1, 0.9) (AVSPO's adaptive rule).
+
+    Called after the optimizer step of step t, whose augmentation decision used τ_t. τ stays put
+    at the first step (previous_reward None) and when J does not change.
+    """
+    if previous_reward is None or reward == previous_reward:
+        return tau
+    sign = 1.0 if reward > previous_reward else -1.0
+    return min(high, max(low, tau + eta * sign * (acr - tau)))
+
+
+@dataclass
+class AvspoState:
+    """What AVSPO carries from step to step (part of the checkpoint): τ and the last mean reward."""
+
+    tau: float = 0.5
+    previous_reward: float | None = None
+
+    def update(self, acr: float, reward: float, eta: float = 0.01) -> None:
+        self.tau = adaptive_tau_update(self.tau, acr, reward, self.previous_reward, eta)
+        self.previous_reward = reward
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+class EffectiveStats(NamedTuple):
+    """What ``Monitor.log_effective`` takes: groups, zero-advantage groups after mitigation, virtuals."""
+
+    n_valid: int
+    n_zero_advantage: int
+    n_virtual: int
+
+
+def effective_stats(advantages: Advantages, tol: float = ZERO_ADVANTAGE_TOL) -> EffectiveStats:
+    """n_zero_advantage counts groups with max_i |A_i| < tol (DESIGN §3 ``acr_effective``)."""
+    values = advantages.values
+    n_zero = int((values.abs().amax(dim=1) < tol).sum()) if values.numel() else 0
+    return EffectiveStats(values.shape[0], n_zero, advantages.n_virtual)

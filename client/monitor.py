@@ -1,0 +1,677 @@
+"""``Monitor``: the hook that lives inside a training loop (DESIGN.md §5).
+
+The training thread only converts its inputs to Python lists and appends them to a bounded
+in-memory queue (O(1), no lock held for long, no I/O). A background thread does everything else:
+it batches the queue (every second or every 1,000 groups), encodes with orjson, writes each batch
+to the on-disk spool (SQLite, WAL), sends the spool in order, retries with backoff, keeps refused
+batches in a dead-letter table, sends heartbeats with the spool and drop counters, and takes the
+run's commands out of every answer.
+
+    mon = Monitor("http://127.0.0.1:8000", api_key, run_name="qwen-grpo", config={...})
+    mon.log_groups(step, rewards)                 # rewards: [P, G] tensor, ndarray or lists
+    for cmd in mon.poll_commands():
+        ...                                       # apply at the step boundary, then
+        mon.ack(cmd.command_id, "applied", step)
+    mon.close()
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .schema import RunCreate
+from .sender import (
+    Backoff,
+    Reply,
+    Transport,
+    create_run,
+    encode_groups,
+    pack_records,
+    send_acks,
+    send_head,
+)
+from .spool import SPOOL_SUFFIX, Spool
+
+__all__ = ["Command", "Monitor", "derive_launch_id"]
+
+log = logging.getLogger("vantage.client")
+
+BATCH_GROUPS = 1_000
+BATCH_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command from the server (DESIGN.md §4): ``type`` is ``set_mitigation``,
+    ``set_sampling``, ``checkpoint`` or ``stop``; ``params`` its flat parameters."""
+
+    command_id: str
+    type: str
+    params: dict[str, Any] = field(default_factory=dict)
+    reason: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+def _torch_dist() -> Any:
+    """``torch.distributed`` when torch is already imported and a process group is up; never
+    imports torch itself (the client must not need it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    dist = getattr(torch, "distributed", None)
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist
+    except Exception:  # pragma: no cover - exotic builds
+        return None
+    return None
+
+
+def derive_launch_id(explicit: str | None = None) -> str:
+    """The launch id that every rank of one launch shares (DESIGN.md §5), in this order: the
+    argument, ``VANTAGE_LAUNCH_ID``, ``TORCHELASTIC_RUN_ID`` + ``TORCHELASTIC_RESTART_COUNT``, a
+    UUID that rank 0 makes and ``torch.distributed`` broadcasts (a collective: every rank must
+    build its Monitor), else a fresh UUID."""
+    if explicit:
+        return str(explicit)
+    env = os.environ.get("VANTAGE_LAUNCH_ID")
+    if env:
+        return env
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    if elastic:
+        return f"{elastic}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    dist = _torch_dist()
+    if dist is not None:
+        box = [str(uuid.uuid4()) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return str(box[0])
+    return str(uuid.uuid4())
+
+
+def _rows(value: Any, what: str) -> tuple[list[list[Any]], bool]:
+    """[P, G] input → (a fresh list of lists, whether every value is already a plain float or
+    int). Copied, so later in-place edits by the trainer do not change what is sent; tensors and
+    arrays go through one ``tolist`` call (bool tensors are turned into floats first)."""
+    plain = False
+    if hasattr(value, "detach"):  # torch.Tensor, without importing torch
+        value = value.detach()
+        if getattr(value, "is_floating_point", None) and not value.is_floating_point():
+            value = value.double()
+        if getattr(value.device, "type", "cpu") != "cpu":
+            value = value.cpu()
+        value, plain = value.tolist(), True
+    elif hasattr(value, "tolist") and hasattr(value, "dtype"):  # numpy, without importing it
+        if getattr(value.dtype, "kind", "f") == "b":
+            value = value.astype("float64")
+        value, plain = value.tolist(), getattr(value.dtype, "kind", "O") in "fiub"
+    if not isinstance(value, list | tuple):
+        raise TypeError(f"{what} must be [P, G]: a tensor, an array or a list of lists")
+    if plain:
+        if value and not isinstance(value[0], list):
+            raise TypeError(f"{what} must be [P, G], got a 1-D input; wrap one group as [[...]]")
+        return value, True
+    out = []
+    for row in value:
+        if isinstance(row, list):
+            out.append(row.copy())
+        elif isinstance(row, tuple):
+            out.append(list(row))
+        elif hasattr(row, "tolist"):  # ragged input: a list of tensors or arrays
+            r = row.detach().cpu().tolist() if hasattr(row, "detach") else row.tolist()
+            if not isinstance(r, list):
+                raise TypeError(
+                    f"{what} must be [P, G], got a 1-D input; wrap one group as [[...]]"
+                )
+            out.append(r)
+        else:
+            raise TypeError(f"{what} must be [P, G], got a 1-D input; wrap one group as [[...]]")
+    return out, False
+
+
+def _plain_rewards(row: list[Any]) -> list[Any]:
+    """Make a row JSON-ready: numbers stay, bools and numpy/torch scalars become floats.
+    (orjson writes NaN and ±Infinity as null, which the server also classes non-finite.)"""
+    for v in row:
+        t = type(v)
+        if t is not float and t is not int and v is not None:
+            break
+    else:
+        return row
+    return [v if v is None else float(v) for v in row]
+
+
+def _default_spool_dir() -> Path:
+    env = os.environ.get("VANTAGE_SPOOL_DIR")
+    if env:
+        return Path(env)
+    import platformdirs  # noqa: PLC0415 (only needed here)
+
+    return Path(platformdirs.user_cache_dir("vantage")) / "spool"
+
+
+def _safe(text: str, limit: int = 40) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:limit]
+
+
+class Monitor:
+    """Sends a GRPO run's reward groups, effective statistics and scalars to a Vantage server and
+    carries its commands back, without ever blocking the training thread.
+
+    ``rank`` and ``world_size`` default to ``torch.distributed``'s when a process group is up, else
+    to ``RANK``/``WORLD_SIZE``, else 0 and 1. ``spool_dir`` defaults to ``VANTAGE_SPOOL_DIR`` or a
+    user cache folder. ``server=None`` (and no ``VANTAGE_SERVER``) records to the spool only, for a
+    later ``vantage sync``. ``spool_max_bytes`` caps the spool; groups beyond it are dropped and
+    counted. ``max_queue_groups`` caps the in-memory queue the same way.
+    """
+
+    def __init__(
+        self,
+        server: str | None = None,
+        api_key: str | None = None,
+        run_name: str = "run",
+        run_id: str | None = None,
+        launch_id: str | None = None,
+        project: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        reward_min: float = 0.0,
+        reward_max: float = 1.0,
+        trainer_eps: float = 1e-4,
+        rank: int | None = None,
+        world_size: int | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+        heartbeat_s: float = 10.0,
+        *,
+        group_size: int | None = None,
+        tags: Iterable[str] = (),
+        spool_max_bytes: int = 1 << 30,
+        max_queue_groups: int = 1_000_000,
+        batch_groups: int = BATCH_GROUPS,
+        batch_interval_s: float = BATCH_INTERVAL_S,
+        request_timeout_s: float = 10.0,
+    ) -> None:
+        self.server = server or os.environ.get("VANTAGE_SERVER") or None
+        api_key = api_key or os.environ.get("VANTAGE_API_KEY") or None
+        dist = _torch_dist()
+        if rank is None:
+            rank = dist.get_rank() if dist is not None else int(os.environ.get("RANK", 0))
+        if world_size is None:
+            world_size = (
+                dist.get_world_size() if dist is not None else int(os.environ.get("WORLD_SIZE", 1))
+            )
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.run_id = str(run_id) if run_id else str(uuid.uuid4())
+        self.launch_id = derive_launch_id(launch_id)
+        self.attempt: int | None = None
+        self.heartbeat_s = float(heartbeat_s)
+        # Plain JSON only: whatever the user put in config is stringified rather than refused.
+        config_json = orjson.loads(orjson.dumps(dict(config or {}), default=str))
+        run = RunCreate(
+            run_id=self.run_id,
+            launch_id=self.launch_id,
+            name=run_name,
+            project=project,
+            config=config_json,
+            reward_min=reward_min,
+            reward_max=reward_max,
+            group_size=group_size,
+            trainer_eps=trainer_eps,
+            world_size=self.world_size,
+            heartbeat_s=heartbeat_s,
+            tags=list(tags),
+        )
+        self._run_body = run.model_dump(exclude_none=True)
+
+        self._batch_groups = int(batch_groups)
+        self._batch_interval = float(batch_interval_s)
+        self._max_queue_groups = int(max_queue_groups)
+        self._queue: deque[tuple[Any, ...]] = deque()
+        self._queued_groups = 0
+        self._queue_lock = threading.Lock()
+        self._queue_dropped = 0
+        self._group_counters: dict[tuple[int, str, int], int] = {}
+
+        self._commands: deque[Command] = deque()
+        self._seen_commands: set[str] = set()
+        self._callbacks: list[Callable[[Command], Any]] = []
+        self._pending_acks: deque[tuple[str, dict[str, Any]]] = deque()
+
+        self.stats: dict[str, int] = {
+            "sent_batches": 0,
+            "sent_groups": 0,
+            "accepted": 0,
+            "duplicates": 0,
+            "conflicts": 0,
+            "invalid_groups": 0,
+            "retries": 0,
+        }
+        self.last_error: str | None = None
+        self.last_steps: list[dict[str, Any]] = []
+
+        folder = Path(spool_dir) if spool_dir is not None else _default_spool_dir()
+        name = f"{_safe(self.run_id, 64)}.{_safe(self.launch_id)}.r{self.rank}{SPOOL_SUFFIX}"
+        try:
+            self._spool = Spool(folder / name, max_bytes=spool_max_bytes)
+        except (OSError, Exception) as exc:  # an unwritable folder must not stop training
+            fallback = Path(tempfile.gettempdir()) / "vantage-spool"
+            log.warning("vantage: cannot use spool folder %s (%s); using %s", folder, exc, fallback)
+            self._spool = Spool(fallback / name, max_bytes=spool_max_bytes)
+        self._spool.set_meta("run", self._run_body)
+        self.spool_path = self._spool.path
+
+        self._transport = (
+            Transport(self.server, api_key, request_timeout_s) if self.server else None
+        )
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._force_drain = False
+        self._deadline = float("inf")
+        self._finish_status: str | None = None
+        self._closed = False
+        self._refused: str | None = None  # run creation refused: stop talking to the server
+        self._thread = threading.Thread(target=self._run, name="vantage-sender", daemon=True)
+        self._thread.start()
+        ref = weakref.ref(self)
+        self._atexit = lambda: (m := ref()) is not None and m.close(timeout=10.0)
+        atexit.register(self._atexit)
+
+    # ------------------------------------------------------------------ training-thread API
+    def _enqueue(self, item: tuple[Any, ...], n_groups: int) -> bool:
+        with self._queue_lock:
+            if self._queued_groups + n_groups > self._max_queue_groups:
+                self._queue_dropped += n_groups
+                return False
+            self._queue.append(item)
+            self._queued_groups += n_groups
+            wake = self._queued_groups >= self._batch_groups
+        if wake:
+            self._wake.set()
+        return True
+
+    def log_groups(
+        self,
+        step: int,
+        rewards: Any,
+        group_ids: Iterable[str | int] | None = None,
+        mask: Any = None,
+        prompt_ids: Iterable[str | int] | None = None,
+        split: str = "train",
+        rank: int | None = None,
+    ) -> None:
+        """Queue one reward list per group for ``step``: ``rewards`` is [P, G] (tensor, ndarray,
+        nested lists; ragged rows allowed). Without ``group_ids`` the groups are numbered by a
+        counter per (step, split, rank) that continues across calls. Never blocks; when the queue
+        is full the groups are dropped and counted."""
+        rows, plain = _rows(rewards, "rewards")
+        p = len(rows)
+        if p == 0:
+            return
+        rank = self.rank if rank is None else int(rank)
+        ids = None
+        start = 0
+        if group_ids is not None:
+            ids = [str(g) for g in group_ids]
+            if len(ids) != p:
+                raise ValueError(f"{len(ids)} group_ids for {p} groups; send one id per group")
+        else:
+            key = (int(step), split, rank)
+            start = self._group_counters.get(key, 0)
+            self._group_counters[key] = start + p
+            if len(self._group_counters) > 4096:  # keep the recent steps only
+                for old in list(self._group_counters)[:2048]:
+                    del self._group_counters[old]
+        masks = None if mask is None else _rows(mask, "mask")[0]
+        if masks is not None and len(masks) != p:
+            raise ValueError(f"mask has {len(masks)} rows for {p} groups")
+        prompts = None if prompt_ids is None else [str(x) for x in prompt_ids]
+        if prompts is not None and len(prompts) != p:
+            raise ValueError(f"{len(prompts)} prompt_ids for {p} groups; send one per group")
+        self._enqueue(
+            ("g", int(step), split, rank, time.time(), rows, start, ids, masks, prompts, plain), p
+        )
+
+    def log_effective(
+        self,
+        step: int,
+        n_valid: int,
+        n_zero_advantage: int,
+        n_virtual: int = 0,
+        split: str = "train",
+        rank: int | None = None,
+    ) -> None:
+        """Queue the trainer's own statistics after mitigation (feeds ``acr_effective``)."""
+        eff = {
+            "n_valid": int(n_valid),
+            "n_zero_advantage": int(n_zero_advantage),
+            "n_virtual": int(n_virtual),
+        }
+        rank = self.rank if rank is None else int(rank)
+        self._enqueue(("e", int(step), split, rank, time.time(), eff), 0)
+
+    def log_scalars(
+        self, step: int, scalars: Mapping[str, Any], split: str = "train", rank: int | None = None
+    ) -> None:
+        """Queue named numbers for ``step`` (loss, kl, ...); tensors are converted off-thread."""
+        rank = self.rank if rank is None else int(rank)
+        self._enqueue(("s", int(step), split, rank, time.time(), dict(scalars)), 0)
+
+    def poll_commands(self) -> list[Command]:
+        """Commands received since the last poll, each once (de-duplicated by ``command_id``)."""
+        out = []
+        while self._commands:
+            out.append(self._commands.popleft())
+        return out
+
+    def on_command(self, callback: Callable[[Command], Any]) -> None:
+        """Call ``callback(command)`` once per new command, from the background thread (keep it
+        short: record the command and apply it at the next step boundary)."""
+        self._callbacks.append(callback)
+
+    def ack(
+        self, command_id: str, status: str, step: int | None, detail: str | None = None
+    ) -> None:
+        """Acknowledge a command: ``status`` is ``applied`` or ``rejected``, ``step`` the step at
+        which it took effect. Delivered in the background (and kept in the spool until it is)."""
+        if status not in ("applied", "rejected"):
+            raise ValueError("status must be 'applied' or 'rejected'")
+        body: dict[str, Any] = {"status": status, "step": None if step is None else int(step)}
+        if detail is not None:
+            body["detail"] = str(detail)[:2000]
+        self._pending_acks.append((str(command_id), body))
+        self._wake.set()
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Send everything queued so far and wait until the server has it; True when it has."""
+        end = time.monotonic() + timeout
+        self._force_drain = True
+        self._wake.set()
+        while time.monotonic() < end:
+            if self._idle():
+                return True
+            if not self._thread.is_alive():
+                return False
+            time.sleep(0.01)
+        return self._idle()
+
+    def close(self, timeout: float = 30.0, status: str | None = "finished") -> None:
+        """Wake the sender (cancelling any backoff wait), send the queue, replay the spool and
+        return when the server has everything or ``timeout`` has passed; what is left stays in
+        the spool. Rank 0 then marks the run ``status`` (``finished``/``failed``; None: neither)."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._atexit)
+        self._deadline = time.monotonic() + max(0.0, timeout)
+        self._finish_status = status if self.rank == 0 else None
+        self._closing.set()
+        self._wake.set()
+        self._thread.join(timeout + 2.0)
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.close(status="failed" if exc_type is not None else "finished")
+
+    # ------------------------------------------------------------------ counters
+    @property
+    def dropped_groups(self) -> int:
+        return self._queue_dropped + self._spool.dropped_groups
+
+    @property
+    def spooled_groups(self) -> int:
+        return self._spool.pending_groups
+
+    @property
+    def dead_letter_batches(self) -> int:
+        return self._spool.dead_letter_batches
+
+    def _idle(self) -> bool:
+        return (
+            not self._queue
+            and not self._pending_acks
+            and self._spool.pending_batches == 0
+            and not self._force_drain
+            and (
+                self._transport is None or self._refused is not None or not self._spool.pending_acks
+            )
+        )
+
+    # ------------------------------------------------------------------ sender thread
+    def _drain(self) -> None:
+        """Queue → records (one per (step, split, rank), first-appearance order) → spool.
+
+        Runs on the sender thread; it yields the GIL between queue items so that a training
+        thread calling ``log_*`` never waits long for it."""
+        items = []
+        with self._queue_lock:
+            while self._queue:
+                items.append(self._queue.popleft())
+            self._queued_groups = 0
+        while self._pending_acks:
+            command_id, body = self._pending_acks.popleft()
+            self._spool.add_ack(command_id, body)
+        if not items:
+            return
+        records: dict[tuple[int, str, int], tuple[dict[str, Any], list[tuple[bytes, int]]]] = {}
+        dropped = 0
+        for item in items:
+            kind, step, split, rank, t = item[:5]
+            rec = records.get((step, split, rank))
+            if rec is None:
+                header = {
+                    "step": step,
+                    "split": split,
+                    "rank": rank,
+                    "world_size": self.world_size,
+                    "time": t,
+                }
+                rec = records[(step, split, rank)] = (header, [])
+            header, chunks = rec
+            if kind == "g":
+                rows, start, ids, masks, prompts, plain = item[5:]
+                groups = []
+                for i, row in enumerate(rows):
+                    g: dict[str, Any] = {
+                        "group_id": ids[i] if ids is not None else str(start + i),
+                        "rewards": row if plain else _plain_rewards(row),
+                    }
+                    if masks is not None:
+                        g["mask"] = [int(bool(m)) for m in masks[i]]
+                    if prompts is not None:
+                        g["prompt_id"] = prompts[i]
+                    groups.append(g)
+                try:
+                    chunks.extend(encode_groups(groups))
+                except ValueError as exc:
+                    log.warning("vantage: step %d: %s; dropped", step, exc)
+                    dropped += len(groups)
+            elif kind == "e":
+                header["effective"] = item[5]
+            else:
+                scalars = header.setdefault("scalars", {})
+                for name, value in item[5].items():
+                    try:
+                        scalars[str(name)] = float(value)
+                    except (TypeError, ValueError):
+                        log.debug("vantage: scalar %r is not a number; skipped", name)
+            time.sleep(0)  # let a waiting training thread have the GIL
+        self._spool.count_dropped(dropped)
+        for body, n_groups in pack_records(list(records.values())):
+            if not self._spool.append(body, n_groups):
+                log.warning(
+                    "vantage: spool full (%d bytes); dropped %d groups",
+                    self._spool.max_bytes,
+                    n_groups,
+                )
+
+    def _take_commands(self, data: dict[str, Any]) -> None:
+        for raw in data.get("commands") or ():
+            cid = str(raw.get("command_id", ""))
+            if not cid or cid in self._seen_commands:
+                continue
+            self._seen_commands.add(cid)
+            cmd = Command(
+                cid, str(raw.get("type")), dict(raw.get("params") or {}), raw.get("reason"), raw
+            )
+            self._commands.append(cmd)
+            for callback in list(self._callbacks):
+                try:
+                    callback(cmd)
+                except Exception:
+                    log.exception("vantage: on_command callback failed for %s", cid)
+
+    def _remaining(self) -> float | None:
+        if not self._closing.is_set():
+            return None
+        return self._deadline - time.monotonic()
+
+    def _pump(self, now: float) -> Reply | None:
+        """One unit of network work. Returns the reply of a transient failure (to back off on),
+        else None."""
+        assert self._transport is not None
+        if self.attempt is None:
+            reply = create_run(self._transport, self._run_body, timeout=self._remaining())
+            if reply.kind == "retry":
+                return reply
+            if reply.kind == "refused":
+                self._refused = reply.error
+                log.error(
+                    "vantage: the server refused run %s (%s); recording to the spool %s "
+                    "only (upload later with `vantage sync`)",
+                    self.run_id,
+                    reply.error,
+                    self._spool.path,
+                )
+                return None
+            self.attempt = int(reply.data["attempt"])
+            self._next_heartbeat = now  # announce the client's counters at once
+        failed = send_acks(self._spool, self._transport, self.run_id, timeout=self._remaining())
+        if failed is not None:
+            return failed
+        while True:
+            head = self._spool.head()
+            outcome, reply = send_head(
+                self._spool, self._transport, self.run_id, self.attempt, timeout=self._remaining()
+            )
+            if outcome == "retry":
+                return reply
+            if outcome == "sent" and reply is not None and head is not None:
+                s = self.stats
+                s["sent_batches"] += 1
+                s["sent_groups"] += head.n_groups
+                for key in ("accepted", "duplicates", "conflicts", "invalid_groups"):
+                    s[key] += int(reply.data.get(key) or 0)
+                self.last_steps = reply.data.get("steps") or self.last_steps
+                self._take_commands(reply.data)
+            if outcome == "empty" or self._queue or time.monotonic() >= self._deadline:
+                break
+        if now >= self._next_heartbeat:
+            body = orjson.dumps(
+                {
+                    "attempt": self.attempt,
+                    "rank": self.rank,
+                    "spooled_groups": self._spool.pending_groups + self._queued_groups,
+                    "dropped_groups": self.dropped_groups,
+                    "dead_letter_batches": self._spool.dead_letter_batches,
+                }
+            )
+            reply = self._transport.post(
+                f"/runs/{self.run_id}/heartbeat", body, timeout=self._remaining()
+            )
+            if reply.kind == "retry":
+                return reply
+            self._next_heartbeat = now + self.heartbeat_s
+            if reply.kind == "ok":
+                self._take_commands(reply.data)
+        return None
+
+    def _finish(self) -> None:
+        if (
+            self._finish_status is None
+            or self._transport is None
+            or self.attempt is None
+            or self._refused is not None
+            or self._spool.pending_batches
+        ):
+            return
+        remaining = self._deadline - time.monotonic()
+        if remaining > 0.05:
+            self._transport.post(
+                f"/runs/{self.run_id}/finish",
+                orjson.dumps({"status": self._finish_status}),
+                timeout=remaining,
+            )
+
+    def _run(self) -> None:
+        backoff = Backoff()
+        retry_at = 0.0
+        self._next_heartbeat = 0.0
+        last_drain = time.monotonic()
+        cancelled_backoff = False
+        while True:
+            self._wake.clear()
+            now = time.monotonic()
+            closing = self._closing.is_set()
+            if closing and not cancelled_backoff:
+                retry_at, cancelled_backoff = 0.0, True
+            try:
+                if (
+                    closing
+                    or self._force_drain
+                    or self._pending_acks
+                    or self._queued_groups >= self._batch_groups
+                    or now - last_drain >= self._batch_interval
+                ):
+                    self._force_drain = False
+                    self._drain()
+                    last_drain = now
+                if self._transport is not None and self._refused is None and now >= retry_at:
+                    failed = self._pump(now)
+                    if failed is None:
+                        backoff.reset()
+                    else:
+                        self.stats["retries"] += 1
+                        self.last_error = failed.error
+                        retry_at = time.monotonic() + backoff.next_delay(failed.retry_after)
+            except Exception:  # the sender must outlive any bug of ours
+                log.exception("vantage: sender error")
+                retry_at = time.monotonic() + backoff.next_delay()
+            now = time.monotonic()
+            if closing:
+                offline = self._transport is None or self._refused is not None
+                done = not self._queue and (offline or self._spool.empty)
+                if done or now >= self._deadline:
+                    break
+            wait = self._batch_interval - (now - last_drain)
+            if self._transport is not None and self._refused is None:
+                wait = min(wait, max(0.0, retry_at - now))
+                if self.attempt is not None:
+                    wait = min(wait, self._next_heartbeat - now)
+            if closing:
+                wait = min(wait, self._deadline - now)
+            if wait > 0:
+                self._wake.wait(wait)
+        try:
+            if not self._queue:
+                self._finish()
+        except Exception:
+            log.exception("vantage: finish failed")
+        if self._transport is not None:
+            self._transport.close()
+        self._spool.close(remove_if_clean=True)

@@ -1,0 +1,363 @@
+"""HTTP delivery for the client hook: one POST, its classification, backoff, and spool replay.
+
+DESIGN.md §5: connect errors, timeouts, 408, 429 and 5xx are retried with jittered exponential
+backoff from 0.5 s to 30 s, honouring ``Retry-After``; any other 4xx refuses the batch, which
+goes to the spool's dead-letter table. A 413 or 422 batch of several records is bisected first, so
+one bad record does not take the good ones with it (the server stores nothing of a refused batch).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from .schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES
+from .spool import Spool
+
+__all__ = [
+    "Backoff",
+    "Reply",
+    "Transport",
+    "encode_groups",
+    "pack_records",
+    "replay_spool",
+    "steps_body",
+]
+
+log = logging.getLogger("vantage.client")
+
+API = "/api/v1"
+RETRY_STATUSES = frozenset({408, 429})
+# Room for the ``{"attempt":N,"records":`` wrapper and a server that counts differently.
+BODY_BUDGET = MAX_REQUEST_BYTES - 64 * 1024
+
+
+class Backoff:
+    """Jittered exponential backoff: 0.5 s, 1 s, 2 s, ... capped at 30 s, each delay drawn
+    uniformly from [d/2, d] so that many clients do not retry in lockstep."""
+
+    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
+        self.base, self.cap, self.failures = base, cap, 0
+
+    def next_delay(self, retry_after: float | None = None) -> float:
+        d = min(self.cap, self.base * 2**self.failures)
+        self.failures += 1
+        delay = random.uniform(d / 2, d)
+        if retry_after is not None:
+            # The server knows best; cap it so that a bogus header cannot park the client forever.
+            delay = max(delay, min(retry_after, 300.0))
+        return delay
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+@dataclass
+class Reply:
+    """What one request came to: ``ok``, ``retry`` (transient) or ``refused`` (permanent)."""
+
+    kind: str
+    status: int = 0
+    data: dict[str, Any] = field(default_factory=dict)
+    retry_after: float | None = None
+    error: str = ""
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class Transport:
+    """A thin httpx client that classifies every answer; never raises for network trouble."""
+
+    def __init__(self, server: str, api_key: str | None = None, timeout: float = 10.0) -> None:
+        headers = {"content-type": "application/json", "user-agent": "vantage-client/0.1"}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        self.server = server.rstrip("/")
+        self.timeout = timeout
+        self._http = httpx.Client(
+            base_url=self.server,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=min(3.0, timeout)),
+            follow_redirects=False,
+        )
+
+    def post(self, path: str, body: bytes, timeout: float | None = None) -> Reply:
+        t = self.timeout if timeout is None else max(0.05, min(timeout, self.timeout))
+        try:
+            resp = self._http.post(
+                API + path, content=body, timeout=httpx.Timeout(t, connect=min(3.0, t))
+            )
+        except httpx.HTTPError as exc:  # connect errors, timeouts, broken connections
+            return Reply("retry", error=f"{type(exc).__name__}: {exc}")
+        status = resp.status_code
+        if status < 300:
+            try:
+                data = orjson.loads(resp.content) if resp.content else {}
+            except orjson.JSONDecodeError:
+                data = {}
+            return Reply("ok", status, data if isinstance(data, dict) else {})
+        text = resp.text[:2000]
+        if status in RETRY_STATUSES or status >= 500:
+            return Reply(
+                "retry",
+                status,
+                retry_after=_retry_after(resp.headers.get("retry-after")),
+                error=f"HTTP {status}: {text}",
+            )
+        return Reply("refused", status, error=f"HTTP {status}: {text}")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def steps_body(attempt: int, records_json: bytes) -> bytes:
+    """The ``POST .../steps`` body around an already encoded records array."""
+    return b'{"attempt":%d,"records":%s}' % (attempt, records_json)
+
+
+def _record_groups(record: dict[str, Any]) -> int:
+    return len(record.get("groups") or ())
+
+
+CHUNK_GROUPS = 500
+CHUNK_BYTES = 1 << 20
+
+
+def encode_groups(
+    groups: list[dict[str, Any]], chunk_groups: int = CHUNK_GROUPS
+) -> list[tuple[bytes, int]]:
+    """Encode groups as JSON fragments (the inside of an array) of at most ``CHUNK_GROUPS``
+    groups and about ``CHUNK_BYTES`` bytes, so that requests can be cut between fragments and
+    no single encode holds the GIL for long."""
+    out: list[tuple[bytes, int]] = []
+
+    def encode(part: list[dict[str, Any]]) -> None:
+        enc = orjson.dumps(part)
+        if len(enc) > CHUNK_BYTES and len(part) > 1:
+            half = len(part) // 2
+            encode(part[:half])
+            encode(part[half:])
+            return
+        if len(enc) > BODY_BUDGET // 2:
+            raise ValueError(
+                f"one group encodes to {len(enc)} bytes, more than a request may carry"
+            )
+        out.append((enc[1:-1], len(part)))
+
+    for i in range(0, len(groups), chunk_groups):
+        encode(groups[i : i + chunk_groups])
+    return out
+
+
+_EXTRAS = ("scalars", "effective")
+
+
+def pack_records(
+    records: list[tuple[dict[str, Any], list[tuple[bytes, int]]]],
+    max_groups: int = MAX_GROUPS_PER_REQUEST,
+    max_bytes: int = BODY_BUDGET,
+) -> list[tuple[bytes, int]]:
+    """Pack records (a header such as ``{step, split, rank, ...}`` plus encoded group fragments)
+    into request bodies of at most ``max_groups`` groups and ``max_bytes`` bytes, in order. A
+    record that does not fit is continued in the next request under the same (step, split, rank);
+    its scalars and effective statistics stay with the first piece. Returns (records JSON array,
+    group count) per request."""
+    out: list[tuple[bytes, int]] = []
+    cur: list[bytes] = []
+    cur_bytes, cur_groups = 2, 0
+
+    def flush() -> None:
+        nonlocal cur, cur_bytes, cur_groups
+        if cur:
+            out.append((b"[" + b",".join(cur) + b"]", cur_groups))
+        cur, cur_bytes, cur_groups = [], 2, 0
+
+    for header, chunks in records:
+        head = orjson.dumps(header)
+        bare = orjson.dumps({k: v for k, v in header.items() if k not in _EXTRAS})
+        i = 0
+        while True:
+            overhead = len(head) + 13  # ',"groups":[' + ']' + the comma between records
+            if cur and cur_bytes + overhead > max_bytes:
+                flush()
+            take: list[bytes] = []
+            size, n_take = overhead, 0
+            while i < len(chunks):
+                chunk, n = chunks[i]
+                if (
+                    cur_groups + n_take + n > max_groups
+                    or cur_bytes + size + len(chunk) + 1 > max_bytes
+                ):
+                    if take or not cur:
+                        break
+                    flush()  # nothing taken yet: start a fresh request and try again
+                    continue
+                take.append(chunk)
+                size += len(chunk) + 1
+                n_take += n
+                i += 1
+            if not take and i < len(chunks):  # cannot happen: fragments are below the limits
+                raise ValueError("a group fragment is larger than a request may carry")
+            cur.append(head[:-1] + b',"groups":[' + b",".join(take) + b"]}")
+            cur_bytes += size
+            cur_groups += n_take
+            if i >= len(chunks):
+                break
+            flush()
+            head = bare
+    flush()
+    return out
+
+
+def bisect_body(body: bytes) -> list[tuple[bytes, int]] | None:
+    """Split a refused batch of several records into two halves; None for a single record."""
+    records = orjson.loads(body)
+    if len(records) < 2:
+        return None
+    half = len(records) // 2
+    return [
+        (orjson.dumps(part), sum(_record_groups(r) for r in part))
+        for part in (records[:half], records[half:])
+    ]
+
+
+def create_run(
+    transport: Transport, run_body: dict[str, Any], timeout: float | None = None
+) -> Reply:
+    return transport.post("/runs", orjson.dumps(run_body), timeout=timeout)
+
+
+def send_head(
+    spool: Spool, transport: Transport, run_id: str, attempt: int, timeout: float | None = None
+) -> tuple[str, Reply | None]:
+    """Send the spool's oldest batch. Returns (outcome, reply): ``empty``, ``sent``, ``split``,
+    ``dead`` (moved to dead letters) or ``retry``."""
+    row = spool.head()
+    if row is None:
+        return "empty", None
+    reply = transport.post(f"/runs/{run_id}/steps", steps_body(attempt, row.body), timeout=timeout)
+    if reply.kind == "ok":
+        spool.delete(row)
+        return "sent", reply
+    if reply.kind == "retry":
+        return "retry", reply
+    if reply.status in (413, 422):
+        halves = bisect_body(row.body)
+        if halves is not None:
+            spool.replace_head(row, halves)
+            return "split", reply
+    log.warning(
+        "vantage: the server refused a batch of %d groups (%s); kept in the spool's "
+        "dead-letter table",
+        row.n_groups,
+        reply.error,
+    )
+    spool.dead_letter(row, reply.status, reply.error)
+    return "dead", reply
+
+
+def send_acks(
+    spool: Spool, transport: Transport, run_id: str, timeout: float | None = None
+) -> Reply | None:
+    """Send pending command acknowledgements in order; returns the first failed reply."""
+    for ack_id, command_id, body in spool.acks():
+        reply = transport.post(f"/runs/{run_id}/commands/{command_id}/ack", body, timeout=timeout)
+        if reply.kind == "retry":
+            return reply
+        if reply.kind == "refused":
+            log.warning(
+                "vantage: acknowledgement of command %s refused (%s)", command_id, reply.error
+            )
+        spool.delete_ack(ack_id)
+    return None
+
+
+def replay_spool(
+    spool: Spool,
+    transport: Transport,
+    deadline: float,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
+    """Upload one spool file in order until it is empty or ``deadline`` (monotonic) passes.
+    Used by ``vantage sync``; the live Monitor drives the same steps from its sender thread."""
+    result: dict[str, Any] = {"sent_batches": 0, "sent_groups": 0, "duplicates": 0, "conflicts": 0}
+    run_body = spool.get_meta("run")
+    if not run_body:
+        result["error"] = "no run description in the spool file"
+        return result
+    result["run_id"] = run_body["run_id"]
+    backoff = Backoff()
+
+    def wait(reply: Reply) -> bool:
+        delay = backoff.next_delay(reply.retry_after)
+        remaining = deadline - time.monotonic()
+        if remaining <= delay:
+            result["error"] = f"gave up: {reply.error}"
+            return False
+        if stop is not None:
+            return not stop.wait(delay)
+        time.sleep(delay)
+        return True
+
+    attempt = None
+    while attempt is None:
+        reply = create_run(transport, run_body, timeout=deadline - time.monotonic())
+        if reply.kind == "ok":
+            attempt = int(reply.data["attempt"])
+        elif reply.kind == "refused" or not wait(reply):
+            result.setdefault("error", f"run refused: {reply.error}")
+            return result
+    result["attempt"] = attempt
+    backoff.reset()
+    while True:
+        failed = send_acks(
+            spool, transport, run_body["run_id"], timeout=deadline - time.monotonic()
+        )
+        if failed is not None:
+            if not wait(failed):
+                return result
+            continue
+        row_groups = spool.head().n_groups if spool.pending_batches else 0
+        outcome, reply = send_head(
+            spool, transport, run_body["run_id"], attempt, timeout=deadline - time.monotonic()
+        )
+        if outcome == "empty":
+            return result
+        if outcome == "retry":
+            assert reply is not None
+            if not wait(reply):
+                return result
+            continue
+        backoff.reset()
+        if outcome == "sent":
+            assert reply is not None
+            result["sent_batches"] += 1
+            result["sent_groups"] += row_groups
+            result["duplicates"] += int(reply.data.get("duplicates") or 0)
+            result["conflicts"] += int(reply.data.get("conflicts") or 0)

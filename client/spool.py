@@ -1,0 +1,283 @@
+"""The on-disk spool of the client hook (DESIGN.md §5): an SQLite file in WAL mode.
+
+Every batch the background sender builds is written here first and deleted once the server has
+acknowledged it, so batches survive outages of any length (within ``max_bytes``), a server
+restart and a crashed trainer. Rows are replayed strictly in order (``ord``); a batch the server
+refuses with a non-retryable 4xx moves to the ``dead_letter`` table and is counted. A spool file
+describes itself: the ``meta`` table holds the run-creation body (``run_id``, ``launch_id``, ...),
+so ``vantage sync SPOOL_DIR`` (``sync`` below) can upload it later from any machine.
+
+Only the sender thread (or ``sync``) touches a ``Spool``; its counters are plain ints that other
+threads may read.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+__all__ = ["Spool", "SpoolRow", "sync", "SPOOL_SUFFIX"]
+
+log = logging.getLogger("vantage.client")
+
+SPOOL_SUFFIX = ".vantage-spool"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ord REAL NOT NULL,
+    created REAL NOT NULL,
+    n_groups INTEGER NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS batches_by_ord ON batches (ord);
+CREATE TABLE IF NOT EXISTS dead_letter (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created REAL NOT NULL,
+    n_groups INTEGER NOT NULL,
+    status INTEGER NOT NULL,
+    error TEXT NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS acks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    command_id TEXT NOT NULL,
+    body BLOB NOT NULL
+);
+"""
+
+
+class SpoolRow:
+    """One spooled batch: ``body`` is the JSON array of step records (no ``attempt``; the sender
+    adds the attempt of the launch when it sends)."""
+
+    __slots__ = ("id", "ord", "n_groups", "body")
+
+    def __init__(self, id: int, ord: float, n_groups: int, body: bytes) -> None:
+        self.id, self.ord, self.n_groups, self.body = id, ord, n_groups, body
+
+
+class Spool:
+    """A bounded, ordered, durable queue of batches for one (run, launch, rank).
+
+    ``max_bytes`` caps the bodies held; a batch that would pass the cap is dropped and its groups
+    are counted in ``dropped_groups`` (kept in the file, reported in heartbeats).
+    """
+
+    def __init__(self, path: str | Path, max_bytes: int = 1 << 30) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = int(max_bytes)
+        # isolation_level=None: autocommit; explicit BEGIN where several statements must be atomic.
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(_SCHEMA)
+        row = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(n_groups), 0), COALESCE(SUM(LENGTH(body)), 0) "
+            "FROM batches"
+        ).fetchone()
+        self.pending_batches, self.pending_groups, self.pending_bytes = (int(v) for v in row)
+        self.dead_letter_batches = int(
+            self._db.execute("SELECT COUNT(*) FROM dead_letter").fetchone()[0]
+        )
+        self.dropped_groups = int(self.get_meta("dropped_groups", 0))
+        self.pending_acks = int(self._db.execute("SELECT COUNT(*) FROM acks").fetchone()[0])
+
+    # -- meta -------------------------------------------------------------------------------
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else orjson.loads(row[0])
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self._db.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, orjson.dumps(value)),
+        )
+
+    # -- batches ----------------------------------------------------------------------------
+    def append(self, body: bytes, n_groups: int) -> bool:
+        """Append a batch at the tail; False (and the groups counted as dropped) when full."""
+        if self.pending_bytes + len(body) > self.max_bytes:
+            self.count_dropped(n_groups)
+            return False
+        self._db.execute(
+            "INSERT INTO batches (ord, created, n_groups, body) "
+            "VALUES ((SELECT COALESCE(MAX(ord), 0) + 1 FROM batches), ?, ?, ?)",
+            (time.time(), n_groups, body),
+        )
+        self.pending_batches += 1
+        self.pending_groups += n_groups
+        self.pending_bytes += len(body)
+        return True
+
+    def count_dropped(self, n_groups: int) -> None:
+        if n_groups:
+            self.dropped_groups += n_groups
+            self.set_meta("dropped_groups", self.dropped_groups)
+
+    def head(self) -> SpoolRow | None:
+        row = self._db.execute(
+            "SELECT id, ord, n_groups, body FROM batches ORDER BY ord LIMIT 1"
+        ).fetchone()
+        return None if row is None else SpoolRow(*row)
+
+    def delete(self, row: SpoolRow) -> None:
+        self._db.execute("DELETE FROM batches WHERE id = ?", (row.id,))
+        self.pending_batches -= 1
+        self.pending_groups -= row.n_groups
+        self.pending_bytes -= len(row.body)
+
+    def replace_head(self, row: SpoolRow, parts: list[tuple[bytes, int]]) -> None:
+        """Replace the head row by several rows that keep its place in the order (used to
+        bisect a batch the server refused, so one bad record does not take good ones with it)."""
+        self._db.execute("BEGIN")
+        try:
+            self._db.execute("DELETE FROM batches WHERE id = ?", (row.id,))
+            # The head has the smallest ord, so anything below it stays ahead of every other row.
+            n = len(parts)
+            for i, (body, n_groups) in enumerate(parts):
+                self._db.execute(
+                    "INSERT INTO batches (ord, created, n_groups, body) VALUES (?, ?, ?, ?)",
+                    (row.ord - (n - i), time.time(), n_groups, body),
+                )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self.pending_batches += n - 1
+        self.pending_bytes += sum(len(b) for b, _ in parts) - len(row.body)
+
+    def dead_letter(self, row: SpoolRow, status: int, error: str) -> None:
+        """Move a refused batch out of the queue into the dead-letter table."""
+        self._db.execute("BEGIN")
+        try:
+            self._db.execute(
+                "INSERT INTO dead_letter (created, n_groups, status, error, body) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (time.time(), row.n_groups, status, error[:4000], row.body),
+            )
+            self._db.execute("DELETE FROM batches WHERE id = ?", (row.id,))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self.pending_batches -= 1
+        self.pending_groups -= row.n_groups
+        self.pending_bytes -= len(row.body)
+        self.dead_letter_batches += 1
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT id, created, n_groups, status, error, body FROM dead_letter ORDER BY id"
+        ).fetchall()
+        return [
+            {
+                "id": i,
+                "created": c,
+                "n_groups": n,
+                "status": s,
+                "error": e,
+                "records": orjson.loads(b),
+            }
+            for i, c, n, s, e, b in rows
+        ]
+
+    # -- command acknowledgements -----------------------------------------------------------
+    def add_ack(self, command_id: str, body: dict[str, Any]) -> None:
+        self._db.execute(
+            "INSERT INTO acks (command_id, body) VALUES (?, ?)", (command_id, orjson.dumps(body))
+        )
+        self.pending_acks += 1
+
+    def acks(self) -> list[tuple[int, str, bytes]]:
+        if not self.pending_acks:
+            return []
+        return self._db.execute("SELECT id, command_id, body FROM acks ORDER BY id").fetchall()
+
+    def delete_ack(self, ack_id: int) -> None:
+        self._db.execute("DELETE FROM acks WHERE id = ?", (ack_id,))
+        self.pending_acks -= 1
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def empty(self) -> bool:
+        return self.pending_batches == 0 and self.pending_acks == 0
+
+    def close(self, remove_if_clean: bool = False) -> bool:
+        """Close the file; with ``remove_if_clean``, delete it when nothing in it is worth keeping
+        (no pending batch or ack, no dead letter, no drop). Returns True when it was removed."""
+        clean = (
+            remove_if_clean
+            and self.empty
+            and self.dead_letter_batches == 0
+            and self.dropped_groups == 0
+        )
+        self._db.close()
+        if clean:
+            for suffix in ("", "-wal", "-shm"):
+                Path(str(self.path) + suffix).unlink(missing_ok=True)
+        return clean
+
+
+def sync(
+    spool_dir: str | Path, server: str, api_key: str | None = None, timeout: float = 60.0
+) -> dict:
+    """Upload every spool file in ``spool_dir`` to ``server`` (``vantage sync SPOOL_DIR``).
+
+    Each file is replayed in order under its own run and launch: the run is created (or found)
+    with the file's ``run_id`` and ``launch_id``, so the batches join the attempt they were
+    recorded for when the server still has it. Refused batches go to the file's dead-letter
+    table. A file left with nothing worth keeping is deleted.
+
+    Returns ``{"files", "runs", "sent_batches", "sent_groups", "duplicates", "conflicts",
+    "dead_letter_batches", "remaining_groups", "dropped_groups", "errors"}``; ``errors`` lists
+    ``"FILE: reason"`` for files that could not be finished (server unreachable, run refused).
+    """
+    from .sender import Transport, replay_spool  # noqa: PLC0415 (sender imports this module)
+
+    totals: dict[str, Any] = {
+        "files": 0,
+        "runs": [],
+        "sent_batches": 0,
+        "sent_groups": 0,
+        "duplicates": 0,
+        "conflicts": 0,
+        "dead_letter_batches": 0,
+        "remaining_groups": 0,
+        "dropped_groups": 0,
+        "errors": [],
+    }
+    paths = sorted(Path(spool_dir).glob(f"*{SPOOL_SUFFIX}"), key=lambda p: p.stat().st_mtime)
+    with Transport(server, api_key) as transport:
+        for path in paths:
+            totals["files"] += 1
+            spool = Spool(path, max_bytes=1 << 62)
+            try:
+                result = replay_spool(spool, transport, deadline=time.monotonic() + timeout)
+                for key in ("sent_batches", "sent_groups", "duplicates", "conflicts"):
+                    totals[key] += result[key]
+                if result.get("run_id"):
+                    totals["runs"].append(
+                        {
+                            "run_id": result["run_id"],
+                            "attempt": result.get("attempt"),
+                            "file": path.name,
+                        }
+                    )
+                if result.get("error"):
+                    totals["errors"].append(f"{path.name}: {result['error']}")
+                totals["dead_letter_batches"] += spool.dead_letter_batches
+                totals["remaining_groups"] += spool.pending_groups
+                totals["dropped_groups"] += spool.dropped_groups
+            finally:
+                spool.close(remove_if_clean=True)
+    return totals

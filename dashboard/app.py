@@ -1,0 +1,158 @@
+"""Builds the Dash app on the server's FastAPI app: pages, login, gate, CSV downloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dash
+from dash import Dash, Input, Output, dcc, html
+from fastapi import FastAPI
+from fastapi.responses import RedirectResponse, Response
+
+from . import auth, context, data
+
+HERE = Path(__file__).parent
+URL_BASE = auth.PREFIX + "/"
+
+
+def _shell() -> html.Div:
+    """The frame around every page: navigation, the caller's identity, the page itself."""
+    return html.Div(
+        [
+            dcc.Location(id="url", refresh="callback-nav"),
+            html.Header(
+                [
+                    dcc.Link("Vantage", href=URL_BASE, className="brand"),
+                    html.Span(
+                        "advantage-collapse monitor for GRPO runs",
+                        className="tagline",
+                        title=(
+                            "ACR (advantage collapse rate) is the share of a step's prompt groups "
+                            "in which every completion got the same reward, so the group gives no "
+                            "gradient. This dashboard shows it per run and lets you act on it."
+                        ),
+                    ),
+                    html.Nav(
+                        [
+                            dcc.Link("Runs", href=URL_BASE, id="nav-runs"),
+                            dcc.Link("Compare", href=URL_BASE + "compare", id="nav-compare"),
+                        ]
+                    ),
+                    html.Span(id="whoami", className="whoami"),
+                ],
+                className="topbar",
+            ),
+            html.Main(dash.page_container, className="page"),
+        ]
+    )
+
+
+def _register_shell_callbacks(app: Dash) -> None:
+    @app.callback(Output("whoami", "children"), Input("url", "pathname"))
+    def whoami(_pathname: str | None) -> Any:
+        if not context.auth_enabled():
+            return html.Span("auth off (loopback only)", title="vantage serve --insecure-no-auth")
+        info = context.current_key()
+        if info is None:
+            return html.A("log in", href=URL_BASE + "login")
+        scopes = ", ".join(sorted(info.scopes))
+        return [
+            html.Span(f"{info.name} ({scopes})", id="whoami-name"),
+            html.A("log out", href=URL_BASE + "logout", className="logout"),
+        ]
+
+
+def _csv_routes(app: FastAPI) -> None:
+    """CSV downloads behind the login cookie (the API's CSV needs a Bearer header, which a
+    plain link cannot send)."""
+    from starlette.requests import Request
+
+    def csv_response(text: str | None, filename: str) -> Response:
+        if text is None:
+            return Response("run not found", status_code=404)
+        headers = {"content-disposition": f'attachment; filename="{filename}"'}
+        return Response(text, media_type="text/csv", headers=headers)
+
+    def metrics_csv(request: Request, run_id: str) -> Response:
+        info = context.key_info(request.cookies.get(context.COOKIE_NAME))
+        return csv_response(data.metrics_csv(info, run_id), f"{run_id}.csv")
+
+    def prompts_csv(request: Request, run_id: str, side: str | None = None) -> Response:
+        info = context.key_info(request.cookies.get(context.COOKIE_NAME))
+        return csv_response(data.prompts_csv(info, run_id, side), f"{run_id}-prompts.csv")
+
+    base = f"{auth.PREFIX}/export/{{run_id}}"
+    app.add_api_route(f"{base}/metrics.csv", metrics_csv, include_in_schema=False)
+    app.add_api_route(f"{base}/prompts.csv", prompts_csv, include_in_schema=False)
+
+
+def _catchall(app: FastAPI, dash_app: Dash) -> None:
+    """Serve the Dash index for every page path (/dashboard/runs/<id>, /dashboard/compare).
+
+    Dash adds such a route itself at startup, but to whichever Dash app was created last in
+    the process; this one is bound to ours, so several apps (tests) each serve their own pages.
+    """
+    from dash.backends._fastapi import reset_current_request, set_current_request
+    from starlette.requests import Request
+
+    async def index(request: Request, path: str = ""):
+        token = set_current_request(request)
+        try:
+            return Response(content=dash_app.index(), media_type="text/html")
+        finally:
+            reset_current_request(token)
+
+    app.add_api_route(
+        f"{auth.PREFIX}/{{path:path}}", index, methods=["GET"], include_in_schema=False
+    )
+
+
+def mount(app: FastAPI, settings: Any, session_factory) -> Dash:
+    """Create the dashboard on ``app`` at /dashboard/ (see ``vantage.dashboard.mount``)."""
+    from dash import _callback
+
+    context.configure(settings, session_factory)
+    # Pages register their callbacks globally (dash.callback) each time a Dash app imports
+    # them; drop any left from an earlier app in this process so none is registered twice.
+    _callback.GLOBAL_CALLBACK_LIST.clear()
+    _callback.GLOBAL_CALLBACK_MAP.clear()
+
+    # Routes that must win over Dash's catch-all come first.
+    app.add_api_route(
+        auth.PREFIX,
+        lambda: RedirectResponse(URL_BASE, status_code=307),
+        methods=["GET"],
+        include_in_schema=False,
+    )
+    app.add_api_route(
+        f"{auth.PREFIX}/login", auth.login_get, methods=["GET"], include_in_schema=False
+    )
+    app.add_api_route(
+        f"{auth.PREFIX}/login", auth.login_post, methods=["POST"], include_in_schema=False
+    )
+    app.add_api_route(
+        f"{auth.PREFIX}/logout", auth.logout, methods=["GET"], include_in_schema=False
+    )
+    _csv_routes(app)
+
+    dash_app = Dash(
+        __name__,
+        server=app,
+        url_base_pathname=URL_BASE,
+        use_pages=True,
+        pages_folder=str(HERE / "pages"),
+        assets_folder=str(HERE / "assets"),
+        title="Vantage",
+        update_title=None,
+        suppress_callback_exceptions=True,
+        compress=False,
+    )
+    dash_app.layout = _shell
+    _register_shell_callbacks(dash_app)
+    # Claim the pages' global callbacks for this app now, not at its first request.
+    dash_app._setup_server()
+    _catchall(app, dash_app)
+    app.add_middleware(auth.DashboardGate)
+    app.state.dash_app = dash_app
+    return dash_app

@@ -1,0 +1,229 @@
+"""The run page's command panel and command log.
+
+Each action button names a command; clicking it asks for confirmation (the browser's confirm
+dialog, saying what the trainer will do), then the command is created as the logged-in key and
+appears in the log, whose status the trainer moves from pending to delivered to applied."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dash import dcc, html
+
+from . import explain
+
+ACTIONS = {
+    # action: (button text, command type, help key, danger)
+    "avspo": ("Enable AVSPO", "set_mitigation", "avspo", False),
+    "aapo": ("Enable AAPO", "set_mitigation", "aapo", False),
+    "none": ("Mitigation off", "set_mitigation", "none", False),
+    "temperature": ("Set temperature", "set_sampling", "temperature", False),
+    "checkpoint": ("Save checkpoint", "checkpoint", "checkpoint", False),
+    "stop": ("Stop run", "stop", "stop", True),
+}
+
+
+def build_command(action: str, values: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(type, params) of an action from the panel's inputs; raises ValueError on bad input."""
+    kind = ACTIONS[action][1]
+    if action == "avspo":
+        alpha = values.get("avspo_alpha")
+        params = {"mode": "avspo", "threshold": values.get("avspo_threshold") or "fixed"}
+        if alpha is not None:
+            params["alpha"] = float(alpha)
+        return kind, params
+    if action == "aapo":
+        params: dict[str, Any] = {"mode": "aapo"}
+        for key in ("delta_low", "delta_high"):
+            if values.get(f"aapo_{key}") is not None:
+                params[key] = float(values[f"aapo_{key}"])
+        return kind, params
+    if action == "none":
+        return kind, {"mode": "none"}
+    if action == "temperature":
+        t = values.get("temperature")
+        if t is None:
+            raise ValueError("enter a temperature, a number in (0, 10]")
+        return kind, {"temperature": float(t)}
+    return kind, {}
+
+
+def describe(kind: str, params: dict[str, Any]) -> str:
+    """One sentence for the confirmation dialog."""
+    shown = ", ".join(f"{k}={v}" for k, v in params.items()) or "no parameters"
+    what = {
+        "set_mitigation": "switch the advantage estimator",
+        "set_sampling": "change the sampling temperature",
+        "checkpoint": "save a checkpoint",
+        "stop": "STOP training",
+    }.get(kind, kind)
+    return (
+        f"Send '{kind}' ({shown})? The trainer will {what} at its next step boundary and report "
+        f"back in the command log."
+    )
+
+
+def _button(action: str, enabled: bool) -> html.Button:
+    text, _kind, _help, danger = ACTIONS[action]
+    return html.Button(
+        text,
+        id={"type": "cmd", "action": action},
+        className="action danger" if danger else "action",
+        disabled=not enabled,
+        title=explain.COMMAND_HELP[ACTIONS[action][2]]
+        if enabled
+        else "Needs an API key with the control scope.",
+    )
+
+
+def _number(id_: str, value: float, step: float, label: str, help_text: str) -> html.Span:
+    return html.Span(
+        [
+            html.Label(label, htmlFor=id_, title=help_text),
+            dcc.Input(id=id_, type="number", value=value, step=step, debounce=True),
+        ],
+        title=help_text,
+    )
+
+
+def panel(can_control: bool) -> html.Div:
+    note = (
+        []
+        if can_control
+        else [
+            html.P(
+                "Read-only: your key has no control scope, so actions are disabled.",
+                className="result-error",
+                id="cmd-readonly",
+            )
+        ]
+    )
+    return html.Div(
+        [
+            *note,
+            html.Div(
+                [
+                    html.Div(
+                        [
+                            html.H4("AVSPO"),
+                            html.P(explain.COMMAND_HELP["avspo"]),
+                            html.Label("trigger", htmlFor="avspo-threshold"),
+                            dcc.Dropdown(
+                                id="avspo-threshold",
+                                options=["fixed", "adaptive", "single"],
+                                value="fixed",
+                                clearable=False,
+                            ),
+                            _number(
+                                "avspo-alpha",
+                                0.5,
+                                0.05,
+                                "α",
+                                "Virtual samples per collapsed group: K = ⌈G·ACR^α⌉.",
+                            ),
+                            _button("avspo", can_control),
+                        ],
+                        className="cmd",
+                    ),
+                    html.Div(
+                        [
+                            html.H4("AAPO"),
+                            html.P(explain.COMMAND_HELP["aapo"]),
+                            _number("aapo-delta-low", -0.2, 0.01, "δ low", "Margin clip, low."),
+                            _number("aapo-delta-high", 0.28, 0.01, "δ high", "Margin clip, high."),
+                            html.Br(),
+                            _button("aapo", can_control),
+                        ],
+                        className="cmd",
+                    ),
+                    html.Div(
+                        [
+                            html.H4("Plain GRPO"),
+                            html.P(explain.COMMAND_HELP["none"]),
+                            _button("none", can_control),
+                        ],
+                        className="cmd",
+                    ),
+                    html.Div(
+                        [
+                            html.H4("Sampling"),
+                            html.P(explain.COMMAND_HELP["temperature"]),
+                            _number(
+                                "temperature-value",
+                                1.0,
+                                0.05,
+                                "temperature",
+                                explain.COMMAND_HELP["temperature"],
+                            ),
+                            _button("temperature", can_control),
+                        ],
+                        className="cmd",
+                    ),
+                    html.Div(
+                        [
+                            html.H4("Checkpoint and stop"),
+                            html.P(
+                                explain.COMMAND_HELP["checkpoint"]
+                                + " "
+                                + explain.COMMAND_HELP["stop"]
+                            ),
+                            _button("checkpoint", can_control),
+                            " ",
+                            _button("stop", can_control),
+                        ],
+                        className="cmd",
+                    ),
+                ],
+                className="command-panel",
+            ),
+            html.Div(
+                [
+                    html.Label("Reason (kept in the log): ", htmlFor="cmd-reason"),
+                    dcc.Input(id="cmd-reason", type="text", style={"width": "40%"}),
+                ],
+                style={"marginTop": ".6rem"},
+            ),
+            html.Div(id="cmd-result", style={"marginTop": ".4rem"}),
+        ]
+    )
+
+
+STATUS_HELP = {
+    "pending": "Waiting for the trainer to pick it up (with its next batch or heartbeat).",
+    "delivered": "The trainer received it and applies it at the next step boundary.",
+    "applied": "The trainer applied it at the step shown.",
+    "rejected": "The trainer refused it; see the detail.",
+    "expired": "The trainer did not acknowledge it within the TTL (is it running?).",
+}
+
+
+def log_table(commands: list[dict]) -> Any:
+    if not commands:
+        return html.P("No commands yet.", className="muted", id="cmd-log-empty")
+    head = ["status", "command", "parameters", "issued by", "created (UTC)", "step", "detail"]
+    rows = []
+    for c in commands:
+        params = ", ".join(f"{k}={v}" for k, v in (c.get("params") or {}).items())
+        rows.append(
+            html.Tr(
+                [
+                    html.Td(
+                        c.get("status"),
+                        className=f"cmd-status cmd-status-{c.get('status')}",
+                        title=STATUS_HELP.get(c.get("status"), ""),
+                    ),
+                    html.Td(c.get("type")),
+                    html.Td(params),
+                    html.Td(c.get("issued_by")),
+                    html.Td((c.get("created_at") or "")[:19].replace("T", " ")),
+                    html.Td(explain.fmt(c.get("acked_step"))),
+                    html.Td(c.get("detail") or c.get("reason") or ""),
+                ],
+                **{"data-command-id": c.get("command_id")},
+            )
+        )
+    return html.Table(
+        [html.Thead(html.Tr([html.Th(h) for h in head])), html.Tbody(rows)],
+        className="runs",
+        id="cmd-log-table",
+    )

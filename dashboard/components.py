@@ -1,0 +1,160 @@
+"""Small Dash components shared by the pages: badges, KPI cards, the runs table."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from dash import dcc, html
+
+from . import explain, figures
+
+URL_BASE = "/dashboard/"
+
+
+def run_href(run_id: str) -> str:
+    return f"{URL_BASE}runs/{run_id}"
+
+
+def acr_class(acr: float | None) -> str:
+    if acr is None:
+        return ""
+    if acr > explain.STALL_THRESHOLD:
+        return "acr-bad"
+    return "acr-warn" if acr > 0.3 else "acr-ok"
+
+
+def status_badge(status: str | None) -> html.Span:
+    status = status or "unknown"
+    return html.Span(
+        status,
+        className=f"badge status-{status}",
+        title=explain.STATUS_HELP.get(status, ""),
+    )
+
+
+def mitigation_text(run: dict) -> tuple[str, str]:
+    """Short text and hover for a run's mitigation: its mode, what was requested and applied."""
+    mode = run.get("mitigation_mode") or "?"
+    requested = run.get("mitigation_requested") or {}
+    applied = run.get("mitigation_applied") or {}
+    req = requested.get("mode") if isinstance(requested, dict) else requested
+    app = applied.get("mode") if isinstance(applied, dict) else applied
+    state = app or "none"
+    if req and req != app:
+        state = f"{state} → {req} ({requested.get('status', 'pending')})"
+    help_text = (
+        f"Automatic mitigation mode: {mode} (auto: alerts issue their mitigation; suggest: they "
+        f"appear on the run page for one click; off: nothing). Applied by the trainer: "
+        f"{app or 'none'}; last requested: {req or 'none'}."
+    )
+    return f"{state} · {mode}", help_text
+
+
+def alert_chips(alerts: list[dict]) -> list:
+    return [
+        html.Span(
+            a.get("rule", "alert"),
+            className="alert-chip",
+            title=f"{a.get('severity', 'warning')}: value {explain.fmt(a.get('value'))} "
+            f"since step {a.get('fired_step')}",
+        )
+        for a in alerts
+    ]
+
+
+def health_cell(client: dict | None) -> Any:
+    client = client or {}
+    spooled = int(client.get("spooled_groups") or 0)
+    dropped = int(client.get("dropped_groups") or 0)
+    dead = int(client.get("dead_letter_batches") or 0)
+    if not (spooled or dropped or dead):
+        return html.Span("ok", title="The client delivers everything it logs.")
+    return html.Span(
+        f"{spooled} spooled · {dropped} dropped · {dead} refused",
+        className="health-warn",
+        title=(
+            "Spooled: groups waiting on the trainer's disk for the server (sent when it is "
+            "reachable). Dropped: groups lost because the spool was full. Refused: batches the "
+            "server rejected (see the client's dead-letter table). Dropped or refused data means "
+            "the charts miss steps."
+        ),
+    )
+
+
+def sparkline(values: list) -> html.Img:
+    svg = figures.sparkline_svg(values)
+    src = "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
+    return html.Img(src=src, alt="ACR sparkline", title="ACR over the latest steps (dotted: 0.35)")
+
+
+RUNS_COLUMNS = [
+    ("Run", "Name and id; click for details."),
+    ("Status", "running, stale (no data lately), finished or failed."),
+    ("Project / tags", "Where the run belongs."),
+    ("Last step", "Newest training step received."),
+    ("Latest ACR", explain.ACR),
+    ("ACR trend", "ACR over the latest steps; the dotted line is the 0.35 stall threshold."),
+    ("Mitigation", "Applied mitigation (→ requested) · automatic mitigation mode."),
+    ("Alerts", "Alerts firing now; hover for the value."),
+    ("Client", "Delivery health of the trainer's client: spooled, dropped or refused data."),
+    ("Started", "When the run was created (UTC)."),
+]
+
+
+def runs_table(runs: list[dict]) -> html.Table | html.P:
+    if not runs:
+        return html.P(
+            "No runs yet. Start one with `vantage demo`, or add the Monitor hook to a trainer.",
+            className="muted",
+            id="runs-empty",
+        )
+    header = html.Tr([html.Th(name, title=help_text) for name, help_text in RUNS_COLUMNS])
+    rows = []
+    for r in runs:
+        mit, mit_help = mitigation_text(r)
+        tags = ", ".join(r.get("tags") or [])
+        rows.append(
+            html.Tr(
+                [
+                    html.Td(
+                        [
+                            dcc.Link(r.get("name") or r["run_id"], href=run_href(r["run_id"])),
+                            html.Div(r["run_id"][:8], className="muted"),
+                        ]
+                    ),
+                    html.Td(status_badge(r.get("status"))),
+                    html.Td([r.get("project") or "—", html.Div(tags, className="muted")]),
+                    html.Td(explain.fmt(r.get("last_step"))),
+                    html.Td(
+                        explain.fmt(r.get("latest_acr")),
+                        className=acr_class(r.get("latest_acr")),
+                        title=explain.ACR,
+                    ),
+                    html.Td(sparkline(r.get("spark") or [])),
+                    html.Td(mit, title=mit_help),
+                    html.Td(alert_chips(r.get("alerts") or []) or "—"),
+                    html.Td(health_cell(r.get("client"))),
+                    html.Td((r.get("created_at") or "")[:16].replace("T", " ")),
+                ],
+                className="run-row",
+                **{"data-run-id": r["run_id"]},
+            )
+        )
+    return html.Table([html.Thead(header), html.Tbody(rows)], className="runs", id="runs-table")
+
+
+def kpi_cards(cards: list[dict]) -> list[html.Div]:
+    return [
+        html.Div(
+            [
+                html.Div(c["title"], className="kpi-title"),
+                html.Div(c["value"], className="kpi-value", id=f"kpi-{c['id']}-value"),
+                html.Div(c["sub"], className="kpi-sub"),
+            ],
+            className=f"kpi kpi-{c['level']}",
+            title=c["help"],
+            id=f"kpi-{c['id']}",
+        )
+        for c in cards
+    ]

@@ -1,0 +1,103 @@
+"""What the dashboard's callbacks share: the server's session factory and settings, and the
+caller's API key (read from the login cookie, checked against the keys table).
+
+Dash keeps one app per process (``dash.get_app``), so this module does too: ``mount`` sets it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+COOKIE_NAME = "vantage_dashboard_key"
+# A revoked key stops working within this many seconds (cached so that a 2 s live update does
+# not hash and look up the key on every call).
+KEY_CACHE_S = 5.0
+
+
+@dataclass
+class DashboardState:
+    settings: Any
+    session_factory: Callable[[], Any]
+
+
+_state: DashboardState | None = None
+_cache: dict[str, tuple[float, Any]] = {}
+_cache_lock = threading.Lock()
+
+
+def configure(settings: Any, session_factory: Callable[[], Any]) -> None:
+    global _state
+    _state = DashboardState(settings, session_factory)
+    with _cache_lock:
+        _cache.clear()
+
+
+def state() -> DashboardState:
+    if _state is None:
+        raise RuntimeError("vantage.dashboard.mount() has not been called")
+    return _state
+
+
+@contextmanager
+def session() -> Iterator[Any]:
+    with state().session_factory() as s:
+        yield s
+
+
+def auth_enabled() -> bool:
+    return bool(getattr(state().settings, "auth_enabled", True))
+
+
+def refresh_ms() -> int:
+    return int(1000 * float(getattr(state().settings, "dashboard_refresh_s", 2.0) or 2.0))
+
+
+def key_info(plaintext: str | None):
+    """The KeyInfo of a key (cached for KEY_CACHE_S), the all-access identity when auth is off,
+    or None for a missing, unknown or revoked key."""
+    from vantage.server import keys
+
+    if not auth_enabled():
+        return keys.ALL_ACCESS
+    if not plaintext:
+        return None
+    now = time.monotonic()
+    with _cache_lock:
+        hit = _cache.get(plaintext)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    with session() as s:
+        info = keys.authenticate(s, plaintext)
+    with _cache_lock:
+        if len(_cache) > 1000:
+            _cache.clear()
+        _cache[plaintext] = (now + KEY_CACHE_S, info)
+    return info
+
+
+def current_key():
+    """The caller of the running Dash callback, from its login cookie."""
+    from dash import callback_context
+
+    try:
+        cookies = callback_context.cookies or {}
+    except Exception:  # outside a request (direct calls from tests and benchmarks)
+        cookies = {}
+    return key_info(cookies.get(COOKIE_NAME))
+
+
+def can(info: Any, scope: str) -> bool:
+    return info is not None and scope in info.scopes
+
+
+def can_see(info: Any, run: dict | None) -> bool:
+    """Read scope, and the run's project when the key is limited to one project."""
+    if run is None or not can(info, "read"):
+        return False
+    project = getattr(info, "project", None)
+    return project is None or project == run.get("project")

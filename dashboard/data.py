@@ -1,0 +1,175 @@
+"""The dashboard's reads and writes: the server's query functions, one session each, filtered
+by what the caller's key may see. Callbacks call these; so do the tests and the benchmark."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import context
+
+SPARK_STEPS = 200  # the runs table's sparkline covers this many latest steps
+SPARK_POINTS = 60
+TAIL_STEPS = 300  # steps re-read after a downsampled first load, for the KPI state
+
+
+def _queries():
+    from vantage.server import queries
+
+    return queries
+
+
+def _alerts(session, run_id: str | None = None, state: str | None = "firing") -> list[dict]:
+    """Alert episodes, when the server has its alerts module (empty otherwise)."""
+    lister = getattr(_queries(), "list_alerts", None)
+    if lister is None:
+        try:
+            from vantage.server import alerts
+        except ImportError:
+            return []
+        lister = getattr(alerts, "list_alerts", None)
+    if lister is None:
+        return []
+    return list(lister(session, run_id=run_id, state=state))
+
+
+def runs_overview(info, project: str | None = None, tag: str | None = None) -> list[dict]:
+    """Every run the key may see, newest first, each with ``spark`` (recent ACRs) and
+    ``alerts`` (firing episodes)."""
+    q = _queries()
+    if info is not None and getattr(info, "project", None):
+        project = info.project
+    with context.session() as s:
+        runs = q.list_runs(s, project=project or None, tag=tag or None)
+        alerts_by_run: dict[str, list] = {}
+        for a in _alerts(s):
+            alerts_by_run.setdefault(a.get("run_id"), []).append(a)
+        for run in runs:
+            last = run.get("last_step")
+            spark: list = []
+            if last is not None:
+                m = q.run_metrics(
+                    s, run["run_id"], from_step=last - SPARK_STEPS + 1, max_points=SPARK_POINTS
+                )
+                spark = [p.get("acr") for p in m["points"]]
+            run["spark"] = spark
+            run["alerts"] = alerts_by_run.get(run["run_id"], [])
+    return [r for r in runs if context.can_see(info, r)]
+
+
+def visible_runs(info) -> list[dict]:
+    with context.session() as s:
+        return [r for r in _queries().list_runs(s) if context.can_see(info, r)]
+
+
+def filter_options(info) -> tuple[list[str], list[str]]:
+    """The projects and tags of the runs the key may see (for the runs page's filters)."""
+    runs = visible_runs(info)
+    projects = sorted({r["project"] for r in runs if r.get("project")})
+    tags = sorted({t for r in runs for t in (r.get("tags") or [])})
+    return projects, tags
+
+
+def run_snapshot(info, run_id: str, max_points: int = 5000) -> dict[str, Any] | None:
+    """Everything the run page shows on first load, or None if missing or not visible."""
+    q = _queries()
+    with context.session() as s:
+        run = q.get_run(s, run_id)
+        if not context.can_see(info, run):
+            return None
+        metrics = q.run_metrics(s, run_id, max_points=max_points)
+        summary = q.run_summary(s, run_id) or {}
+        alerts = _alerts(s, run_id, state=None)
+        tail = metrics["points"]
+        if metrics["downsampled"] and run.get("last_step") is not None:
+            tail = q.run_metrics(s, run_id, from_step=run["last_step"] - TAIL_STEPS + 1)["points"]
+    return {"run": run, "metrics": metrics, "summary": summary, "alerts": alerts, "tail": tail}
+
+
+def run_since(info, run_id: str, after_step: int | None) -> dict[str, Any] | None:
+    """A live update: the run, the steps after ``after_step``, and what changes rarely."""
+    q = _queries()
+    with context.session() as s:
+        run = q.get_run(s, run_id)
+        if not context.can_see(info, run):
+            return None
+        from_step = None if after_step is None else after_step + 1
+        points = q.run_metrics(s, run_id, from_step=from_step)["points"]
+        alerts = _alerts(s, run_id, state=None) if points else None
+        timeline = q.mitigation_timeline(s, run_id) if points else None
+    return {"run": run, "points": points, "alerts": alerts, "timeline": timeline}
+
+
+def commands(info, run_id: str) -> list[dict] | None:
+    q = _queries()
+    with context.session() as s:
+        if not context.can_see(info, q.get_run(s, run_id)):
+            return None
+        out = q.list_commands(s, run_id)
+        s.commit()  # list_commands may mark expired commands
+    return out
+
+
+def issue_command(info, run_id: str, type_: str, params: dict, reason: str | None) -> dict:
+    """Create a command as the caller; raises PermissionError or ValueError with a message."""
+    from vantage.server import commands as server_commands
+
+    if not context.can(info, "control"):
+        raise PermissionError("this key lacks the control scope; ask an admin for one")
+    q = _queries()
+    with context.session() as s:
+        if not context.can_see(info, q.get_run(s, run_id)):
+            raise PermissionError("run not found or not visible to this key")
+        cmd = server_commands.create_command(
+            s, run_id, type_, params, reason=reason, issued_by=f"dashboard:{info.name}"
+        )
+        s.commit()
+    return cmd
+
+
+def prompts(info, run_id: str, side: str | None = None, min_steps: int = 1) -> list[dict] | None:
+    q = _queries()
+    with context.session() as s:
+        if not context.can_see(info, q.get_run(s, run_id)):
+            return None
+        return q.run_prompts(s, run_id, side=side or None, min_steps=min_steps)
+
+
+PROMPT_COLUMNS = [
+    "prompt_id",
+    "groups",
+    "steps",
+    "collapsed",
+    "all_pass",
+    "all_fail",
+    "constant",
+    "collapse_rate",
+    "last_seen_step",
+]
+
+
+def prompts_csv(info, run_id: str, side: str | None = None) -> str | None:
+    rows = prompts(info, run_id, side)
+    return None if rows is None else _queries().to_csv(rows, PROMPT_COLUMNS)
+
+
+def metrics_csv(info, run_id: str) -> str | None:
+    q = _queries()
+    with context.session() as s:
+        if not context.can_see(info, q.get_run(s, run_id)):
+            return None
+        return q.export_csv(s, run_id)
+
+
+def compare(info, run_ids: list[str], max_points: int = 2000) -> dict[str, Any]:
+    """Runs, their metrics (downsampled) and window metrics, for the compare page."""
+    q = _queries()
+    runs, metrics, windows = [], {}, {}
+    with context.session() as s:
+        for rid in run_ids:
+            run = q.get_run(s, rid)
+            if not context.can_see(info, run):
+                continue
+            runs.append(run)
+            metrics[rid] = q.run_metrics(s, rid, max_points=max_points)["points"]
+            windows[rid] = (q.run_summary(s, rid) or {}).get("window", {})
+    return {"runs": runs, "metrics": metrics, "windows": windows}

@@ -1,0 +1,106 @@
+"""Plain-language text for every number the dashboard shows: what it means, what to do about it.
+
+Kept in one place so that the cards, the chart hovers and the tests read the same words. The
+ACR → accuracy regression of the literature is deliberately absent: it held for one setting and
+is never shown as a prediction for other runs (DESIGN.md §1).
+"""
+
+from __future__ import annotations
+
+STALL_THRESHOLD = 0.35
+
+ACR = (
+    "Advantage collapse rate: the share of this step's prompt groups in which every completion "
+    "got the same reward. Such a group has zero advantage and teaches the model nothing. Published "
+    "GRPO runs on math sit around 0.28-0.45; above 0.35 for 50+ steps a run is usually stalled: "
+    "try AVSPO or AAPO, or make the prompts harder or easier."
+)
+ACR_EPS = (
+    "ACR counting near-collapsed groups too (rewards differ, but so little that the normalised "
+    "advantages are below the tolerance). A gap to ACR means rewards barely differ within groups."
+)
+ACR_EFFECTIVE = (
+    "Share of groups whose advantages are still zero after the trainer's mitigation (AVSPO/AAPO). "
+    "Below ACR means the mitigation is restoring gradient signal."
+)
+EXPECTED_ACR = (
+    "Lower bound: the ACR expected if every prompt had the step's pooled pass rate. ACR far above "
+    "it means some prompts are far too easy or too hard for the policy (or samples lack "
+    "diversity); close to it means collapse is just chance at this pass rate."
+)
+ALL_PASS = "Groups where every completion passed: these prompts are too easy for the policy now."
+ALL_FAIL = "Groups where every completion failed: these prompts are too hard for the policy now."
+CONSTANT = (
+    "Groups where every completion got the same reward that is neither pass nor fail: check the "
+    "reward function (it may return a constant)."
+)
+ACR_100 = (
+    "Mean ACR over the first 100 steps with data (empty until 100 exist). High early collapse "
+    "(> 0.5) means the task does not fit the starting policy; it is a diagnostic, not a forecast "
+    "of final accuracy."
+)
+ACR_EMA = (
+    "Exponential moving average of ACR (half-life 20 steps): the trend without step-to-step noise. "
+    "Rising: collapse is getting worse."
+)
+ACR_STREAK = (
+    "Consecutive latest steps with ACR above 0.35. Over 50 steps the run is likely stalled: "
+    "switch on a mitigation or change the data."
+)
+WASTED = (
+    "Share of sampled completions that were in collapsed groups: rollout compute that produced no "
+    "gradient. Lower it by mitigating collapse or filtering prompts that are always solved or "
+    "always failed."
+)
+REWARD_MEAN = (
+    "Mean reward of the completions of the latest step. A sudden drop mid-training is the other "
+    "failure to watch: check the latest checkpoint, KL and learning rate."
+)
+PASS_RATE = "Share of completions that got the maximum reward (binary rewards only)."
+
+KPI_HELP = {
+    "acr": ACR,
+    "acr_100": ACR_100,
+    "acr_ema": ACR_EMA,
+    "acr_streak": ACR_STREAK,
+    "wasted": WASTED,
+    "reward_mean": REWARD_MEAN,
+    "steps_per_min": (
+        "Training speed over the latest steps. Zero with status 'stale' means the trainer stopped "
+        "sending data: check the job."
+    ),
+}
+
+STATUS_HELP = {
+    "running": "Data arrived recently.",
+    "stale": "No data or heartbeat for a while: the trainer may have crashed or hung.",
+    "finished": "The trainer reported a clean finish.",
+    "failed": "The trainer reported a failure.",
+}
+
+COMMAND_HELP = {
+    "avspo": (
+        "AVSPO adds virtual rewards to collapsed groups' mean and std so they give gradient again; "
+        "no extra rollouts. Applied by the trainer at the next step boundary."
+    ),
+    "aapo": (
+        "AAPO adds an advantage margin against a frozen reference model's rewards for the same "
+        "prompt; costs reference samples."
+    ),
+    "none": "Plain GRPO advantages: switch mitigation off.",
+    "temperature": "Sampling temperature: higher gives more diverse completions, fewer collapses.",
+    "checkpoint": "Ask the trainer to save a checkpoint at the next step boundary.",
+    "stop": "Ask the trainer to stop cleanly at the next step boundary.",
+}
+
+
+def fmt(value, digits: int = 2) -> str:
+    """A number for a card: fixed digits, or an em dash for a missing value."""
+    if value is None:
+        return "—"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    try:
+        return f"{float(value):.{digits}f}"
+    except (TypeError, ValueError):
+        return str(value)

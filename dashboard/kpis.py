@@ -1,0 +1,179 @@
+"""The run page's KPI cards, kept current without re-reading the whole run.
+
+The first load takes the window metrics from the server (``run_summary``); each live update
+advances them with only the new steps, by the same rules as ``vantage.client.acr.window_metrics``
+(EMA, streak, first-100 mean, last-25 volatility). The state is plain JSON so it can live in a
+``dcc.Store`` in the browser between updates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, EMA_ALPHA
+
+from . import explain
+
+TAIL = 25  # steps kept for volatility, speed and the wasted share
+
+
+def _tail_row(p: dict) -> list:
+    return [p["step"], p.get("time"), p.get("acr"), p.get("wasted_rollouts"), p.get("n_valid")]
+
+
+def initial_state(
+    window: dict, points: Sequence[dict], downsampled: bool, attempt: int | None
+) -> dict[str, Any]:
+    """KPI state after the first load: the server's window metrics and the newest steps.
+
+    ``points`` must hold every step at the end of the run (``downsampled`` False), or at least
+    its last TAIL steps."""
+    first: list[float] | None = None
+    if window.get("acr_100") is None and not downsampled:
+        first = [p["acr"] for p in points if p.get("acr") is not None][:100]
+    return {
+        "ema": window.get("acr_ema"),
+        "streak": int(window.get("acr_streak") or 0),
+        "acr_100": window.get("acr_100"),
+        "first": first,
+        "volatility": window.get("acr_volatility"),
+        "tail": [_tail_row(p) for p in points[-TAIL:]],
+        "last_step": points[-1]["step"] if points else None,
+        "attempt": attempt,
+        "latest": _latest(points),
+    }
+
+
+def _latest(points: Sequence[dict]) -> dict | None:
+    if not points:
+        return None
+    p = points[-1]
+    return {k: p.get(k) for k in ("step", "acr", "reward_mean", "pass_rate", "excess_acr")}
+
+
+def advance(state: dict[str, Any], points: Sequence[dict]) -> dict[str, Any]:
+    """The state after appending ``points`` (steps after ``state['last_step']``, in order)."""
+    if not points:
+        return state
+    s = dict(state)
+    tail = list(s["tail"])
+    first = None if s.get("first") is None else list(s["first"])
+    for p in points:
+        tail.append(_tail_row(p))
+        acr = p.get("acr")
+        if acr is None:
+            continue
+        s["ema"] = acr if s["ema"] is None else s["ema"] + EMA_ALPHA * (acr - s["ema"])
+        s["streak"] = s["streak"] + 1 if acr > DEFAULT_STREAK_THRESHOLD else 0
+        if first is not None and len(first) < 100:
+            first.append(acr)
+            if len(first) == 100:
+                s["acr_100"] = math.fsum(first) / 100
+    s["tail"] = tail[-TAIL:]
+    s["first"] = first
+    acrs = [row[2] for row in s["tail"] if row[2] is not None]
+    if len(acrs) == TAIL:
+        m = math.fsum(acrs) / TAIL
+        s["volatility"] = math.sqrt(math.fsum((x - m) ** 2 for x in acrs) / (TAIL - 1))
+    s["last_step"] = points[-1]["step"]
+    s["latest"] = _latest(points)
+    return s
+
+
+def steps_per_minute(tail: Sequence[list]) -> float | None:
+    timed = [(row[0], row[1]) for row in tail if row[1] is not None]
+    if len(timed) < 2:
+        return None
+    (s0, t0), (s1, t1) = timed[0], timed[-1]
+    if t1 <= t0:
+        return None
+    return (s1 - s0) / ((t1 - t0) / 60.0)
+
+
+def wasted_share(tail: Sequence[list], group_size: int | None) -> float | None:
+    """Completions in collapsed groups / completions in valid groups, over the tail steps."""
+    if not group_size:
+        return None
+    wasted = sum(row[3] or 0 for row in tail)
+    total = sum((row[4] or 0) * group_size for row in tail)
+    return wasted / total if total else None
+
+
+def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
+    """The KPI cards: id, title, value text, help text and a severity (ok / warn / bad)."""
+    latest = state.get("latest") or {}
+    acr = latest.get("acr")
+    tail = state.get("tail") or []
+    wasted = wasted_share(tail, run.get("group_size"))
+    speed = steps_per_minute(tail)
+    streak = state.get("streak") or 0
+
+    def level(value, warn, bad):
+        if value is None:
+            return "none"
+        return "bad" if value > bad else "warn" if value > warn else "ok"
+
+    wasted_text = explain.fmt(None) if wasted is None else f"{100 * wasted:.0f}%"
+    if wasted is None and tail:
+        # Without a known group size, show completions wasted per step instead of a share.
+        wasted_text = f"{explain.fmt(int(sum(r[3] or 0 for r in tail) / len(tail)))}/step"
+    return [
+        {
+            "id": "acr",
+            "title": "Latest ACR",
+            "value": explain.fmt(acr),
+            "sub": f"step {explain.fmt(latest.get('step'))}",
+            "help": explain.ACR,
+            "level": level(acr, 0.3, explain.STALL_THRESHOLD),
+        },
+        {
+            "id": "acr_100",
+            "title": "ACR, first 100 steps",
+            "value": explain.fmt(state.get("acr_100")),
+            "sub": "early collapse",
+            "help": explain.ACR_100,
+            "level": level(state.get("acr_100"), 0.35, 0.5),
+        },
+        {
+            "id": "acr_ema",
+            "title": "ACR trend (EMA)",
+            "value": explain.fmt(state.get("ema")),
+            "sub": f"volatility {explain.fmt(state.get('volatility'))}",
+            "help": explain.ACR_EMA,
+            "level": level(state.get("ema"), 0.3, explain.STALL_THRESHOLD),
+        },
+        {
+            "id": "acr_streak",
+            "title": "Steps above 0.35",
+            "value": explain.fmt(int(streak)),
+            "sub": "stalled after 50",
+            "help": explain.ACR_STREAK,
+            "level": level(streak, 10, 50),
+        },
+        {
+            "id": "wasted",
+            "title": "Wasted rollouts",
+            "value": wasted_text,
+            "sub": f"last {len(tail)} steps",
+            "help": explain.WASTED,
+            "level": level(wasted, 0.3, 0.5),
+        },
+        {
+            "id": "reward_mean",
+            "title": "Reward mean",
+            "value": explain.fmt(latest.get("reward_mean"), 3),
+            "sub": f"pass rate {explain.fmt(latest.get('pass_rate'))}",
+            "help": explain.REWARD_MEAN,
+            "level": "none",
+        },
+        {
+            "id": "steps_per_min",
+            "title": "Steps per minute",
+            "value": explain.fmt(speed, 1),
+            "sub": run.get("status", ""),
+            "help": explain.KPI_HELP["steps_per_min"],
+            "level": "bad" if run.get("status") in ("stale", "failed") else "none",
+        },
+    ]

@@ -1,0 +1,105 @@
+"""Compare page (/dashboard/compare?runs=a,b,c): ACR and reward of chosen runs by step, with
+their window metrics side by side (e.g. GRPO vs AVSPO vs AAPO on the same task)."""
+
+from __future__ import annotations
+
+import dash
+from dash import Input, Output, callback, dcc, html
+from vantage.dashboard import components, context, data, explain, figures
+
+dash.register_page(__name__, path="/compare", name="Compare", title="Vantage · compare", order=2)
+
+WINDOW_COLUMNS = [
+    ("acr_pooled", "ACR pooled", "Collapsed groups / valid groups over the whole run."),
+    ("acr_100", "ACR first 100", explain.ACR_100),
+    ("acr_ema", "ACR EMA", explain.ACR_EMA),
+    ("acr_volatility", "ACR volatility", "Std of the last 25 step ACRs: a jumpy run is unstable."),
+    ("acr_streak", "steps > 0.35", explain.ACR_STREAK),
+]
+
+
+def layout(runs: str | None = None, **_query) -> html.Div:
+    chosen = [r for r in (runs or "").split(",") if r]
+    return html.Div(
+        [
+            html.H2("Compare runs"),
+            html.P(
+                "Pick runs of the same task (for example plain GRPO, AVSPO and AAPO) to see "
+                "whether a mitigation lowers collapse and what it does to reward. Lower ACR with "
+                "equal or higher reward is the win.",
+                className="muted",
+            ),
+            dcc.Dropdown(id="compare-runs", multi=True, value=chosen, placeholder="choose runs"),
+            html.Div(
+                dcc.Graph(id="compare-graph", config={"displaylogo": False}), className="card"
+            ),
+            html.Div(id="compare-table", className="card"),
+        ]
+    )
+
+
+@callback(Output("compare-runs", "options"), Input("compare-runs", "id"))
+def run_options(_id):
+    runs = data.visible_runs(context.current_key())
+    return [
+        {"label": f"{r.get('name') or r['run_id'][:8]} · {r['run_id'][:8]}", "value": r["run_id"]}
+        for r in runs
+    ]
+
+
+@callback(
+    Output("compare-graph", "figure"),
+    Output("compare-table", "children"),
+    Input("compare-runs", "value"),
+)
+def show_comparison(run_ids):
+    result = data.compare(context.current_key(), list(run_ids or []))
+    fig = figures.compare_figure(result["runs"], result["metrics"])
+    if not result["runs"]:
+        return fig, html.P("Choose runs above.", className="muted")
+    head = html.Tr(
+        [html.Th("run"), html.Th("mitigation"), html.Th("last step"), html.Th("latest ACR")]
+        + [html.Th(label, title=help_text) for _k, label, help_text in WINDOW_COLUMNS]
+        + [html.Th("CSV")]
+    )
+    rows = []
+    for run in result["runs"]:
+        window = result["windows"].get(run["run_id"], {})
+        mit, mit_help = components.mitigation_text(run)
+        rows.append(
+            html.Tr(
+                [
+                    html.Td(
+                        dcc.Link(
+                            run.get("name") or run["run_id"][:8],
+                            href=components.run_href(run["run_id"]),
+                        )
+                    ),
+                    html.Td(mit, title=mit_help),
+                    html.Td(explain.fmt(run.get("last_step"))),
+                    html.Td(
+                        explain.fmt(run.get("latest_acr")),
+                        className=components.acr_class(run.get("latest_acr")),
+                    ),
+                ]
+                + [
+                    html.Td(
+                        explain.fmt(window.get(k))
+                        if k != "acr_streak"
+                        else explain.fmt(window.get(k), 0)
+                    )
+                    for k, _l, _h in WINDOW_COLUMNS
+                ]
+                + [
+                    html.Td(
+                        html.A(
+                            "metrics",
+                            href=f"/dashboard/export/{run['run_id']}/metrics.csv",
+                            download="",
+                        )
+                    )
+                ]
+            )  # fmt: skip
+        )
+    table = html.Table([html.Thead(head), html.Tbody(rows)], className="runs", id="compare-tbl")
+    return fig, table

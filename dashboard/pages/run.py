@@ -1,0 +1,246 @@
+"""Run page (/dashboard/runs/<run_id>): KPIs, the ACR chart, reward and trainer scalars, live;
+commands with confirmation; prompts that keep collapsing; the run's config."""
+
+from __future__ import annotations
+
+import json
+
+import dash
+from dash import ALL, Input, Output, State, callback, ctx, dash_table, dcc, html, no_update
+from vantage.dashboard import commands_ui, context, data, explain, run_view
+
+dash.register_page(
+    __name__, path_template="/runs/<run_id>", name="Run", title="Vantage · run", order=1
+)
+
+GRAPH_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+def _graph(id_: str, help_text: str) -> html.Div:
+    return html.Div(
+        dcc.Graph(id=id_, config=GRAPH_CONFIG, figure={"data": [], "layout": {"height": 360}}),
+        className="card",
+        title=help_text,
+    )
+
+
+def layout(run_id: str | None = None, **_query) -> html.Div:
+    info = context.current_key()
+    can_control = context.can(info, "control")
+    return html.Div(
+        [
+            dcc.Store(id="run-id", data=run_id),
+            dcc.Store(id="run-state"),
+            dcc.Store(id="run-pending-command"),
+            dcc.Store(id="run-command-sent"),
+            dcc.Interval(id="run-interval", interval=context.refresh_ms(), disabled=True),
+            dcc.ConfirmDialog(id="cmd-confirm"),
+            html.Div(id="run-header"),
+            html.Div(id="run-banner"),
+            html.Div(id="run-kpis", className="kpis"),
+            _graph("run-acr-graph", explain.ACR),
+            html.Div(
+                [
+                    html.Div(_graph("run-reward-graph", explain.REWARD_MEAN), style={"flex": 1}),
+                    html.Div(
+                        _graph("run-scalars-graph", "The trainer's own logged scalars."),
+                        style={"flex": 1},
+                    ),
+                ],
+                style={"display": "flex", "gap": "1rem"},
+            ),
+            dcc.Tabs(
+                id="run-tabs",
+                value="commands",
+                children=[
+                    dcc.Tab(
+                        label="Commands",
+                        value="commands",
+                        children=html.Div(
+                            [
+                                commands_ui.panel(can_control),
+                                html.H4("Command log"),
+                                html.Div(id="cmd-log"),
+                            ],
+                            className="card",
+                        ),
+                    ),
+                    dcc.Tab(label="Prompts", value="prompts", children=_prompts_tab(run_id)),
+                    dcc.Tab(
+                        label="Config",
+                        value="config",
+                        children=html.Div(id="run-config", className="card"),
+                    ),
+                ],
+            ),
+        ],
+        id="run-page",
+    )
+
+
+def _prompts_tab(run_id: str | None) -> html.Div:
+    return html.Div(
+        [
+            html.P(
+                "Prompts whose groups collapsed most often. All-pass prompts are too easy for "
+                "the policy now (drop or down-weight them); all-fail prompts are too hard (move "
+                "them later in a curriculum, or check their answers and the reward function).",
+                className="muted",
+            ),
+            dcc.RadioItems(
+                id="prompts-side",
+                options=[
+                    {"label": "any collapse", "value": ""},
+                    {"label": "all-pass", "value": "all_pass"},
+                    {"label": "all-fail", "value": "all_fail"},
+                    {"label": "constant", "value": "constant"},
+                ],
+                value="",
+                inline=True,
+            ),
+            html.A("Download CSV", id="prompts-csv", href="", download=""),
+            " · ",
+            html.A(
+                "Download per-step metrics CSV",
+                href=f"/dashboard/export/{run_id}/metrics.csv",
+                download="",
+            ),
+            html.Div(id="prompts-body"),
+        ],
+        className="card",
+    )
+
+
+@callback(
+    Output("run-header", "children"),
+    Output("run-banner", "children"),
+    Output("run-kpis", "children"),
+    Output("run-state", "data"),
+    Output("run-acr-graph", "figure"),
+    Output("run-reward-graph", "figure"),
+    Output("run-scalars-graph", "figure"),
+    Output("run-config", "children"),
+    Output("run-interval", "disabled"),
+    Input("run-id", "data"),
+    Input("run-interval", "n_intervals"),
+    State("run-state", "data"),
+)
+def update_run(run_id, _n, state):
+    info = context.current_key()
+    if ctx.triggered_id == "run-interval" and state:
+        out = run_view.live_update(info, run_id, state)
+    else:
+        out = run_view.first_load(info, run_id, context.can(info, "control"))
+    if out is None:
+        missing = html.Div(
+            [html.H2("Run not found"), html.P(f"No run {run_id} visible to this key.")],
+            id="run-missing",
+        )
+        return (missing, *([no_update] * 7), True)
+    return out
+
+
+@callback(
+    Output("cmd-confirm", "displayed"),
+    Output("cmd-confirm", "message"),
+    Output("run-pending-command", "data"),
+    Output("cmd-result", "children", allow_duplicate=True),
+    Input({"type": "cmd", "action": ALL}, "n_clicks"),
+    Input({"type": "suggest", "command": ALL}, "n_clicks"),
+    State("avspo-threshold", "value"),
+    State("avspo-alpha", "value"),
+    State("aapo-delta-low", "value"),
+    State("aapo-delta-high", "value"),
+    State("temperature-value", "value"),
+    prevent_initial_call=True,
+)
+def ask_confirmation(_cmd, _suggest, threshold, alpha, d_low, d_high, temp):
+    trigger = ctx.triggered_id
+    if not trigger or not ctx.triggered or not ctx.triggered[0].get("value"):
+        return no_update, no_update, no_update, no_update
+    try:
+        if trigger["type"] == "suggest":
+            cmd = json.loads(trigger["command"])
+            kind, params = cmd["type"], cmd.get("params") or {}
+        else:
+            values = {
+                "avspo_threshold": threshold,
+                "avspo_alpha": alpha,
+                "aapo_delta_low": d_low,
+                "aapo_delta_high": d_high,
+                "temperature": temp,
+            }
+            kind, params = commands_ui.build_command(trigger["action"], values)
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        return False, no_update, None, html.Span(str(exc), className="result-error")
+    pending = {"type": kind, "params": params}
+    return True, commands_ui.describe(kind, params), pending, ""
+
+
+@callback(
+    Output("cmd-result", "children"),
+    Output("run-command-sent", "data"),
+    Input("cmd-confirm", "submit_n_clicks"),
+    State("run-pending-command", "data"),
+    State("run-id", "data"),
+    State("cmd-reason", "value"),
+    prevent_initial_call=True,
+)
+def send_command(_submit, pending, run_id, reason):
+    if not pending:
+        return no_update, no_update
+    info = context.current_key()
+    try:
+        cmd = data.issue_command(
+            info, run_id, pending["type"], pending["params"], reason or "from the dashboard"
+        )
+    except (PermissionError, ValueError, LookupError) as exc:
+        return html.Span(f"Not sent: {exc}", className="result-error", id="cmd-error"), None
+    text = f"Sent {cmd['type']} (command {cmd['command_id'][:8]}): {cmd['status']}."
+    return html.Span(text, className="result-ok", id="cmd-sent"), cmd["command_id"]
+
+
+@callback(
+    Output("cmd-log", "children"),
+    Input("run-id", "data"),
+    Input("run-interval", "n_intervals"),
+    Input("run-command-sent", "data"),
+)
+def refresh_command_log(run_id, _n, _sent):
+    commands = data.commands(context.current_key(), run_id)
+    return commands_ui.log_table(commands or [])
+
+
+@callback(
+    Output("prompts-body", "children"),
+    Output("prompts-csv", "href"),
+    Input("run-tabs", "value"),
+    Input("prompts-side", "value"),
+    State("run-id", "data"),
+)
+def show_prompts(tab, side, run_id):
+    href = f"/dashboard/export/{run_id}/prompts.csv" + (f"?side={side}" if side else "")
+    if tab != "prompts":
+        return no_update, href
+    rows = data.prompts(context.current_key(), run_id, side or None) or []
+    if not rows:
+        return html.P("No prompt ids were sent with this run's groups.", className="muted"), href
+    columns = [{"name": c.replace("_", " "), "id": c} for c in data.PROMPT_COLUMNS]
+    for row in rows:
+        if row.get("collapse_rate") is not None:
+            row["collapse_rate"] = round(row["collapse_rate"], 3)
+    table = dash_table.DataTable(
+        id="prompts-table",
+        columns=columns,
+        data=rows[:1000],
+        sort_action="native",
+        filter_action="native",
+        page_size=25,
+        style_cell={"fontFamily": "system-ui", "fontSize": "0.85rem"},
+        tooltip_header={
+            "collapse_rate": "Share of this prompt's groups that collapsed.",
+            "all_pass": "Groups where every completion passed: too easy.",
+            "all_fail": "Groups where every completion failed: too hard.",
+        },
+    )
+    return table, href

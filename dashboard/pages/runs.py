@@ -1,0 +1,49 @@
+"""Runs page (/dashboard/): every run, newest first, with its collapse and health at a glance."""
+
+from __future__ import annotations
+
+import dash
+from dash import Input, Output, callback, dcc, html
+from vantage.dashboard import components, context, data
+
+dash.register_page(__name__, path="/", name="Runs", title="Vantage · runs", order=0)
+
+RUNS_REFRESH_MS = 5000
+
+
+def layout(**_query) -> html.Div:
+    return html.Div(
+        [
+            html.H2("Runs"),
+            html.P(
+                "Each GRPO run with its advantage collapse rate (ACR): the share of prompt groups "
+                "whose completions all got the same reward and so taught the model nothing. Red "
+                "means above 0.35, where runs tend to stall. Hover over any column title.",
+                className="muted",
+            ),
+            html.Div(
+                [
+                    dcc.Dropdown(id="runs-project", placeholder="all projects", clearable=True),
+                    dcc.Dropdown(id="runs-tag", placeholder="all tags", clearable=True),
+                ],
+                className="filters card",
+            ),
+            html.Div(html.Div(id="runs-body"), className="card"),
+            dcc.Interval(id="runs-interval", interval=RUNS_REFRESH_MS),
+        ]
+    )
+
+
+@callback(
+    Output("runs-body", "children"),
+    Output("runs-project", "options"),
+    Output("runs-tag", "options"),
+    Input("runs-interval", "n_intervals"),
+    Input("runs-project", "value"),
+    Input("runs-tag", "value"),
+)
+def refresh_runs(_n, project, tag):
+    info = context.current_key()
+    runs = data.runs_overview(info, project, tag)
+    projects, tags = data.filter_options(info)
+    return components.runs_table(runs), projects, tags

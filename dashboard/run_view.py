@@ -1,0 +1,213 @@
+"""What the run page's data callback returns, on first load and on each live update.
+
+Kept out of the page module so that the benchmark and the tests call exactly what the callback
+runs, without a browser: ``first_load`` builds every figure; ``live_update`` reads only the steps
+after the last one shown and returns ``Patch`` objects that append them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dash import Patch, html, no_update
+
+from . import components, data, explain, figures, kpis
+
+# Output order of the run page's data callback (pages/run.py).
+OUTPUTS = (
+    "header",
+    "banner",
+    "kpis",
+    "state",
+    "acr_figure",
+    "reward_figure",
+    "scalars_figure",
+    "config",
+    "interval_disabled",
+)
+
+
+def _finished(run: dict) -> bool:
+    return run.get("status") in ("finished", "failed")
+
+
+def header(run: dict) -> list:
+    tags = ", ".join(run.get("tags") or [])
+    bits = [
+        f"project {run.get('project') or '—'}",
+        f"attempt {run.get('attempt')}",
+        f"id {run['run_id']}",
+    ]
+    if tags:
+        bits.append(f"tags {tags}")
+    mit, mit_help = components.mitigation_text(run)
+    return [
+        html.H2([run.get("name") or run["run_id"], " ", components.status_badge(run["status"])]),
+        html.Div(" · ".join(bits), className="muted"),
+        html.Div(["Mitigation: ", html.Span(mit, title=mit_help, id="run-mitigation")]),
+    ]
+
+
+def suggestions(run: dict, alerts: list[dict], state: dict) -> list[dict]:
+    """Mitigations to offer for one click: those of firing alerts whose rule carries one (the
+    run's mode is 'suggest'), else AVSPO when the run looks stalled and has none applied."""
+    out = []
+    for a in alerts:
+        mit = a.get("mitigation") or a.get("suggested_mitigation")
+        if a.get("state") == "firing" and isinstance(mit, dict) and mit.get("type"):
+            out.append(
+                {
+                    "type": mit["type"],
+                    "params": mit.get("params") or {},
+                    "why": f"alert {a.get('rule')} is firing (value {explain.fmt(a.get('value'))})",
+                }
+            )
+    applied = run.get("mitigation_applied") or {}
+    applied_mode = applied.get("mode") if isinstance(applied, dict) else applied
+    if not out and (state.get("streak") or 0) > 50 and applied_mode in (None, "none"):
+        out.append(
+            {
+                "type": "set_mitigation",
+                "params": {"mode": "avspo", "threshold": "fixed", "alpha": 0.5},
+                "why": f"ACR has been above 0.35 for {state['streak']} steps",
+            }
+        )
+    return out
+
+
+def banner(run: dict, alerts: list[dict], state: dict, can_control: bool) -> list:
+    firing = [a for a in alerts if a.get("state") == "firing"]
+    parts: list[Any] = []
+    if firing:
+        parts.append(
+            html.Div(
+                [
+                    html.B("Firing alerts: "),
+                    *components.alert_chips(firing),
+                    html.Span(
+                        " Red triangles on the ACR chart mark where alerts fired.",
+                        className="muted",
+                    ),
+                ],
+                className="banner banner-alert",
+                id="run-alerts",
+            )
+        )
+    for s in suggestions(run, alerts, state):
+        mode = (s["params"] or {}).get("mode", s["type"])
+        parts.append(
+            html.Div(
+                [
+                    html.B("Suggested: "),
+                    f"{s['type']} {mode.upper()} because {s['why']}. ",
+                    explain.COMMAND_HELP.get(mode, ""),
+                    html.Button(
+                        f"Apply {mode.upper()}",
+                        # The command rides in the id, so the click callback needs no lookup.
+                        id={
+                            "type": "suggest",
+                            "command": json.dumps({"type": s["type"], "params": s["params"]}),
+                        },
+                        className="action",
+                        disabled=not can_control,
+                        title="" if can_control else "needs a key with the control scope",
+                    ),
+                ],
+                className="banner banner-info",
+            )
+        )
+    return parts
+
+
+def config_view(run: dict) -> html.Pre:
+    fields = (
+        "reward_min",
+        "reward_max",
+        "group_size",
+        "trainer_eps",
+        "world_size",
+        "heartbeat_s",
+        "attempt",
+        "created_at",
+        "last_seen_at",
+    )
+    shown = {"run": {k: run.get(k) for k in fields}, "config": run.get("config") or {}}
+    return html.Pre(json.dumps(shown, indent=2, default=str), className="config")
+
+
+def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
+    """Every output of the data callback for a fresh page; None if the run is not visible."""
+    snap = data.run_snapshot(info, run_id)
+    if snap is None:
+        return None
+    run, metrics, summary = snap["run"], snap["metrics"], snap["summary"]
+    points, alerts = metrics["points"], snap["alerts"]
+    downsampled = metrics["downsampled"]
+    tail = snap["tail"]
+    # `tail` is every step when not downsampled, else the newest ones (for the KPI state).
+    state = kpis.initial_state(summary.get("window") or {}, tail, downsampled, run.get("attempt"))
+    state["last_step"] = points[-1]["step"] if points else None
+    state["can_control"] = can_control
+    state["timeline"] = summary.get("mitigation_timeline") or []
+    return (
+        header(run),
+        banner(run, alerts, state, can_control),
+        components.kpi_cards(kpis.cards(state, run)),
+        state,
+        figures.acr_figure(points, state["timeline"], alerts, downsampled),
+        figures.reward_figure(points, downsampled),
+        figures.scalars_figure(points),
+        config_view(run),
+        _finished(run),
+    )
+
+
+def live_update(info, run_id: str, state: dict) -> tuple | None:
+    """Outputs for one tick: Patches appending the new steps, or no_update where nothing
+    changed; a full reload when a new attempt rewrote steps already shown."""
+    update = data.run_since(info, run_id, state.get("last_step"))
+    if update is None:
+        return None
+    run, points = update["run"], update["points"]
+    if run.get("attempt") != state.get("attempt") and state.get("attempt") is not None:
+        return first_load(info, run_id, state.get("can_control", False))
+    finished = _finished(run)
+    if not points:
+        # Nothing new: keep the figures, refresh the header (status may turn stale).
+        return (header(run), no_update, no_update, no_update, no_update, no_update, no_update,
+                no_update, finished)  # fmt: skip
+    new_state = kpis.advance(state, points)
+    acr, reward, scalars = Patch(), Patch(), Patch()
+    figures.extend_patch(acr, points, figures.ACR_SERIES)
+    figures.extend_patch(reward, points, figures.REWARD_SERIES)
+    figures.extend_patch(scalars, points, figures.SCALAR_SERIES)
+    alerts = update["alerts"] or []
+    timeline = update["timeline"] or []
+    # Markers for alerts that fired within the new steps (the trace after the series).
+    prev = state.get("last_step")
+    prev = -1 if prev is None else prev
+    fresh = [a for a in alerts if (a.get("fired_step") or a.get("pending_step") or -1) > prev]
+    ax, ay, at = figures.alert_markers(fresh, points)
+    if ax:
+        marker_trace = len(figures.ACR_SERIES)
+        acr["data"][marker_trace]["x"].extend(ax)
+        acr["data"][marker_trace]["y"].extend(ay)
+        acr["data"][marker_trace]["text"].extend(at)
+    # Mitigation bands are a handful of shapes: replace them (they stretch to the last step).
+    acr["layout"]["shapes"] = [
+        figures.threshold_line(),
+        *figures.mitigation_bands(timeline, new_state["last_step"]),
+    ]
+    new_state["timeline"] = timeline
+    return (
+        header(run),
+        banner(run, alerts, new_state, state.get("can_control", False)),
+        components.kpi_cards(kpis.cards(new_state, run)),
+        new_state,
+        acr,
+        reward,
+        scalars,
+        no_update,
+        finished,
+    )

@@ -103,7 +103,7 @@ class NormalGroup(BaseModel):
 class GroupsForm(_Strict):
     """The three ways a record or an /acr request carries groups (DESIGN.md §3 'Groups')."""
 
-    groups: Annotated[list[GroupIn], Field(max_length=MAX_GROUPS_PER_REQUEST)] | None = None
+    groups: list[GroupIn] | None = None  # the count limit answers 413 at the route
     rewards: list[Reward] | None = None
     group_ids: list[GroupId] | None = None
     group_size: Annotated[int, Strict(), Field(ge=1)] | None = None

@@ -1,0 +1,27 @@
+"""One router module per resource of DESIGN.md §4."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import HTTPException, Request, Response
+
+
+async def read_limited_body(request: Request, limit: int) -> bytes:
+    """The request body, or 413 naming the limit when it is larger than ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"request body of {declared} bytes; the limit is {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413, f"request body over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def json_response(content: Any, status_code: int = 200) -> Response:
+    """orjson-encoded answer (fast for large metric series; non-finite floats become null)."""
+    return Response(orjson.dumps(content), status_code=status_code, media_type="application/json")

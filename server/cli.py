@@ -1,0 +1,239 @@
+"""The `vantage` command line. Imports stay inside each command so that a command whose extra is
+missing exits 2 naming the extra, and `vantage serve` never imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+EXIT_MISSING_EXTRA = 2
+
+
+def _needs(extra: str, modules: Sequence[str]) -> None:
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        print(
+            f"error: this command needs the '{extra}' extra (missing: {', '.join(missing)}); "
+            f"install it with: pip install 'vantage-rl[{extra}]'",
+            file=sys.stderr,
+        )
+        raise SystemExit(EXIT_MISSING_EXTRA)
+
+
+SERVER_MODULES = ("fastapi", "uvicorn", "sqlalchemy", "alembic", "pydantic_settings")
+
+
+def _settings(args: argparse.Namespace, **overrides: Any):  # noqa: ANN202
+    _needs("server", SERVER_MODULES)
+    from .settings import Settings
+
+    values = {k: v for k, v in overrides.items() if v is not None}
+    if getattr(args, "database_url", None):
+        values["database_url"] = args.database_url
+    return Settings(**values)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.insecure_no_auth and not _is_loopback(args.host):
+        print(f"error: --insecure-no-auth only binds a loopback host, not {args.host}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    settings = _settings(args, auth_enabled=False if args.insecure_no_auth else None)
+    import uvicorn
+
+    from .main import create_app
+    from .migrate import upgrade
+
+    if not args.no_upgrade:
+        upgrade(settings.database_url)
+    app = create_app(settings)
+    print(f"Vantage API on http://{args.host}:{args.port} (dashboard at /dashboard/)",
+          file=sys.stderr)  # fmt: skip
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=5)  # fmt: skip
+    return 0
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    from .migrate import upgrade
+
+    upgrade(settings.database_url)
+    print("database is at the newest schema", file=sys.stderr)
+    return 0
+
+
+def _session(args: argparse.Namespace):  # noqa: ANN202
+    settings = _settings(args)
+    from .db import make_engine, session_factory
+    from .migrate import upgrade
+
+    upgrade(settings.database_url)
+    return session_factory(make_engine(settings.database_url))()
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from .keys import create_key, parse_scopes
+
+    try:
+        scopes = parse_scopes(args.scopes)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    with _session(args) as session:
+        key = create_key(session, args.name, scopes, args.project)
+        session.commit()
+    print(f"created key '{args.name}' with scopes {','.join(sorted(scopes))}; "
+          "it is shown once, store it now:", file=sys.stderr)  # fmt: skip
+    print(key)
+    return 0
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    from .keys import list_keys
+
+    with _session(args) as session:
+        for k in list_keys(session):
+            state = "revoked" if k["revoked"] else "active"
+            print(f"{k['id']}\t{k['name']}\t{k['prefix']}…\t{k['scopes']}\t"
+                  f"{k['project'] or '*'}\t{state}\t{k['created_at']}")  # fmt: skip
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    from .keys import revoke_key
+
+    with _session(args) as session:
+        n = revoke_key(session, args.key)
+        session.commit()
+    if not n:
+        print(f"error: no active key with id, name or prefix '{args.key}'", file=sys.stderr)
+        return 1
+    print(f"revoked {n} key(s)", file=sys.stderr)
+    return 0
+
+
+def cmd_runs_prune(args: argparse.Namespace) -> int:
+    from .maintenance import prune_groups
+
+    with _session(args) as session:
+        n = prune_groups(session, args.older_than)
+        session.commit()
+    print(f"deleted {n} group rows of runs idle for more than {args.older_than} days; "
+          "per-step metrics are kept", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from vantage.client import spool
+
+    result = spool.sync(args.spool_dir, server=args.server, api_key=args.api_key)
+    print(json.dumps(result))
+    return 0 if not result.get("failed") else 1
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    _needs("trainer", ("torch", "transformers"))
+    from vantage.trainer.run import main as train_main
+
+    return int(train_main([args.config, *sum((["--set", s] for s in args.set or []), [])]) or 0)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    _needs("server", SERVER_MODULES)
+    _needs("trainer", ("torch", "transformers"))
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+def _db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--database-url", help="SQLAlchemy URL (default: VANTAGE_DATABASE_URL or "
+                   "a SQLite file in the user data folder)")  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vantage", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="serve the API and dashboard")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--insecure-no-auth", action="store_true",
+                   help="no API keys (loopback hosts only)")  # fmt: skip
+    p.add_argument("--no-upgrade", action="store_true", help="skip the schema upgrade on start")
+    p.add_argument("--log-level", default="warning")
+    _db_arg(p)
+    p.set_defaults(func=cmd_serve)
+
+    db = sub.add_parser("db", help="database schema").add_subparsers(dest="db_cmd", required=True)
+    p = db.add_parser("upgrade", help="upgrade the schema to the newest version")
+    _db_arg(p)
+    p.set_defaults(func=cmd_db_upgrade)
+
+    keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="keys_cmd", required=True)
+    p = keys.add_parser("create", help="create a key; prints it once on the last line")
+    p.add_argument("--name", required=True)
+    p.add_argument("--scopes", required=True, help="comma-separated: ingest,read,control,admin")
+    p.add_argument("--project")
+    _db_arg(p)
+    p.set_defaults(func=cmd_keys_create)
+    p = keys.add_parser("list")
+    _db_arg(p)
+    p.set_defaults(func=cmd_keys_list)
+    p = keys.add_parser("revoke")
+    p.add_argument("key", help="the key's id, name or prefix")
+    _db_arg(p)
+    p.set_defaults(func=cmd_keys_revoke)
+
+    runs = sub.add_parser("runs", help="run maintenance").add_subparsers(dest="runs_cmd",
+                                                                         required=True)  # fmt: skip
+    p = runs.add_parser("prune", help="delete per-group rows, keep per-step metrics")
+    p.add_argument("--older-than", type=float, required=True, metavar="DAYS")
+    _db_arg(p)
+    p.set_defaults(func=cmd_runs_prune)
+
+    p = sub.add_parser("sync", help="upload a client spool left behind by a training run")
+    p.add_argument("spool_dir")
+    p.add_argument("--server", default="http://127.0.0.1:8000")
+    p.add_argument("--api-key")
+    p.set_defaults(func=cmd_sync)
+
+    p = sub.add_parser("train", help="run the bundled GRPO trainer")
+    p.add_argument("config")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("demo", help="server, dashboard and a CPU training run, end to end")
+    p.add_argument("--quick", action="store_true", help="a shorter run; exit when done")
+    p.add_argument("--no-browser", action="store_true")
+    p.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
+    p.add_argument("--port", type=int, default=8000)
+    _db_arg(p)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    return func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

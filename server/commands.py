@@ -1,0 +1,147 @@
+"""Commands to the trainer and their log: pending → delivered → applied | rejected | expired.
+
+Delivery is at-least-once: every answer to rank 0 lists the run's pending and delivered-but-not-
+acked commands until the trainer acks them or their TTL passes (DESIGN.md §4 'Commands')."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from vantage.client.schema import CommandCreate
+
+from .models import Command, Run, utcnow
+
+OPEN_STATES = ("pending", "delivered")
+DEFAULT_TTL_S = 3600.0
+
+
+def _iso(dt: datetime | None) -> str | None:
+    return None if dt is None else dt.isoformat()
+
+
+def command_dict(c: Command) -> dict[str, Any]:
+    return {
+        "command_id": c.id,
+        "type": c.type,
+        "params": c.params,
+        "status": c.status,
+        "issued_by": c.issued_by,
+        "alert_id": c.alert_id,
+        "reason": c.reason,
+        "created_at": _iso(c.created_at),
+        "expires_at": _iso(c.expires_at),
+        "acked_step": c.acked_step,
+        "detail": c.detail,
+    }
+
+
+def create_command(
+    session: Session,
+    run_id: str,
+    type: str,  # noqa: A002 - the wire field's name
+    params: dict[str, Any] | None = None,
+    reason: str | None = None,
+    issued_by: str = "api",
+    alert_id: int | None = None,
+    ttl_s: float = DEFAULT_TTL_S,
+) -> dict[str, Any]:
+    """Queue a command for a run (the caller commits). Raises ValueError on bad params or an
+    unknown run."""
+    if session.get(Run, run_id) is None:
+        raise LookupError(f"run {run_id} not found")
+    body = CommandCreate(type=type, params=params or {}, reason=reason)  # validates params
+    now = utcnow()
+    cmd = Command(
+        id=str(uuid.uuid4()),
+        run_id=run_id,
+        type=body.type,
+        params=body.params,
+        reason=body.reason,
+        status="pending",
+        issued_by=issued_by,
+        alert_id=alert_id,
+        created_at=now,
+        expires_at=now + timedelta(seconds=ttl_s),
+    )
+    session.add(cmd)
+    session.flush()
+    return command_dict(cmd)
+
+
+def expire_commands(session: Session, run_id: str | None = None) -> None:
+    """Mark open commands past their TTL as expired."""
+    stmt = (
+        update(Command)
+        .where(Command.status.in_(OPEN_STATES), Command.expires_at < utcnow())
+        .values(status="expired")
+    )
+    if run_id is not None:
+        stmt = stmt.where(Command.run_id == run_id)
+    session.execute(stmt)
+
+
+def deliver_commands(session: Session, run_id: str) -> list[dict[str, Any]]:
+    """The run's open commands, oldest first, marking pending ones delivered (the caller commits)."""
+    expire_commands(session, run_id)
+    rows = session.scalars(
+        select(Command)
+        .where(Command.run_id == run_id, Command.status.in_(OPEN_STATES))
+        .order_by(Command.created_at, Command.id)
+    ).all()
+    now = utcnow()
+    for c in rows:
+        if c.status == "pending":
+            c.status = "delivered"
+            c.delivered_at = now
+    return [
+        {"command_id": c.id, "type": c.type, "params": c.params, "reason": c.reason}
+        for c in rows
+    ]
+
+
+def ack_command(
+    session: Session, run_id: str, command_id: str, status: str, step: int | None, detail: str | None
+) -> dict[str, Any]:
+    """Record the trainer's ack; acking twice keeps the first. Raises LookupError if unknown."""
+    c = session.get(Command, command_id)
+    if c is None or c.run_id != run_id:
+        raise LookupError(f"command {command_id} not found for run {run_id}")
+    if c.status in OPEN_STATES or c.status == "expired":
+        c.status = status
+        c.acked_step = step
+        c.detail = detail
+        c.acked_at = utcnow()
+    return command_dict(c)
+
+
+def list_commands(session: Session, run_id: str) -> list[dict[str, Any]]:
+    """The command log, newest first."""
+    expire_commands(session, run_id)
+    rows = session.scalars(
+        select(Command).where(Command.run_id == run_id).order_by(Command.created_at.desc())
+    ).all()
+    return [command_dict(c) for c in rows]
+
+
+def mitigation_state(session: Session, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Per run: the newest requested set_mitigation (not rejected/expired) and the newest applied."""
+    out: dict[str, dict[str, Any]] = {rid: {"requested": None, "applied": None} for rid in run_ids}
+    if not run_ids:
+        return out
+    rows = session.scalars(
+        select(Command)
+        .where(Command.run_id.in_(run_ids), Command.type == "set_mitigation")
+        .order_by(Command.created_at)
+    ).all()
+    for c in rows:
+        state = out[c.run_id]
+        if c.status not in ("rejected", "expired"):
+            state["requested"] = {**c.params, "command_id": c.id, "status": c.status}
+        if c.status == "applied":
+            state["applied"] = {**c.params, "command_id": c.id, "step": c.acked_step}
+    return out

@@ -1,0 +1,52 @@
+"""Engine and session factory; URL normalisation; the wait for the database at start-up."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+from tenacity import retry, stop_after_delay, wait_exponential
+
+
+def normalize_url(url: str) -> str:
+    """Map a bare ``postgresql://`` (and ``postgres://``) URL to psycopg 3."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(normalize_url(url)).get_backend_name() == "sqlite"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for a SQLAlchemy URL; SQLite gets WAL and foreign keys."""
+    url = normalize_url(url)
+    if is_sqlite(url):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def session_factory(engine: Engine) -> Callable[[], Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@retry(stop=stop_after_delay(60), wait=wait_exponential(multiplier=0.2, max=3), reraise=True)
+def wait_for_database(engine: Engine) -> None:
+    """Block until the database answers (up to 60 s), as the pre-start step of the template."""
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))

@@ -1,0 +1,366 @@
+"""Step ingest: classify groups, store them once, and maintain the per-step rows (DESIGN.md §3–§4).
+
+One batch is one transaction: a validation error (422) stores nothing. Within an attempt a
+group's key ``(run, attempt, step, split, rank, group_id)`` is immutable: the first write wins, an
+identical re-send is a duplicate, a different one a conflict. The newest attempt that has sent a
+(step, split) owns it; older attempts' groups are kept but not counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import and_, insert, or_, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from vantage.client.acr import (
+    ACRSettings,
+    GroupClass,
+    GroupSummary,
+    InconsistentStatsError,
+    StepAccumulator,
+    summarize_rewards,
+    summarize_stats,
+)
+from vantage.client.schema import NormalGroup, StepRecord, StepsBatch
+
+from .models import Group, Run, Step, utcnow
+
+CLASS_CODES = {
+    GroupClass.INVALID: 0,
+    GroupClass.DEGENERATE: 1,
+    GroupClass.COLLAPSED: 2,
+    GroupClass.NEAR_COLLAPSED: 3,
+    GroupClass.LIVE: 4,
+}
+CLASS_NAMES = {code: cls.value for cls, code in CLASS_CODES.items()}
+GROUP_COLUMNS = (
+    "run_id", "attempt", "step", "split", "rank", "group_id", "prompt_id", "cls", "side", "n",
+    "mean", "std", "min", "max", "n_pass", "content_hash",
+)  # fmt: skip
+# SQLite has one writer at a time; serialising ingest in-process avoids lock errors.
+_SQLITE_LOCK = threading.Lock()
+
+
+class IngestError(ValueError):
+    """A batch that cannot be stored as sent (answered 422, nothing stored)."""
+
+
+class UnknownAttemptError(ValueError):
+    """The batch names an attempt the run does not have."""
+
+
+@dataclass(slots=True)
+class _StepDelta:
+    """What one batch adds to one (split, step)."""
+
+    acc: StepAccumulator = field(default_factory=StepAccumulator)
+    ranks: set[int] = field(default_factory=set)
+    effective: dict[str, list[int]] = field(default_factory=dict)
+    scalars: dict[str, float | None] = field(default_factory=dict)
+    mitigation: dict[str, Any] | None = None
+    world_size: int | None = None
+    time: float | None = None
+
+
+@dataclass(slots=True)
+class IngestResult:
+    accepted: int = 0
+    duplicates: int = 0
+    conflicts: int = 0
+    invalid_groups: int = 0
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    touched: list[tuple[str, int]] = field(default_factory=list)
+    has_rank0: bool = False
+
+
+def content_hash(group: NormalGroup) -> int:
+    """A stable 64-bit digest of a group's content, to tell duplicates from conflicts."""
+    if group.stats is not None:
+        s = group.stats
+        text = repr(("s", s.n, s.mean, s.std, s.min, s.max, s.n_pass, group.prompt_id))
+    else:
+        text = repr(("r", group.rewards, group.mask, group.prompt_id))
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def summarize_group(group: NormalGroup, settings: ACRSettings) -> GroupSummary:
+    """Classify one normalised group; raises InconsistentStatsError for impossible stats."""
+    if group.stats is not None:
+        s = group.stats
+        return summarize_stats(s.n, s.mean, s.std, s.min, s.max, s.n_pass, settings)
+    return summarize_rewards(group.rewards or [], group.mask, settings)
+
+
+def run_settings(run: Run) -> ACRSettings:
+    return ACRSettings(
+        reward_min=run.reward_min, reward_max=run.reward_max, trainer_eps=run.trainer_eps
+    )
+
+
+def _classify_batch(
+    run: Run, batch: StepsBatch, result: IngestResult
+) -> tuple[dict[tuple, tuple], dict[tuple, GroupSummary]]:
+    settings = run_settings(run)
+    rows: dict[tuple, tuple] = {}
+    summaries: dict[tuple, GroupSummary] = {}
+    for ri, rec in enumerate(batch.records):
+        for g in rec.normal_groups():
+            try:
+                summary = summarize_group(g, settings)
+            except InconsistentStatsError as exc:
+                raise IngestError(f"record {ri}, group '{g.group_id}': {exc}") from exc
+            key = (rec.step, rec.split, rec.rank, g.group_id)
+            h = content_hash(g)
+            if key in rows:
+                if rows[key][-1] == h:
+                    result.duplicates += 1
+                else:
+                    result.conflicts += 1
+                continue
+            if summary.cls is GroupClass.INVALID:
+                result.invalid_groups += 1
+            rows[key] = (
+                run.id, batch.attempt, rec.step, rec.split, rec.rank, g.group_id, g.prompt_id,
+                CLASS_CODES[summary.cls], summary.side, summary.n, summary.mean, summary.std,
+                summary.min, summary.max, summary.n_pass, h,
+            )  # fmt: skip
+            summaries[key] = summary
+    return rows, summaries
+
+
+def _insert_sqlite(session: Session, run_id: str, attempt: int, rows: dict[tuple, tuple]) -> set:
+    steps = sorted({k[0] for k in rows})
+    existing: dict[tuple, int] = {}
+    for i in range(0, len(steps), 500):
+        q = select(Group.step, Group.split, Group.rank, Group.group_id, Group.content_hash).where(
+            Group.run_id == run_id, Group.attempt == attempt, Group.step.in_(steps[i : i + 500])
+        )
+        for s, sp, r, g, h in session.execute(q):
+            if (s, sp, r, g) in rows:
+                existing[(s, sp, r, g)] = h
+    new = [k for k in rows if k not in existing]
+    if new:
+        session.execute(insert(Group), [dict(zip(GROUP_COLUMNS, rows[k], strict=True)) for k in new])
+    return set(new), existing
+
+
+PG_TYPES = [
+    "text", "int4", "int8", "text", "int4", "text", "text", "int2", "text", "int4",
+    "float8", "float8", "float8", "float8", "int4", "int8",
+]  # fmt: skip
+
+
+def _insert_postgres(session: Session, rows: dict[tuple, tuple]) -> tuple[set, dict]:
+    """COPY into a staging table, then one duplicate-safe INSERT ... SELECT (NOTES.md)."""
+    conn = session.connection().connection.driver_connection
+    cols = ", ".join(f'"{c}"' for c in GROUP_COLUMNS)
+    with conn.cursor() as cur:
+        cur.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS _ingest_groups "
+            "(LIKE groups INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+        )
+        cur.execute("DELETE FROM _ingest_groups")
+        with cur.copy(f"COPY _ingest_groups ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(PG_TYPES)
+            for row in rows.values():
+                copy.write_row(row)
+        cur.execute(
+            f"INSERT INTO groups ({cols}) SELECT {cols} FROM _ingest_groups "
+            "ON CONFLICT DO NOTHING RETURNING step, split, rank, group_id"
+        )
+        inserted = {tuple(r) for r in cur.fetchall()}
+        existing: dict[tuple, int] = {}
+        if len(inserted) < len(rows):
+            cur.execute(
+                "SELECT g.step, g.split, g.rank, g.group_id, g.content_hash FROM groups g "
+                "JOIN _ingest_groups i ON g.run_id = i.run_id AND g.attempt = i.attempt "
+                "AND g.step = i.step AND g.split = i.split AND g.rank = i.rank "
+                "AND g.group_id = i.group_id"
+            )
+            existing = {(s, sp, r, g): h for s, sp, r, g, h in cur.fetchall() if (s, sp, r, g)
+                        not in inserted}  # fmt: skip
+    return inserted, existing
+
+
+def _deltas(
+    batch: StepsBatch, inserted: set, summaries: dict[tuple, GroupSummary]
+) -> dict[tuple[str, int], _StepDelta]:
+    deltas: dict[tuple[str, int], _StepDelta] = {}
+    for rec in batch.records:
+        d = deltas.setdefault((rec.split, rec.step), _StepDelta())
+        _merge_record(d, rec)
+    for key in inserted:
+        step, split, _rank, _gid = key
+        deltas[(split, step)].acc.add(summaries[key])
+    return deltas
+
+
+def _merge_record(d: _StepDelta, rec: StepRecord) -> None:
+    d.ranks.add(rec.rank)
+    if rec.effective is not None:
+        d.effective.setdefault(
+            str(rec.rank), [rec.effective.n_valid, rec.effective.n_zero_advantage]
+        )
+    d.scalars.update(rec.finite_scalars())
+    if rec.mitigation is not None:
+        d.mitigation = rec.mitigation
+    if rec.world_size is not None:
+        d.world_size = rec.world_size
+    if rec.time is not None and d.time is None:
+        d.time = rec.time
+
+
+def _lock_step_rows(
+    session: Session, run: Run, attempt: int, keys: list[tuple[str, int]], postgres: bool
+) -> dict[tuple[str, int], Step]:
+    if postgres:
+        stmt = pg_insert(Step).values(
+            [
+                dict(run_id=run.id, split=sp, step=st, attempt=attempt, ranks=[], acc={},
+                     effective_by_rank={}, scalars={}, world_size=run.world_size)
+                for sp, st in keys
+            ]
+        ).on_conflict_do_nothing()  # fmt: skip
+        session.execute(stmt)
+    conds = [and_(Step.split == sp, Step.step == st) for sp, st in keys]
+    out: dict[tuple[str, int], Step] = {}
+    for i in range(0, len(conds), 300):
+        q = select(Step).where(Step.run_id == run.id, or_(*conds[i : i + 300]))
+        if postgres:
+            q = q.with_for_update()
+        for row in session.scalars(q):
+            out[(row.split, row.step)] = row
+    return out
+
+
+def _accumulator(data: dict[str, Any]) -> StepAccumulator:
+    acc = StepAccumulator()
+    for k, v in data.items():
+        if k == "group_sizes":
+            acc.group_sizes = {int(size): count for size, count in v.items()}
+        elif hasattr(acc, k):
+            setattr(acc, k, v)
+    return acc
+
+
+def _dump_accumulator(acc: StepAccumulator) -> dict[str, Any]:
+    out = {k: getattr(acc, k) for k in acc.__slots__}  # type: ignore[attr-defined]
+    out["group_sizes"] = {str(k): v for k, v in acc.group_sizes.items()}
+    return out
+
+
+def _apply_delta(row: Step, attempt: int, d: _StepDelta, run: Run) -> bool:
+    """Add a batch's delta to a step row it may own; returns False when a newer attempt owns it."""
+    fresh = not row.acc
+    if row.attempt > attempt and not fresh:
+        return False
+    if row.attempt < attempt or fresh:  # a newer attempt takes the step over
+        row.attempt = attempt
+        row.acc, row.ranks, row.effective_by_rank, row.scalars = {}, [], {}, {}
+        row.mitigation, row.time, row.evaluated = None, None, False
+        row.first_seen_at = utcnow()
+    acc = _accumulator(row.acc)
+    acc.merge(d.acc)
+    effective = dict(row.effective_by_rank)
+    for rank, (n_valid, n_zero) in d.effective.items():
+        effective.setdefault(rank, [n_valid, n_zero])
+    acc.eff_n_valid = sum(v[0] for v in effective.values())
+    acc.eff_n_zero_advantage = sum(v[1] for v in effective.values())
+    acc.eff_reports = len(effective)
+    row.acc = _dump_accumulator(acc)
+    row.effective_by_rank = effective
+    row.ranks = sorted(set(row.ranks) | d.ranks)
+    row.scalars = {**row.scalars, **d.scalars}
+    if d.mitigation is not None:
+        row.mitigation = d.mitigation
+    row.world_size = d.world_size or row.world_size or run.world_size
+    row.time = row.time if row.time is not None else d.time
+    row.updated_at = utcnow()
+    for name, value in acc.metrics().items():
+        setattr(row, name, value)
+    return True
+
+
+def ingest_batch(session: Session, run: Run, batch: StepsBatch) -> IngestResult:
+    """Store one batch (the caller commits). Raises IngestError (422) or UnknownAttemptError."""
+    if batch.attempt > run.attempt:
+        raise UnknownAttemptError(
+            f"attempt {batch.attempt} is unknown for run {run.id} (latest is {run.attempt}); "
+            "POST /api/v1/runs first to register the launch"
+        )
+    postgres = session.get_bind().dialect.name == "postgresql"
+    result = IngestResult(has_rank0=any(r.rank == 0 for r in batch.records))
+    rows, summaries = _classify_batch(run, batch, result)
+    if not batch.records:
+        return result
+    lock = _SQLITE_LOCK if not postgres else None
+    if lock:
+        lock.acquire()
+    try:
+        if rows:
+            if postgres:
+                inserted, existing = _insert_postgres(session, rows)
+            else:
+                inserted, existing = _insert_sqlite(session, run.id, batch.attempt, rows)
+        else:
+            inserted, existing = set(), {}
+        result.accepted = len(inserted)
+        for key, h in existing.items():
+            if h == rows[key][-1]:
+                result.duplicates += 1
+            else:
+                result.conflicts += 1
+        deltas = _deltas(batch, inserted, summaries)
+        keys = sorted(deltas)
+        step_rows = _lock_step_rows(session, run, batch.attempt, keys, postgres)
+        touched_rows: list[Step] = []
+        for key in keys:
+            row = step_rows.get(key)
+            if row is None:
+                row = Step(run_id=run.id, split=key[0], step=key[1], attempt=batch.attempt,
+                           ranks=[], acc={}, effective_by_rank={}, scalars={},
+                           world_size=run.world_size)  # fmt: skip
+                session.add(row)
+            if _apply_delta(row, batch.attempt, deltas[key], run):
+                touched_rows.append(row)
+            result.steps.append(step_answer(row))
+            result.touched.append(key)
+        _update_run_state(run, touched_rows, batch)
+        session.flush()
+    finally:
+        if lock:
+            lock.release()
+    return result
+
+
+def _update_run_state(run: Run, rows: list[Step], batch: StepsBatch) -> None:
+    run.last_seen_at = utcnow()
+    train = [r for r in rows if r.split == "train"]
+    if train:
+        newest = max(train, key=lambda r: r.step)
+        if run.last_step is None or newest.step >= run.last_step:
+            run.last_step = newest.step
+            run.latest_acr = newest.acr
+    for rec in batch.records:
+        if rec.mitigation is not None:
+            run.mitigation_reported = rec.mitigation
+
+
+STEP_ANSWER_FIELDS = (
+    "n_groups", "n_valid", "n_collapsed", "n_near_collapsed", "n_invalid", "n_degenerate", "acr",
+    "acr_eps", "acr_all_pass", "acr_all_fail", "acr_constant", "acr_effective", "wasted_rollouts",
+    "pass_rate", "expected_acr", "excess_acr", "reward_mean",
+)  # fmt: skip
+
+
+def step_answer(row: Step) -> dict[str, Any]:
+    out: dict[str, Any] = {"step": row.step, "split": row.split, "attempt": row.attempt}
+    for name in STEP_ANSWER_FIELDS:
+        out[name] = getattr(row, name)
+    return out

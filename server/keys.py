@@ -1,0 +1,103 @@
+"""API keys: created once in plaintext, stored as a SHA-256 hash, checked per request.
+
+Keys are 32 random bytes (``secrets.token_urlsafe``), so a fast hash is enough: there is nothing
+to brute-force that a slow hash would protect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from .models import ApiKey, utcnow
+
+SCOPES = ("ingest", "read", "control", "admin")
+KEY_PREFIX = "vtg_"
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """The caller: a key's name, scopes and optional project (None: every project)."""
+
+    name: str
+    scopes: frozenset[str] = field(default_factory=frozenset)
+    project: str | None = None
+    key_id: int | None = None
+
+    def allows_project(self, project: str | None) -> bool:
+        return self.project is None or self.project == project
+
+
+ALL_ACCESS = KeyInfo(name="insecure-no-auth", scopes=frozenset(SCOPES))
+
+
+def hash_key(plaintext: str) -> str:
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+def parse_scopes(text: str) -> frozenset[str]:
+    """Parse ``read,control``; raises ValueError naming an unknown or missing scope."""
+    scopes = frozenset(s.strip() for s in text.split(",") if s.strip())
+    if not scopes:
+        raise ValueError(f"give at least one scope of {', '.join(SCOPES)}")
+    unknown = scopes - set(SCOPES)
+    if unknown:
+        raise ValueError(f"unknown scope(s) {', '.join(sorted(unknown))}; use {', '.join(SCOPES)}")
+    return scopes
+
+
+def create_key(session: Session, name: str, scopes: frozenset[str], project: str | None) -> str:
+    """Store a new key and return its plaintext (shown once)."""
+    plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
+    session.add(
+        ApiKey(
+            name=name,
+            key_hash=hash_key(plaintext),
+            prefix=plaintext[:8],
+            scopes=",".join(sorted(scopes)),
+            project=project,
+        )
+    )
+    session.flush()
+    return plaintext
+
+
+def authenticate(session: Session, plaintext: str) -> KeyInfo | None:
+    """The key's identity, or None when it is unknown or revoked."""
+    if not plaintext.startswith(KEY_PREFIX):
+        return None
+    row = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(plaintext)))
+    if row is None or row.revoked_at is not None:
+        return None
+    return KeyInfo(row.name, frozenset(row.scopes.split(",")), row.project, row.id)
+
+
+def list_keys(session: Session) -> list[dict]:
+    rows = session.scalars(select(ApiKey).order_by(ApiKey.id)).all()
+    return [
+        {
+            "id": r.id,
+            "name": r.name,
+            "prefix": r.prefix,
+            "scopes": r.scopes,
+            "project": r.project,
+            "created_at": r.created_at.isoformat(),
+            "revoked": r.revoked_at is not None,
+        }
+        for r in rows
+    ]
+
+
+def revoke_key(session: Session, key: str) -> int:
+    """Revoke by id, name or prefix; returns how many keys were revoked."""
+    rows = session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None))).all()
+    hits = [r for r in rows if key in (str(r.id), r.name, r.prefix)]
+    now: datetime = utcnow()
+    for r in hits:
+        r.revoked_at = now
+    return len(hits)

@@ -1,0 +1,56 @@
+"""The ASGI application: API routers, error handling, and the dashboard at /dashboard/."""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from . import alerts
+from .db import make_engine, session_factory
+from .routes import acr, commands, health, ingest, metrics, runs
+from .settings import Settings
+
+
+async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    # Inputs are left out: they may hold NaN, which JSON cannot carry, and can be large.
+    errors = [{k: v for k, v in e.items() if k not in ("input", "ctx", "url")} for e in exc.errors()]
+    return JSONResponse({"detail": errors}, status_code=422)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app for ``settings`` (default: from the environment). The schema must already
+    be upgraded (``vantage serve`` does it before the app takes traffic)."""
+    settings = settings or Settings()
+    engine = make_engine(settings.database_url)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # noqa: ANN202
+        yield
+        engine.dispose()
+
+    app = FastAPI(title="Vantage", version="0.1.0", lifespan=lifespan,
+                  description="Advantage-collapse monitoring for GRPO runs. DESIGN.md §4.")  # fmt: skip
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.session_factory = session_factory(engine)
+    app.state.counters = Counter()
+    app.state.after_ingest = alerts.after_ingest
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    for module in (health, runs, ingest, metrics, commands, acr):
+        app.include_router(module.router)
+    _mount_dashboard(app, settings)
+    return app
+
+
+def _mount_dashboard(app: FastAPI, settings: Settings) -> None:
+    try:
+        from vantage import dashboard
+    except ImportError:  # the dashboard needs the server extra's Dash; the API works without it
+        return
+    mount = getattr(dashboard, "mount", None)
+    if mount is not None:
+        mount(app, settings, app.state.session_factory)

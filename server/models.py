@@ -1,0 +1,194 @@
+"""SQLAlchemy 2 models. Append-only facts (``groups``) are separate from the per-step rows that
+ingest maintains (``steps``) and the small latest-state row per run (``runs``), so that queries
+and the dashboard never scan groups. Alembic (``vantage.migrations``) owns the schema."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+BigId = BigInteger().with_variant(Integer, "sqlite")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    scopes: Mapped[str] = mapped_column(String(100))
+    project: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    project: Mapped[str | None] = mapped_column(String(200), index=True)
+    config: Mapped[dict[str, Any] | None]
+    tags: Mapped[list[Any]] = mapped_column(default=list)
+    notes: Mapped[str | None] = mapped_column(Text)
+    reward_min: Mapped[float] = mapped_column(Float, default=0.0)
+    reward_max: Mapped[float] = mapped_column(Float, default=1.0)
+    group_size: Mapped[int | None]
+    trainer_eps: Mapped[float] = mapped_column(Float, default=1e-4)
+    world_size: Mapped[int] = mapped_column(default=1)
+    heartbeat_s: Mapped[float] = mapped_column(Float, default=10.0)
+    mitigation_mode: Mapped[str] = mapped_column(String(16), default="auto")
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    attempt: Mapped[int] = mapped_column(default=1)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+    last_step: Mapped[int | None] = mapped_column(BigInteger)
+    latest_acr: Mapped[float | None] = mapped_column(Float)
+    # Client health, per rank: {"0": {"spooled_groups": .., "dropped_groups": .., ...}}
+    client_health: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # The mitigation the trainer reported in its latest record (`mitigation` field).
+    mitigation_reported: Mapped[dict[str, Any] | None]
+
+
+class Launch(Base):
+    """One launch (all ranks of one training job) = one attempt of a run."""
+
+    __tablename__ = "launches"
+    __table_args__ = (
+        UniqueConstraint("run_id", "attempt"),
+        UniqueConstraint("run_id", "launch_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    attempt: Mapped[int]
+    launch_id: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Group(Base):
+    """One group as received (append-only). Its key is immutable within an attempt."""
+
+    __tablename__ = "groups"
+    __table_args__ = (
+        UniqueConstraint("run_id", "attempt", "step", "split", "rank", "group_id"),
+        Index("ix_groups_run_prompt", "run_id", "prompt_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    attempt: Mapped[int]
+    step: Mapped[int] = mapped_column(BigInteger)
+    split: Mapped[str] = mapped_column(String(64))
+    rank: Mapped[int]
+    group_id: Mapped[str] = mapped_column(String(128))
+    prompt_id: Mapped[str | None] = mapped_column(String(128))
+    cls: Mapped[int] = mapped_column(SmallInteger)
+    side: Mapped[str | None] = mapped_column(String(16))
+    n: Mapped[int]
+    mean: Mapped[float | None] = mapped_column(Float)
+    std: Mapped[float | None] = mapped_column(Float)
+    min: Mapped[float | None] = mapped_column(Float)
+    max: Mapped[float | None] = mapped_column(Float)
+    n_pass: Mapped[int | None]
+    content_hash: Mapped[int] = mapped_column(BigInteger)
+
+
+class Step(Base):
+    """The per-(run, split, step) row ingest maintains for the attempt that owns the step: the
+    mergeable counts of `vantage.client.acr.StepAccumulator` and the metrics derived from them."""
+
+    __tablename__ = "steps"
+    __table_args__ = (UniqueConstraint("run_id", "split", "step"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    split: Mapped[str] = mapped_column(String(64))
+    step: Mapped[int] = mapped_column(BigInteger)
+    attempt: Mapped[int]
+    time: Mapped[float | None] = mapped_column(Float)
+    first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    world_size: Mapped[int] = mapped_column(default=1)
+    ranks: Mapped[list[Any]] = mapped_column(default=list)
+    # StepAccumulator counts (vantage.client.acr)
+    acc: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    effective_by_rank: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    scalars: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    mitigation: Mapped[dict[str, Any] | None]
+    # Derived metrics (DESIGN.md §3 field names), for fast reads.
+    n_groups: Mapped[int] = mapped_column(default=0)
+    n_valid: Mapped[int] = mapped_column(default=0)
+    n_collapsed: Mapped[int] = mapped_column(default=0)
+    n_near_collapsed: Mapped[int] = mapped_column(default=0)
+    n_invalid: Mapped[int] = mapped_column(default=0)
+    n_degenerate: Mapped[int] = mapped_column(default=0)
+    acr: Mapped[float | None] = mapped_column(Float)
+    acr_eps: Mapped[float | None] = mapped_column(Float)
+    acr_all_pass: Mapped[float | None] = mapped_column(Float)
+    acr_all_fail: Mapped[float | None] = mapped_column(Float)
+    acr_constant: Mapped[float | None] = mapped_column(Float)
+    acr_effective: Mapped[float | None] = mapped_column(Float)
+    wasted_rollouts: Mapped[int] = mapped_column(default=0)
+    pass_rate: Mapped[float | None] = mapped_column(Float)
+    expected_acr: Mapped[float | None] = mapped_column(Float)
+    excess_acr: Mapped[float | None] = mapped_column(Float)
+    reward_mean: Mapped[float | None] = mapped_column(Float)
+    evaluated: Mapped[bool] = mapped_column(default=False)
+
+
+class Command(Base):
+    """A command to the trainer: pending → delivered → applied | rejected | expired."""
+
+    __tablename__ = "commands"
+    __table_args__ = (Index("ix_commands_run_status", "run_id", "status"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    type: Mapped[str] = mapped_column(String(32))
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    reason: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    issued_by: Mapped[str] = mapped_column(String(200))
+    alert_id: Mapped[int | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+    delivered_at: Mapped[datetime | None]
+    acked_at: Mapped[datetime | None]
+    acked_step: Mapped[int | None] = mapped_column(BigInteger)
+    detail: Mapped[str | None] = mapped_column(Text)

@@ -1,0 +1,303 @@
+"""Read-side functions shared by the API routes and the dashboard. Each takes a session and
+returns JSON-able values shaped like the API answers of DESIGN.md §4. None reads the groups table
+except `run_prompts`."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+from vantage.client.acr import STEP_METRIC_FIELDS, window_metrics
+
+from .commands import list_commands as list_commands  # re-exported for the dashboard
+from .commands import mitigation_state
+from .models import Command, Group, Run, Step
+
+DEFAULT_MAX_POINTS = 5000
+POINT_COLUMNS = ("step", "attempt", "time", *STEP_METRIC_FIELDS)
+
+
+def _iso(dt: datetime | None) -> str | None:
+    if dt is None:
+        return None
+    if dt.tzinfo is None:  # SQLite returns naive datetimes that were stored as UTC
+        dt = dt.replace(tzinfo=UTC)
+    return dt.isoformat()
+
+
+def run_status(run: Run, now: datetime | None = None) -> str:
+    """running / stale / finished / failed; stale when nothing arrived for 3 × heartbeat_s."""
+    if run.status != "running":
+        return run.status
+    now = now or datetime.now(UTC)
+    seen = run.last_seen_at if run.last_seen_at.tzinfo else run.last_seen_at.replace(tzinfo=UTC)
+    if now - seen > timedelta(seconds=3 * run.heartbeat_s):
+        return "stale"
+    return "running"
+
+
+def client_health(run: Run) -> dict[str, int]:
+    totals = {"spooled_groups": 0, "dropped_groups": 0, "dead_letter_batches": 0}
+    for per_rank in (run.client_health or {}).values():
+        for k in totals:
+            totals[k] += int(per_rank.get(k) or 0)
+    return totals
+
+
+def run_dict(run: Run, mitigation: dict[str, Any] | None = None) -> dict[str, Any]:
+    mitigation = mitigation or {"requested": None, "applied": None}
+    return {
+        "run_id": run.id,
+        "name": run.name,
+        "project": run.project,
+        "tags": run.tags or [],
+        "notes": run.notes,
+        "config": run.config,
+        "status": run_status(run),
+        "attempt": run.attempt,
+        "reward_min": run.reward_min,
+        "reward_max": run.reward_max,
+        "group_size": run.group_size,
+        "trainer_eps": run.trainer_eps,
+        "world_size": run.world_size,
+        "heartbeat_s": run.heartbeat_s,
+        "mitigation_mode": run.mitigation_mode,
+        "mitigation_requested": mitigation["requested"],
+        "mitigation_applied": mitigation["applied"],
+        "mitigation_reported": run.mitigation_reported,
+        "last_step": run.last_step,
+        "latest_acr": run.latest_acr,
+        "created_at": _iso(run.created_at),
+        "last_seen_at": _iso(run.last_seen_at),
+        "finished_at": _iso(run.finished_at),
+        "client": client_health(run),
+    }
+
+
+def list_runs(
+    session: Session, project: str | None = None, tag: str | None = None
+) -> list[dict[str, Any]]:
+    """Every run, newest first, optionally filtered by project and tag."""
+    q = select(Run).order_by(Run.created_at.desc())
+    if project is not None:
+        q = q.where(Run.project == project)
+    runs = [r for r in session.scalars(q) if tag is None or tag in (r.tags or [])]
+    states = mitigation_state(session, [r.id for r in runs])
+    return [run_dict(r, states[r.id]) for r in runs]
+
+
+def get_run(session: Session, run_id: str) -> dict[str, Any] | None:
+    run = session.get(Run, run_id)
+    if run is None:
+        return None
+    return run_dict(run, mitigation_state(session, [run_id])[run_id])
+
+
+def _downsample(rows: list[tuple], max_points: int, acr_index: int) -> list[tuple]:
+    """Keep each bucket's lowest and highest acr (in step order) so spikes survive."""
+    if len(rows) <= max_points:
+        return rows
+    if max_points == 1:
+        return [max(rows, key=lambda r: -1.0 if r[acr_index] is None else r[acr_index])]
+    buckets = max_points // 2
+    size = len(rows) / buckets
+    out: list[tuple] = []
+    for b in range(buckets):
+        chunk = rows[int(b * size) : int((b + 1) * size)]
+        if not chunk:
+            continue
+        scored = [r for r in chunk if r[acr_index] is not None]
+        if not scored:
+            out.append(chunk[0])
+            continue
+        lo = min(scored, key=lambda r: r[acr_index])
+        hi = max(scored, key=lambda r: r[acr_index])
+        out.extend(sorted((lo, hi), key=lambda r: r[0]) if lo is not hi else [lo])
+    return out
+
+
+def run_metrics(
+    session: Session,
+    run_id: str,
+    split: str = "train",
+    from_step: int | None = None,
+    to_step: int | None = None,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> dict[str, Any]:
+    """Per-step metrics in step order; at most ``max_points`` points (downsampled)."""
+    cols = [getattr(Step, c) for c in POINT_COLUMNS] + [Step.scalars]
+    q = select(*cols).where(Step.run_id == run_id, Step.split == split).order_by(Step.step)
+    if from_step is not None:
+        q = q.where(Step.step >= from_step)
+    if to_step is not None:
+        q = q.where(Step.step <= to_step)
+    rows = [tuple(r) for r in session.execute(q)]
+    max_points = max(1, max_points)
+    kept = _downsample(rows, max_points, POINT_COLUMNS.index("acr"))
+    points = []
+    for r in kept:
+        p = dict(zip(POINT_COLUMNS, r[:-1], strict=True))
+        p["scalars"] = r[-1] or {}
+        points.append(p)
+    return {"run_id": run_id, "downsampled": len(kept) < len(rows), "points": points}
+
+
+def run_window(
+    session: Session, run_id: str, split: str = "train", from_step: int | None = None,
+    to_step: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Window metrics (DESIGN.md §3) over the newest-attempt view."""
+    q = (
+        select(Step.acr, Step.n_collapsed, Step.n_valid)
+        .where(Step.run_id == run_id, Step.split == split)
+        .order_by(Step.step)
+    )
+    if from_step is not None:
+        q = q.where(Step.step >= from_step)
+    if to_step is not None:
+        q = q.where(Step.step <= to_step)
+    rows = ({"acr": a, "n_collapsed": c, "n_valid": v} for a, c, v in session.execute(q))
+    return window_metrics(rows)
+
+
+def mitigation_timeline(session: Session, run_id: str) -> list[dict[str, Any]]:
+    """set_mitigation and set_sampling commands in order, with the step they took effect."""
+    rows = session.scalars(
+        select(Command)
+        .where(Command.run_id == run_id, Command.type.in_(("set_mitigation", "set_sampling")))
+        .order_by(Command.created_at)
+    ).all()
+    return [
+        {
+            "command_id": c.id,
+            "type": c.type,
+            "params": c.params,
+            "status": c.status,
+            "issued_by": c.issued_by,
+            "alert_id": c.alert_id,
+            "step": c.acked_step,
+            "created_at": _iso(c.created_at),
+        }
+        for c in rows
+    ]
+
+
+def firing_alerts(session: Session, run_id: str) -> list[dict[str, Any]]:
+    """Firing alert episodes of a run (empty until the alerts module is installed)."""
+    try:
+        from . import alerts
+    except ImportError:  # pragma: no cover - alerts ship with the server
+        return []
+    lister = getattr(alerts, "list_alerts", None)
+    if lister is None:
+        return []
+    return lister(session, run_id=run_id, state="firing")
+
+
+def run_summary(session: Session, run_id: str) -> dict[str, Any] | None:
+    run = session.get(Run, run_id)
+    if run is None:
+        return None
+    return {
+        "run_id": run_id,
+        "status": run_status(run),
+        "last_step": run.last_step,
+        "latest_acr": run.latest_acr,
+        "window": run_window(session, run_id),
+        "alerts": firing_alerts(session, run_id),
+        "mitigation_timeline": mitigation_timeline(session, run_id),
+        "client": client_health(run),
+    }
+
+
+def run_prompts(
+    session: Session, run_id: str, side: str | None = None, min_steps: int = 1
+) -> list[dict[str, Any]]:
+    """Prompts by how often their groups collapsed, over the newest-attempt view of each step."""
+    collapsed = Group.cls == 2
+    q = (
+        select(
+            Group.prompt_id,
+            func.count().label("groups"),
+            func.count(func.distinct(Group.step)).label("steps"),
+            func.sum(case((collapsed, 1), else_=0)).label("collapsed"),
+            func.sum(case((collapsed & (Group.side == "all_pass"), 1), else_=0)),
+            func.sum(case((collapsed & (Group.side == "all_fail"), 1), else_=0)),
+            func.sum(case((collapsed & (Group.side == "constant"), 1), else_=0)),
+            func.max(Group.step),
+        )
+        .join(
+            Step,
+            (Step.run_id == Group.run_id)
+            & (Step.split == Group.split)
+            & (Step.step == Group.step)
+            & (Step.attempt == Group.attempt),
+        )
+        .where(Group.run_id == run_id, Group.prompt_id.is_not(None))
+        .group_by(Group.prompt_id)
+    )
+    out = []
+    for pid, groups, steps, n_col, n_pass, n_fail, n_const, last in session.execute(q):
+        if steps < min_steps:
+            continue
+        row = {
+            "prompt_id": pid,
+            "groups": groups,
+            "steps": steps,
+            "collapsed": int(n_col or 0),
+            "all_pass": int(n_pass or 0),
+            "all_fail": int(n_fail or 0),
+            "constant": int(n_const or 0),
+            "collapse_rate": (int(n_col or 0) / groups) if groups else None,
+            "last_seen_step": last,
+        }
+        if side is not None and row.get(side, 0) == 0:
+            continue
+        out.append(row)
+    key = side if side in ("all_pass", "all_fail", "constant") else "collapsed"
+    out.sort(key=lambda r: (-r[key], -r["groups"], r["prompt_id"]))
+    return out
+
+
+def to_csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(columns)
+    for r in rows:
+        writer.writerow(["" if r.get(c) is None else r.get(c) for c in columns])
+    return buf.getvalue()
+
+
+def export_csv(session: Session, run_id: str, split: str = "train") -> str:
+    """Every per-step metric of a run (all splits unless one is named), plus its scalars."""
+    q = select(Step).where(Step.run_id == run_id).order_by(Step.split, Step.step)
+    if split:
+        q = q.where(Step.split == split)
+    steps = session.scalars(q).all()
+    scalar_names = sorted({k for s in steps for k in (s.scalars or {})})
+    columns = ["step", "split", "attempt", "time", *STEP_METRIC_FIELDS]
+    rows = []
+    for s in steps:
+        row = {c: getattr(s, c) for c in columns}
+        row.update({f"scalars.{k}": (s.scalars or {}).get(k) for k in scalar_names})
+        rows.append(row)
+    return to_csv(rows, columns + [f"scalars.{k}" for k in scalar_names])
+
+
+def prometheus_text(session: Session, counters: dict[str, float]) -> str:
+    """Prometheus exposition: this process's ingest counters and each run's latest ACR."""
+    lines = []
+    for name, value in sorted(counters.items()):
+        lines += [f"# TYPE vantage_{name} counter", f"vantage_{name} {value}"]
+    lines.append("# TYPE vantage_run_latest_acr gauge")
+    for rid, name, acr in session.execute(select(Run.id, Run.name, Run.latest_acr)):
+        if acr is not None and math.isfinite(acr):
+            label = name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+            lines.append(f'vantage_run_latest_acr{{run_id="{rid}",run_name="{label}"}} {acr}')
+    return "\n".join(lines) + "\n"

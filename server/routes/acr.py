@@ -1,0 +1,41 @@
+"""POST /api/v1/acr: classify groups and compute step metrics; stores nothing."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request, Response
+from pydantic import ValidationError
+
+from vantage.client.acr import ACRSettings, InconsistentStatsError, StepAccumulator
+from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, ACRRequest
+
+from ..deps import ReadKey
+from ..ingest import summarize_group
+from . import json_response, read_limited_body
+
+router = APIRouter(prefix="/api/v1", tags=["acr"])
+SCHEMA = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": ACRRequest.model_json_schema(ref_template="#/components/schemas/{model}")}}}}  # fmt: skip
+
+
+@router.post("/acr", openapi_extra=SCHEMA)
+async def acr(request: Request, key: ReadKey) -> Response:
+    raw = await read_limited_body(request, MAX_REQUEST_BYTES)
+    try:
+        body = ACRRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise HTTPException(422, exc.errors(include_url=False, include_context=False,
+                                            include_input=False)) from exc  # fmt: skip
+    if body.group_count() > MAX_GROUPS_PER_REQUEST:
+        raise HTTPException(413, f"more than {MAX_GROUPS_PER_REQUEST} groups in one request")
+    settings = ACRSettings(body.reward_min, body.reward_max, body.trainer_eps, body.tol)
+    acc = StepAccumulator()
+    groups = []
+    for index, g in enumerate(body.normal_groups()):
+        try:
+            summary = summarize_group(g, settings)
+        except InconsistentStatsError as exc:
+            raise HTTPException(422, f"group {index} ('{g.group_id}'): {exc}") from exc
+        acc.add(summary)
+        groups.append({"index": index, "group_id": g.group_id, "class": summary.cls.value,
+                       "side": summary.side})  # fmt: skip
+    return json_response({"step": acc.metrics(), "groups": groups})

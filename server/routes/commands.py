@@ -1,0 +1,41 @@
+"""/api/v1/runs/{run_id}/commands: issue, list (the command log), ack."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException
+
+from vantage.client.schema import CommandAck, CommandCreate
+
+from ..commands import ack_command, create_command, list_commands
+from ..deps import ControlKey, IngestKey, ReadKey, SessionDep, load_run
+
+router = APIRouter(prefix="/api/v1/runs", tags=["commands"])
+
+
+@router.post("/{run_id}/commands", status_code=201)
+def issue(run_id: str, body: CommandCreate, key: ControlKey, session: SessionDep) -> dict:
+    load_run(session, run_id, key)
+    cmd = create_command(session, run_id, body.type, body.params, body.reason,
+                         issued_by=f"key:{key.name}")  # fmt: skip
+    session.commit()
+    return cmd
+
+
+@router.get("/{run_id}/commands")
+def log(run_id: str, key: ReadKey, session: SessionDep) -> dict:
+    load_run(session, run_id, key)
+    commands = list_commands(session, run_id)
+    session.commit()
+    return {"commands": commands}
+
+
+@router.post("/{run_id}/commands/{command_id}/ack")
+def ack(run_id: str, command_id: str, body: CommandAck, key: IngestKey,
+        session: SessionDep) -> dict:  # fmt: skip
+    load_run(session, run_id, key)
+    try:
+        cmd = ack_command(session, run_id, command_id, body.status, body.step, body.detail)
+    except LookupError as exc:
+        raise HTTPException(404, str(exc)) from exc
+    session.commit()
+    return cmd

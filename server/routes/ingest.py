@@ -1,0 +1,74 @@
+"""POST /api/v1/runs/{run_id}/steps: the hot path. Reads the raw body and validates it with
+``model_validate_json`` (about 2.5× faster than FastAPI's parse-then-validate, NOTES.md)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
+
+from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, StepsBatch
+
+from ..commands import deliver_commands
+from ..deps import IngestKey, load_run
+from ..ingest import IngestError, UnknownAttemptError, ingest_batch
+from . import json_response, read_limited_body
+
+router = APIRouter(prefix="/api/v1/runs", tags=["ingest"])
+
+STEPS_SCHEMA = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": StepsBatch.model_json_schema(
+            ref_template="#/components/schemas/{model}")}},
+    }
+}  # fmt: skip
+
+
+@router.post("/{run_id}/steps", openapi_extra=STEPS_SCHEMA)
+async def post_steps(run_id: str, request: Request, key: IngestKey) -> Response:
+    """Store a batch of step records atomically; answers counters, step metrics and commands."""
+    raw = await read_limited_body(request, MAX_REQUEST_BYTES)
+    try:
+        batch = StepsBatch.model_validate_json(raw)
+    except ValidationError as exc:
+        raise HTTPException(422, exc.errors(include_url=False, include_context=False, include_input=False)) from exc
+    n_groups = batch.group_count()
+    if n_groups > MAX_GROUPS_PER_REQUEST:
+        raise HTTPException(
+            413, f"{n_groups} groups in one request; the limit is {MAX_GROUPS_PER_REQUEST}"
+        )
+    answer = await run_in_threadpool(_ingest, request, run_id, batch, key)
+    return json_response(answer)
+
+
+def _ingest(request: Request, run_id: str, batch: StepsBatch, key) -> dict:  # noqa: ANN001
+    app = request.app
+    with app.state.session_factory() as session:
+        run = load_run(session, run_id, key)
+        try:
+            result = ingest_batch(session, run, batch)
+        except IngestError as exc:
+            session.rollback()
+            raise HTTPException(422, str(exc)) from exc
+        except UnknownAttemptError as exc:
+            session.rollback()
+            raise HTTPException(409, str(exc)) from exc
+        session.commit()
+        app.state.counters["ingested_groups_total"] += result.accepted
+        app.state.counters["duplicate_groups_total"] += result.duplicates
+        app.state.counters["conflict_groups_total"] += result.conflicts
+        app.state.counters["ingest_requests_total"] += 1
+        app.state.after_ingest(session, run, result)
+        commands = []
+        if result.has_rank0:
+            commands = deliver_commands(session, run_id)
+            session.commit()
+    return {
+        "accepted": result.accepted,
+        "duplicates": result.duplicates,
+        "conflicts": result.conflicts,
+        "invalid_groups": result.invalid_groups,
+        "steps": result.steps,
+        "commands": commands,
+    }

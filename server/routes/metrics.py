@@ -1,0 +1,69 @@
+"""Read routes of one run: metrics, summary, prompts, CSV export."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Response
+from fastapi.responses import PlainTextResponse
+
+from ..deps import ReadKey, SessionDep, load_run
+from . import json_response
+from ..queries import DEFAULT_MAX_POINTS, export_csv, run_metrics, run_prompts, run_summary, to_csv
+
+router = APIRouter(prefix="/api/v1/runs", tags=["metrics"])
+Split = Annotated[str, Query(min_length=1, max_length=64)]
+
+
+@router.get("/{run_id}/metrics")
+def metrics(
+    run_id: str,
+    key: ReadKey,
+    session: SessionDep,
+    split: Split = "train",
+    from_step: int | None = None,
+    to_step: int | None = None,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> Response:
+    """Per-step metrics ordered by step; downsampling keeps each bucket's extremes of acr."""
+    load_run(session, run_id, key)
+    return json_response(
+        run_metrics(session, run_id, split, from_step, to_step, max(1, max_points))
+    )
+
+
+@router.get("/{run_id}/summary")
+def summary(run_id: str, key: ReadKey, session: SessionDep) -> dict:
+    load_run(session, run_id, key)
+    return run_summary(session, run_id) or {}
+
+
+PROMPT_COLUMNS = ["prompt_id", "groups", "steps", "collapsed", "all_pass", "all_fail", "constant",
+                  "collapse_rate", "last_seen_step"]  # fmt: skip
+
+
+@router.get("/{run_id}/prompts", response_model=None)
+def prompts(
+    run_id: str,
+    key: ReadKey,
+    session: SessionDep,
+    side: Literal["all_pass", "all_fail", "constant"] | None = None,
+    min_steps: Annotated[int, Query(ge=1)] = 1,
+    format: Literal["json", "csv"] = "json",  # noqa: A002
+) -> dict | PlainTextResponse:
+    """Prompts by how often their groups collapsed (needs prompt_ids from the client)."""
+    load_run(session, run_id, key)
+    rows = run_prompts(session, run_id, side, min_steps)
+    if format == "csv":
+        return PlainTextResponse(to_csv(rows, PROMPT_COLUMNS), media_type="text/csv")
+    return {"run_id": run_id, "prompts": rows}
+
+
+@router.get("/{run_id}/export.csv", response_class=PlainTextResponse)
+def export(run_id: str, key: ReadKey, session: SessionDep, split: Split = "train") -> PlainTextResponse:
+    load_run(session, run_id, key)
+    return PlainTextResponse(
+        export_csv(session, run_id, split),
+        media_type="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="{run_id}.csv"'},
+    )

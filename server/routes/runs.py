@@ -1,0 +1,106 @@
+"""/api/v1/runs: create or resume, list, read, settings, delete, heartbeat, finish."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Response
+from sqlalchemy.exc import IntegrityError
+
+from vantage.client.schema import Finish, Heartbeat, RunCreate, RunPatch
+
+from ..commands import deliver_commands
+from ..deps import AdminKey, ControlKey, IngestKey, ReadKey, SessionDep, SettingsDep, load_run
+from ..models import utcnow
+from ..queries import get_run, list_runs, run_dict
+from ..runs import create_or_resume_run
+
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
+
+
+@router.post("", status_code=201)
+def create_run(body: RunCreate, key: IngestKey, session: SessionDep, settings: SettingsDep,
+               response: Response) -> dict:  # fmt: skip
+    """Create a run (201, attempt 1) or register a launch of a known run (200)."""
+    project = body.project
+    if key.project is not None:
+        if project not in (None, key.project):
+            raise HTTPException(403, f"this key is limited to project '{key.project}'")
+        project = key.project
+    for attempt_no in range(2):
+        try:
+            run, attempt, created = create_or_resume_run(
+                session, body, project, settings.default_mitigation_mode
+            )
+            if not key.allows_project(run.project):
+                raise HTTPException(404, f"run {run.id} not found")
+            session.commit()
+            break
+        except IntegrityError:  # a concurrent rank registered the same run or launch first
+            session.rollback()
+            if attempt_no:
+                raise
+    if not created:
+        response.status_code = 200
+    return {**run_dict(run), "attempt": attempt}
+
+
+@router.get("")
+def runs_index(key: ReadKey, session: SessionDep, project: str | None = None,
+               tag: str | None = None) -> dict:  # fmt: skip
+    runs = list_runs(session, project=key.project or project, tag=tag)
+    return {"runs": runs}
+
+
+@router.get("/{run_id}")
+def run_detail(run_id: str, key: ReadKey, session: SessionDep) -> dict:
+    load_run(session, run_id, key)
+    return get_run(session, run_id) or {}
+
+
+@router.patch("/{run_id}")
+def patch_run(run_id: str, body: RunPatch, key: ControlKey, session: SessionDep) -> dict:
+    run = load_run(session, run_id, key)
+    for name in ("name", "tags", "notes", "mitigation_mode"):
+        value = getattr(body, name)
+        if value is not None:
+            setattr(run, name, value)
+    session.commit()
+    return get_run(session, run_id) or {}
+
+
+@router.delete("/{run_id}", status_code=204)
+def delete_run(run_id: str, key: AdminKey, session: SessionDep) -> Response:
+    run = load_run(session, run_id, key)
+    session.delete(run)
+    session.commit()
+    return Response(status_code=204)
+
+
+@router.post("/{run_id}/heartbeat")
+def heartbeat(run_id: str, body: Heartbeat, key: IngestKey, session: SessionDep) -> dict:
+    """Liveness and client health of one rank; rank 0 gets the open commands back."""
+    run = load_run(session, run_id, key)
+    if body.attempt > run.attempt:
+        raise HTTPException(409, f"attempt {body.attempt} is unknown for run {run_id}")
+    run.last_seen_at = utcnow()
+    health = dict(run.client_health or {})
+    counters = body.model_dump(include={"spooled_groups", "dropped_groups", "dead_letter_batches"},
+                               exclude_none=True)  # fmt: skip
+    health[str(body.rank)] = {**health.get(str(body.rank), {}), **counters}
+    run.client_health = health
+    commands = deliver_commands(session, run_id) if body.rank == 0 else []
+    session.commit()
+    return {"commands": commands}
+
+
+@router.post("/{run_id}/finish")
+def finish(run_id: str, body: Finish, key: IngestKey, session: SessionDep) -> dict:
+    run = load_run(session, run_id, key)
+    run.status = body.status
+    run.finished_at = utcnow()
+    session.commit()
+    return get_run(session, run_id) or {}
+
+
+ListQuery = Annotated[str | None, Query(max_length=200)]

@@ -1,0 +1,72 @@
+"""Runs and their attempts (DESIGN.md §3 'Identity, attempts, ranks')."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from vantage.client.schema import RunCreate
+
+from .models import Launch, Run, utcnow
+
+
+def _new_attempt(session: Session, run: Run, launch_id: str | None) -> int:
+    latest = session.scalar(select(func.max(Launch.attempt)).where(Launch.run_id == run.id)) or 0
+    attempt = latest + 1
+    session.add(Launch(run_id=run.id, attempt=attempt, launch_id=launch_id))
+    run.attempt = attempt
+    run.status = "running"
+    run.finished_at = None
+    run.last_seen_at = utcnow()
+    return attempt
+
+
+def create_or_resume_run(
+    session: Session, body: RunCreate, project: str | None, default_mode: str
+) -> tuple[Run, int, bool]:
+    """Create a run (attempt 1) or register a launch of a known one.
+
+    Returns (run, attempt, created). A known launch_id returns its attempt (idempotent for every
+    rank and retry); a new or absent launch_id on a known run is the next attempt. The caller
+    commits; a concurrent insert of the same launch surfaces as IntegrityError, which the route
+    retries once.
+    """
+    run_id = body.run_id or str(uuid.uuid4())
+    run = session.get(Run, run_id, with_for_update=session.get_bind().dialect.name != "sqlite")
+    if run is None:
+        run = Run(
+            id=run_id,
+            name=body.name,
+            project=project,
+            config=body.config,
+            tags=body.tags,
+            reward_min=body.reward_min,
+            reward_max=body.reward_max,
+            group_size=body.group_size,
+            trainer_eps=body.trainer_eps,
+            world_size=body.world_size,
+            heartbeat_s=body.heartbeat_s,
+            mitigation_mode=default_mode,
+            attempt=1,
+        )
+        session.add(run)
+        session.flush()  # the run row first: launches reference it
+        session.add(Launch(run_id=run_id, attempt=1, launch_id=body.launch_id))
+        session.flush()
+        return run, 1, True
+    if body.launch_id is not None:
+        known = session.scalar(
+            select(Launch.attempt).where(Launch.run_id == run_id, Launch.launch_id == body.launch_id)
+        )
+        if known is not None:
+            run.last_seen_at = utcnow()
+            return run, known, False
+    attempt = _new_attempt(session, run, body.launch_id)
+    if body.world_size:
+        run.world_size = body.world_size
+    session.flush()
+    return run, attempt, False
+
+

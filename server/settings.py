@@ -1,0 +1,37 @@
+"""Server settings: the one place that reads the environment (pydantic-settings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from platformdirs import user_data_dir
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_database_url() -> str:
+    """The embedded default: a SQLite file in the user's data folder."""
+    folder = Path(user_data_dir("vantage", appauthor=False))
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'vantage.db'}"
+
+
+class Settings(BaseSettings):
+    """Every knob of the server; each field reads ``VANTAGE_<NAME>`` from the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="VANTAGE_", env_file=".env", extra="ignore")
+
+    database_url: str = Field(default_factory=default_database_url)
+    # Off only through `vantage serve --insecure-no-auth`, which refuses non-loopback hosts.
+    auth_enabled: bool = True
+    public_url: str | None = None
+    metrics_token: str | None = None
+    default_mitigation_mode: Literal["off", "suggest", "auto"] = "auto"
+    webhook_allow: str | None = None
+    command_ttl_s: float = 3600.0
+    dashboard_refresh_s: float = 2.0
+    # A step is evaluated once all ranks reported, a later step arrives, or this long after its
+    # first record (DESIGN.md §6).
+    step_complete_after_s: float = 30.0
+    periodic_pass_s: float = 5.0

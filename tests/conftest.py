@@ -1,0 +1,174 @@
+"""Shared fixtures: real databases (SQLite file, and a fresh PostgreSQL database per test run) and
+real `vantage serve` processes over HTTP.
+
+PostgreSQL: ``VANTAGE_TEST_POSTGRES_URL`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``)
+is the maintenance database used to create and drop a database per run. When it is unreachable
+the PostgreSQL tests skip, unless ``VANTAGE_REQUIRE_POSTGRES=1`` (set by .ci/run), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+VANTAGE = str(Path(sys.executable).with_name("vantage"))
+PG_ADMIN_URL = os.environ.get(
+    "VANTAGE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+REQUIRE_PG = os.environ.get("VANTAGE_REQUIRE_POSTGRES") == "1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pg_admin():  # noqa: ANN202
+    import psycopg
+
+    return psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test run, dropped at the end."""
+    try:
+        admin = _pg_admin()
+    except Exception as exc:  # noqa: BLE001
+        if REQUIRE_PG:
+            pytest.fail(f"PostgreSQL is required (VANTAGE_REQUIRE_POSTGRES=1) but: {exc}")
+        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {exc}")
+    name = f"vantage_test_{uuid.uuid4().hex[:10]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def new_postgres_database() -> tuple[str, callable]:
+    """Another fresh database (for tests that need an empty one); returns (url, drop)."""
+    admin = _pg_admin()
+    name = f"vantage_test_{uuid.uuid4().hex[:10]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+
+    def drop() -> None:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+    return f"{base}/{name}", drop
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path_factory.mktemp('db') / 'vantage.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+def run_cli(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([VANTAGE, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})  # fmt: skip
+    if check and proc.returncode != 0:
+        raise AssertionError(f"vantage {' '.join(args)} failed: {proc.stderr}")
+    return proc
+
+
+def create_key(database_url: str, scopes: str, name: str | None = None) -> str:
+    out = run_cli("keys", "create", "--name", name or f"k-{scopes}", "--scopes", scopes,
+                  "--database-url", database_url)  # fmt: skip
+    return out.stdout.strip().splitlines()[-1]
+
+
+@dataclass
+class ServerProcess:
+    url: str
+    database_url: str
+    proc: subprocess.Popen
+    keys: dict[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+
+    def client(self, scopes: str = "all", timeout: float = 30.0) -> httpx.Client:
+        headers = {}
+        if scopes in self.keys:
+            headers["Authorization"] = f"Bearer {self.keys[scopes]}"
+        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def start_server(database_url: str, log_dir: Path, *extra: str, port: int | None = None,
+                 env: dict | None = None) -> ServerProcess:  # fmt: skip
+    """Start `vantage serve` and wait until /readyz answers (schema upgraded)."""
+    port = port or free_port()
+    log = log_dir / f"server-{port}.log"
+    proc = subprocess.Popen(
+        [VANTAGE, "serve", "--host", "127.0.0.1", "--port", str(port), "--database-url",
+         database_url, *extra],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited {proc.returncode}: {log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return ServerProcess(url, database_url, proc, log_path=log)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"server did not become ready: {log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A real server with auth on, and one key per scope plus one with every scope."""
+    run_cli("db", "upgrade", "--database-url", database_url)
+    keys = {s: create_key(database_url, s) for s in ("ingest", "read", "control", "admin")}
+    keys["all"] = create_key(database_url, "ingest,read,control,admin", "all")
+    srv = start_server(database_url, tmp_path_factory.mktemp("logs"))
+    srv.keys = keys
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def api(server: ServerProcess) -> Iterator[httpx.Client]:
+    with server.client("all") as client:
+        yield client
+
+
+def new_run(client: httpx.Client, **body) -> dict:
+    r = client.post("/api/v1/runs", json={"name": "test", **body})
+    assert r.status_code in (200, 201), r.text
+    return r.json()
+
+
+def post_steps(client: httpx.Client, run: dict, records: list[dict], attempt: int | None = None,
+               expect: int = 200) -> dict:  # fmt: skip
+    r = client.post(f"/api/v1/runs/{run['run_id']}/steps",
+                    json={"attempt": attempt or run["attempt"], "records": records})  # fmt: skip
+    assert r.status_code == expect, r.text
+    return r.json()

@@ -1,0 +1,293 @@
+"""The HTTP API of DESIGN.md §4 against a real server process, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from .conftest import new_run, post_steps
+
+
+def step_of(answer: dict, step: int, split: str = "train") -> dict:
+    return next(s for s in answer["steps"] if s["step"] == step and s["split"] == split)
+
+
+def test_health_and_readiness(server):
+    with server.client(None) as c:
+        assert c.get("/healthz").json() == {"status": "ok"}
+        assert c.get("/readyz").status_code == 200
+        assert c.get("/openapi.json").status_code == 200
+
+
+def test_design_examples_through_http(api):
+    run = new_run(api)
+    examples = {
+        1: [[0, 0, 0, 0], [1, 1, 1, 1], [0.5, 0.5, 0.5, 0.5], [0, 0, 0, 1]],
+        2: [[0.3], [0.9], [0.1]],
+        3: [[1.0], [1, 0]],
+        4: [[0, 0.95, 0.95, 0.95, 0.95, 0.95, 0.95, 0.95], [0.3499999940395355] * 8],
+        6: [[1, 1], [0, 0], [0, 1], [0, 0], [0, 0]],
+    }
+    ans = post_steps(api, run, [{"step": s, "groups": g} for s, g in examples.items()])
+    s1 = step_of(ans, 1)
+    assert (s1["acr"], s1["acr_all_fail"], s1["acr_all_pass"], s1["acr_constant"]) == (
+        0.75, 0.25, 0.25, 0.25)  # fmt: skip
+    assert step_of(ans, 2)["acr"] is None and step_of(ans, 2)["n_degenerate"] == 3
+    assert step_of(ans, 3)["acr"] == 0.0 and step_of(ans, 3)["n_valid"] == 1
+    assert step_of(ans, 4)["acr"] == 0.5
+    s6 = step_of(ans, 6)
+    assert s6["acr"] == pytest.approx(0.8) and s6["pass_rate"] == pytest.approx(0.3)
+    assert s6["expected_acr"] == pytest.approx(0.58) and s6["excess_acr"] == pytest.approx(0.22)
+
+
+def test_non_finite_tokens_are_accepted_and_classed_invalid(api):
+    run = new_run(api)
+    body = ('{"attempt": 1, "records": [{"step": 5, "groups": '
+            '[[1, 0, null, 1], [0, 0, 0, 0], [1, NaN, 1, 1], [Infinity, 1], [-Infinity, 0]]}]}')  # fmt: skip
+    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", content=body,
+                 headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    s = r.json()["steps"][0]
+    assert s["n_invalid"] == 4 and s["acr"] == 1.0 and r.json()["invalid_groups"] == 4
+    points = api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"]
+    assert points[0]["acr"] == 1.0 and points[0]["n_invalid"] == 4
+
+
+@pytest.mark.parametrize("bad", [[[True, 1]], [["1", 0]], [{"rewards": [1, 0], "mask": [1]}]])
+def test_bad_groups_are_rejected_and_batch_is_atomic(api, bad):
+    run = new_run(api)
+    records = [{"step": 1, "groups": [[0, 1]]}, {"step": 2, "groups": bad}]
+    post_steps(api, run, records, expect=422)
+    points = api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"]
+    assert points == []  # the good record was not stored either
+
+
+def test_flat_rewards_forms(api):
+    run = new_run(api)
+    ans = post_steps(api, run, [
+        {"step": 1, "rewards": [1, 1, 0, 1, 0, 0], "group_size": 2},
+        {"step": 2, "rewards": [1, 0, 1, 1], "group_ids": ["a", "b", "a", "b"]},
+    ])  # fmt: skip
+    assert step_of(ans, 1)["n_groups"] == 3 and step_of(ans, 1)["acr"] == pytest.approx(2 / 3)
+    assert step_of(ans, 2)["acr"] == 0.5
+    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", json={"attempt": 1, "records": [
+        {"step": 3, "rewards": [1] * 11, "group_size": 4}]})  # fmt: skip
+    assert r.status_code == 422 and "do not divide into groups of 4" in r.text
+
+
+def test_stats_form_and_inconsistent_stats(api):
+    run = new_run(api)
+    good = {"stats": {"n": 4, "mean": 1.0, "std": 0.0, "min": 1.0, "max": 1.0, "n_pass": 4}}
+    ans = post_steps(api, run, [{"step": 1, "groups": [good, [0, 1, 0, 1]]}])
+    assert step_of(ans, 1)["acr_all_pass"] == 0.5 and step_of(ans, 1)["pass_rate"] == 0.75
+    bad = {"group_id": "g7", "stats": {"n": 4, "mean": 0.5, "std": 0.1, "min": 1, "max": 0}}
+    r = api.post(f"/api/v1/runs/{run['run_id']}/steps",
+                 json={"attempt": 1, "records": [{"step": 2, "groups": [bad]}]})  # fmt: skip
+    assert r.status_code == 422 and "g7" in r.text and "min" in r.text
+
+
+def test_duplicates_and_conflicts(api):
+    run = new_run(api)
+    groups = [{"group_id": "a", "rewards": [1, 1]}, {"group_id": "b", "rewards": [0, 1]}]
+    first = post_steps(api, run, [{"step": 1, "groups": groups}])
+    assert first["accepted"] == 2
+    changed = [{"group_id": "a", "rewards": [1, 1]}, {"group_id": "b", "rewards": [0, 0]}]
+    again = post_steps(api, run, [{"step": 1, "groups": changed}])
+    assert (again["accepted"], again["duplicates"], again["conflicts"]) == (0, 1, 1)
+    assert step_of(again, 1)["acr"] == 0.5  # the first write won
+    within = post_steps(api, run, [{"step": 2, "groups": [
+        {"group_id": "x", "rewards": [1, 0]}, {"group_id": "x", "rewards": [1, 0]},
+        {"group_id": "x", "rewards": [1, 1]}]}])  # fmt: skip
+    assert (within["accepted"], within["duplicates"], within["conflicts"]) == (1, 1, 1)
+
+
+def test_default_group_ids_do_not_collide_across_ranks(api):
+    run = new_run(api, world_size=2)
+    post_steps(api, run, [{"step": 5, "rank": 0, "groups": [[1, 1], [0, 1], [1, 0]]}])
+    ans = post_steps(api, run, [{"step": 5, "rank": 1, "groups": [[0, 0]]}])
+    assert step_of(ans, 5)["acr"] == 0.5 and step_of(ans, 5)["n_valid"] == 4
+
+
+def test_window_pooled_over_steps(api):
+    run = new_run(api)
+    post_steps(api, run, [
+        {"step": 1, "groups": [[1] * 8, [0, 1]]},
+        {"step": 2, "groups": [[0, 0]] * 7 + [[0, 1]] * 3},
+    ])  # fmt: skip
+    w = api.get(f"/api/v1/runs/{run['run_id']}/summary").json()["window"]
+    assert w["acr_pooled"] == pytest.approx(8 / 12)
+
+
+def test_resume_by_launch_id_and_newest_attempt_wins(api):
+    run_id = str(uuid.uuid4())
+    a1 = new_run(api, run_id=run_id, launch_id="launch-1")
+    assert a1["attempt"] == 1
+    again = api.post("/api/v1/runs", json={"name": "t", "run_id": run_id, "launch_id": "launch-1"})
+    assert again.status_code == 200 and again.json()["attempt"] == 1  # every rank, every retry
+    post_steps(api, a1, [{"step": s, "groups": [[1, 1], [0, 1]]} for s in range(190, 213)])
+    a2 = new_run(api, run_id=run_id, launch_id="launch-2")
+    assert a2["attempt"] == 2
+    post_steps(api, a2, [{"step": s, "groups": [[0, 1], [0, 1]]} for s in range(201, 213)])
+    pts = api.get(f"/api/v1/runs/{run_id}/metrics?from_step=201&to_step=212").json()["points"]
+    assert [p["step"] for p in pts] == list(range(201, 213))
+    assert all(p["acr"] == 0.0 and p["attempt"] == 2 for p in pts)
+    # a late batch of the old attempt for an owned step is kept but not shown
+    late = post_steps(api, a1, [{"step": 205, "groups": [{"group_id": "late", "rewards": [1, 1]}]}])
+    assert late["accepted"] == 1 and step_of(late, 205)["acr"] == 0.0
+    assert new_run(api, run_id=run_id)["attempt"] == 3  # no launch_id: a new attempt
+
+
+def test_unknown_attempt_is_refused(api):
+    run = new_run(api)
+    post_steps(api, run, [{"step": 1, "groups": [[0, 1]]}], attempt=7, expect=409)
+
+
+def test_effective_scalars_and_split(api):
+    run = new_run(api)
+    records = [
+        {"step": 1, "groups": [[1, 1], [0, 1]], "effective": {"n_valid": 2, "n_zero_advantage": 0,
+         "n_virtual": 3}, "scalars": {"loss": 0.5, "kl": float("nan")}},
+        {"step": 1, "split": "eval", "groups": [[1, 1], [1, 1]]},
+    ]  # fmt: skip
+    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", headers={"content-type": "application/json"},
+                 content=json.dumps({"attempt": 1, "records": records}))  # NaN token, as Python writes it
+    assert r.status_code == 200, r.text
+    ans = r.json()
+    assert step_of(ans, 1)["acr"] == 0.5 and step_of(ans, 1)["acr_effective"] == 0.0
+    assert step_of(ans, 1, "eval")["acr"] == 1.0
+    p = api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"][0]
+    assert p["scalars"] == {"loss": 0.5, "kl": None}  # NaN is never stored
+    csv_text = api.get(f"/api/v1/runs/{run['run_id']}/export.csv").text
+    header, row = csv_text.strip().splitlines()
+    assert "acr_effective" in header and "scalars.loss" in header and row.startswith("1,train,1")
+
+
+def test_downsampling_keeps_extremes(api):
+    run = new_run(api)
+    records = [{"step": s, "groups": [[1, 1], [0, 1]] if s != 777 else [[1, 1], [1, 1]]}
+               for s in range(1, 2001)]  # fmt: skip
+    post_steps(api, run, records)
+    body = api.get(f"/api/v1/runs/{run['run_id']}/metrics?max_points=100").json()
+    assert body["downsampled"] and len(body["points"]) <= 100
+    assert any(p["step"] == 777 and p["acr"] == 1.0 for p in body["points"])
+    steps = [p["step"] for p in body["points"]]
+    assert steps == sorted(steps)
+    assert len(api.get(f"/api/v1/runs/{run['run_id']}/metrics?max_points=1").json()["points"]) == 1
+
+
+def test_prompts_by_collapse(api):
+    run = new_run(api)
+    post_steps(api, run, [
+        {"step": s, "groups": [{"prompt_id": "easy", "rewards": [1, 1]},
+                               {"prompt_id": "hard", "rewards": [0, 0]},
+                               {"prompt_id": "ok", "rewards": [0, 1]}]}
+        for s in (1, 2, 3)
+    ])  # fmt: skip
+    prompts = api.get(f"/api/v1/runs/{run['run_id']}/prompts").json()["prompts"]
+    by_id = {p["prompt_id"]: p for p in prompts}
+    assert by_id["easy"]["all_pass"] == 3 and by_id["hard"]["all_fail"] == 3
+    assert by_id["ok"]["collapsed"] == 0 and by_id["easy"]["last_seen_step"] == 3
+    fails = api.get(f"/api/v1/runs/{run['run_id']}/prompts?side=all_fail").json()["prompts"]
+    assert [p["prompt_id"] for p in fails] == ["hard"]
+    assert "prompt_id" in api.get(f"/api/v1/runs/{run['run_id']}/prompts?format=csv").text
+
+
+def test_commands_delivered_to_rank0_until_acked(api):
+    run = new_run(api)
+    rid = run["run_id"]
+    cmd = api.post(f"/api/v1/runs/{rid}/commands",
+                   json={"type": "set_mitigation", "params": {"mode": "avspo"}, "reason": "test"})  # fmt: skip
+    assert cmd.status_code == 201 and cmd.json()["status"] == "pending"
+    cid = cmd.json()["command_id"]
+    rank1 = post_steps(api, run, [{"step": 1, "rank": 1, "groups": [[0, 1]]}])
+    assert rank1["commands"] == []
+    for _ in range(2):  # at-least-once: re-delivered until acked
+        got = post_steps(api, run, [{"step": 1, "groups": [[0, 1]]}])["commands"]
+        assert [c["command_id"] for c in got] == [cid]
+    hb = api.post(f"/api/v1/runs/{rid}/heartbeat", json={"attempt": 1, "rank": 0,
+                  "spooled_groups": 3, "dropped_groups": 1})  # fmt: skip
+    assert [c["command_id"] for c in hb.json()["commands"]] == [cid]
+    ack = api.post(f"/api/v1/runs/{rid}/commands/{cid}/ack", json={"status": "applied", "step": 2})
+    assert ack.status_code == 200 and ack.json()["status"] == "applied"
+    assert post_steps(api, run, [{"step": 2, "groups": [[0, 1]]}])["commands"] == []
+    log = api.get(f"/api/v1/runs/{rid}/commands").json()["commands"]
+    assert log[0]["acked_step"] == 2 and log[0]["issued_by"] == "key:all"
+    r = api.get(f"/api/v1/runs/{rid}").json()
+    assert r["mitigation_applied"]["mode"] == "avspo"
+    assert r["client"]["spooled_groups"] == 3 and r["client"]["dropped_groups"] == 1
+    bad = api.post(f"/api/v1/runs/{rid}/commands", json={"type": "set_sampling", "params": {}})
+    assert bad.status_code == 422
+
+
+def test_run_settings_finish_and_delete(api):
+    run = new_run(api, project="p1", tags=["a"])
+    rid = run["run_id"]
+    assert run["mitigation_mode"] == "auto" and run["status"] == "running"
+    r = api.patch(f"/api/v1/runs/{rid}", json={"mitigation_mode": "suggest", "notes": "n"})
+    assert r.json()["mitigation_mode"] == "suggest"
+    assert api.patch(f"/api/v1/runs/{rid}", json={"mitigation_mode": "bogus"}).status_code == 422
+    assert any(x["run_id"] == rid for x in api.get("/api/v1/runs?tag=a").json()["runs"])
+    assert api.post(f"/api/v1/runs/{rid}/finish", json={"status": "finished"}).json()["status"] == (
+        "finished")  # fmt: skip
+    assert api.delete(f"/api/v1/runs/{rid}").status_code == 204
+    assert api.get(f"/api/v1/runs/{rid}").status_code == 404
+
+
+def test_stateless_acr_endpoint(api):
+    r = api.post("/api/v1/acr", json={"rewards": [1, 0, 1, 1], "group_ids": ["b", "a", "b", "a"]})
+    body = r.json()
+    assert [g["group_id"] for g in body["groups"]] == ["b", "a"]
+    assert body["groups"][0]["class"] == "collapsed" and body["groups"][0]["side"] == "all_pass"
+    assert body["step"]["acr"] == 0.5
+    empty = api.post("/api/v1/acr", json={"groups": []}).json()
+    assert empty["step"]["n_groups"] == 0 and empty["step"]["acr"] is None
+    r = api.post("/api/v1/acr", json={"groups": [[2, 2], [0, 2]], "reward_max": 2})
+    assert r.json()["groups"][0]["side"] == "all_pass"
+
+
+def test_limits_answer_413(api):
+    run = new_run(api)
+    r = api.post(f"/api/v1/runs/{run['run_id']}/steps",
+                 json={"attempt": 1, "records": [{"step": 1, "groups": [[0, 1]] * 10_001}]})  # fmt: skip
+    assert r.status_code == 413 and "10000" in r.text
+    big = json.dumps({"attempt": 1, "records": [{"step": 1, "rewards": [0.123456789] * 900_000,
+                                                 "group_size": 100}]})  # fmt: skip
+    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", content=big,
+                 headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 413 and "limit" in r.text
+    assert api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"] == []
+
+
+def test_auth_matrix(server):
+    with server.client("all") as admin:
+        rid = new_run(admin)["run_id"]
+    routes = {
+        "ingest": ("POST", f"/api/v1/runs/{rid}/heartbeat", {"attempt": 1}),
+        "read": ("GET", f"/api/v1/runs/{rid}/metrics", None),
+        "control": ("POST", f"/api/v1/runs/{rid}/commands", {"type": "checkpoint"}),
+        "admin": ("DELETE", f"/api/v1/runs/{str(uuid.uuid4())}", None),
+    }
+    for scope in ("ingest", "read", "control", "admin"):
+        with server.client(scope) as c:
+            for needed, (method, path, body) in routes.items():
+                r = c.request(method, path, json=body)
+                if needed == scope:
+                    assert r.status_code in (200, 201, 204, 404), (scope, path, r.text)
+                else:
+                    assert r.status_code == 403, (scope, path, r.status_code)
+    with server.client(None) as anon:
+        assert anon.get(f"/api/v1/runs/{rid}").status_code == 401
+        bad = anon.get(f"/api/v1/runs/{rid}", headers={"Authorization": "Bearer vtg_nope"})
+        assert bad.status_code == 401
+        assert anon.get("/healthz").status_code == 200
+
+
+def test_prometheus_metrics(server, api):
+    run = new_run(api, name='quo"ted')
+    post_steps(api, run, [{"step": 1, "groups": [[1, 1], [0, 1]]}])
+    with server.client(None) as anon:
+        text = anon.get("/metrics").text
+    assert "vantage_ingested_groups_total" in text
+    assert f'run_id="{run["run_id"]}"' in text and 'quo\\"ted' in text

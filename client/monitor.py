@@ -420,7 +420,15 @@ class Monitor:
         self._finish_status = status if self.rank == 0 else None
         self._closing.set()
         self._wake.set()
-        self._thread.join(timeout + 2.0)
+        self._thread.join(max(0.0, timeout))
+        if self._thread.is_alive():
+            # The sender is stuck in a request that started before close(): move what is still
+            # in memory to the spool ourselves, so that it survives the process.
+            try:
+                if not self._spool.closed:
+                    self._drain()
+            except Exception:
+                log.exception("vantage: could not spool the queue at close")
 
     def __enter__(self) -> Monitor:
         return self
@@ -570,6 +578,10 @@ class Monitor:
                 self._spool, self._transport, self.run_id, self.attempt, timeout=self._remaining()
             )
             if outcome == "retry":
+                return reply
+            if outcome == "unknown_run":
+                log.warning("vantage: %s; creating run %s again", reply.error, self.run_id)
+                self.attempt = None
                 return reply
             if outcome == "sent" and reply is not None and head is not None:
                 s = self.stats

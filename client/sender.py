@@ -257,7 +257,8 @@ def send_head(
     spool: Spool, transport: Transport, run_id: str, attempt: int, timeout: float | None = None
 ) -> tuple[str, Reply | None]:
     """Send the spool's oldest batch. Returns (outcome, reply): ``empty``, ``sent``, ``split``,
-    ``dead`` (moved to dead letters) or ``retry``."""
+    ``dead`` (moved to dead letters), ``retry`` or ``unknown_run`` (404/409: create the run
+    again, then resend)."""
     row = spool.head()
     if row is None:
         return "empty", None
@@ -267,6 +268,10 @@ def send_head(
         return "sent", reply
     if reply.kind == "retry":
         return "retry", reply
+    if reply.status in (404, 409):
+        # The run or the attempt is unknown (a server whose database was replaced): create the
+        # run again and resend, rather than throwing the data away.
+        return "unknown_run", reply
     if reply.status in (413, 422):
         halves = bisect_body(row.body)
         if halves is not None:
@@ -335,6 +340,7 @@ def replay_spool(
             return result
     result["attempt"] = attempt
     backoff.reset()
+    recreated = 0
     while True:
         failed = send_acks(
             spool, transport, run_body["run_id"], timeout=deadline - time.monotonic()
@@ -353,6 +359,15 @@ def replay_spool(
             assert reply is not None
             if not wait(reply):
                 return result
+            continue
+        if outcome == "unknown_run":
+            assert reply is not None
+            recreated += 1
+            again = create_run(transport, run_body, timeout=deadline - time.monotonic())
+            if again.kind != "ok" or recreated > 3:
+                result["error"] = f"run refused: {reply.error}"
+                return result
+            attempt = result["attempt"] = int(again.data["attempt"])
             continue
         backoff.reset()
         if outcome == "sent":

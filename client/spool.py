@@ -7,14 +7,17 @@ refuses with a non-retryable 4xx moves to the ``dead_letter`` table and is count
 describes itself: the ``meta`` table holds the run-creation body (``run_id``, ``launch_id``, ...),
 so ``vantage sync SPOOL_DIR`` (``sync`` below) can upload it later from any machine.
 
-Only the sender thread (or ``sync``) touches a ``Spool``; its counters are plain ints that other
-threads may read.
+The sender thread (or ``sync``) uses a ``Spool``; every method holds the spool's lock, so that
+``Monitor.close`` can still move the in-memory queue to disk while the sender is stuck in a
+request. Its counters are plain ints that other threads may read.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,15 @@ CREATE TABLE IF NOT EXISTS acks (
 """
 
 
+def _locked(method):  # noqa: ANN001, ANN202
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class SpoolRow:
     """One spooled batch: ``body`` is the JSON array of step records (no ``attempt``; the sender
     adds the attempt of the launch when it sends)."""
@@ -74,6 +86,8 @@ class Spool:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_bytes = int(max_bytes)
+        self._lock = threading.RLock()
+        self.closed = False
         # isolation_level=None: autocommit; explicit BEGIN where several statements must be atomic.
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -92,10 +106,12 @@ class Spool:
         self.pending_acks = int(self._db.execute("SELECT COUNT(*) FROM acks").fetchone()[0])
 
     # -- meta -------------------------------------------------------------------------------
+    @_locked
     def get_meta(self, key: str, default: Any = None) -> Any:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return default if row is None else orjson.loads(row[0])
 
+    @_locked
     def set_meta(self, key: str, value: Any) -> None:
         self._db.execute(
             "INSERT INTO meta (key, value) VALUES (?, ?) "
@@ -104,6 +120,7 @@ class Spool:
         )
 
     # -- batches ----------------------------------------------------------------------------
+    @_locked
     def append(self, body: bytes, n_groups: int) -> bool:
         """Append a batch at the tail; False (and the groups counted as dropped) when full."""
         if self.pending_bytes + len(body) > self.max_bytes:
@@ -119,23 +136,27 @@ class Spool:
         self.pending_bytes += len(body)
         return True
 
+    @_locked
     def count_dropped(self, n_groups: int) -> None:
         if n_groups:
             self.dropped_groups += n_groups
             self.set_meta("dropped_groups", self.dropped_groups)
 
+    @_locked
     def head(self) -> SpoolRow | None:
         row = self._db.execute(
             "SELECT id, ord, n_groups, body FROM batches ORDER BY ord LIMIT 1"
         ).fetchone()
         return None if row is None else SpoolRow(*row)
 
+    @_locked
     def delete(self, row: SpoolRow) -> None:
         self._db.execute("DELETE FROM batches WHERE id = ?", (row.id,))
         self.pending_batches -= 1
         self.pending_groups -= row.n_groups
         self.pending_bytes -= len(row.body)
 
+    @_locked
     def replace_head(self, row: SpoolRow, parts: list[tuple[bytes, int]]) -> None:
         """Replace the head row by several rows that keep its place in the order (used to
         bisect a batch the server refused, so one bad record does not take good ones with it)."""
@@ -156,6 +177,7 @@ class Spool:
         self.pending_batches += n - 1
         self.pending_bytes += sum(len(b) for b, _ in parts) - len(row.body)
 
+    @_locked
     def dead_letter(self, row: SpoolRow, status: int, error: str) -> None:
         """Move a refused batch out of the queue into the dead-letter table."""
         self._db.execute("BEGIN")
@@ -175,6 +197,7 @@ class Spool:
         self.pending_bytes -= len(row.body)
         self.dead_letter_batches += 1
 
+    @_locked
     def dead_letters(self) -> list[dict[str, Any]]:
         rows = self._db.execute(
             "SELECT id, created, n_groups, status, error, body FROM dead_letter ORDER BY id"
@@ -192,17 +215,20 @@ class Spool:
         ]
 
     # -- command acknowledgements -----------------------------------------------------------
+    @_locked
     def add_ack(self, command_id: str, body: dict[str, Any]) -> None:
         self._db.execute(
             "INSERT INTO acks (command_id, body) VALUES (?, ?)", (command_id, orjson.dumps(body))
         )
         self.pending_acks += 1
 
+    @_locked
     def acks(self) -> list[tuple[int, str, bytes]]:
         if not self.pending_acks:
             return []
         return self._db.execute("SELECT id, command_id, body FROM acks ORDER BY id").fetchall()
 
+    @_locked
     def delete_ack(self, ack_id: int) -> None:
         self._db.execute("DELETE FROM acks WHERE id = ?", (ack_id,))
         self.pending_acks -= 1
@@ -212,6 +238,7 @@ class Spool:
     def empty(self) -> bool:
         return self.pending_batches == 0 and self.pending_acks == 0
 
+    @_locked
     def close(self, remove_if_clean: bool = False) -> bool:
         """Close the file; with ``remove_if_clean``, delete it when nothing in it is worth keeping
         (no pending batch or ack, no dead letter, no drop). Returns True when it was removed."""
@@ -221,6 +248,9 @@ class Spool:
             and self.dead_letter_batches == 0
             and self.dropped_groups == 0
         )
+        if self.closed:
+            return False
+        self.closed = True
         self._db.close()
         if clean:
             for suffix in ("", "-wal", "-shm"):

@@ -1,0 +1,86 @@
+"""Fixtures for the client tests: a real `vantage serve --insecure-no-auth` process on a free port
+with its own SQLite database, which a test can stop (SIGTERM) and start again on the same port and
+database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+VANTAGE = str(Path(sys.executable).with_name("vantage"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One `vantage serve` process; ``stop``/``start`` keep the port and the database."""
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.database_url = f"sqlite:///{workdir / 'vantage.db'}"
+        self.workdir = workdir
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 90.0) -> Server:
+        self.starts += 1
+        log = (self.workdir / f"server-{self.starts}.log").open("w")
+        self.proc = subprocess.Popen(
+            [VANTAGE, "serve", "--insecure-no-auth", "--host", "127.0.0.1", "--port",
+             str(self.port), "--database-url", self.database_url],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ},
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}: {self.log()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.proc.kill()
+        raise RuntimeError(f"server did not become ready: {self.log()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log(self) -> str:
+        return "".join(p.read_text() for p in sorted(self.workdir.glob("server-*.log")))
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30)
+
+    def metrics(self, run_id: str, **params: object) -> list[dict]:
+        with self.api() as api:
+            r = api.get(f"/api/v1/runs/{run_id}/metrics", params={"max_points": 100000, **params})
+            assert r.status_code == 200, r.text
+            return r.json()["points"]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    srv = Server(tmp_path).start()
+    yield srv
+    srv.stop()

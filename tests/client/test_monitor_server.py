@@ -1,0 +1,341 @@
+"""The Monitor against a real `vantage serve` process over HTTP (DESIGN.md §5, issue 3 item 6):
+outages, restarts, retries, dead letters, ranks, launches, commands, bounded close, sync."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from conftest import Server, free_port
+
+from vantage.client import Monitor
+from vantage.client.spool import SPOOL_SUFFIX, Spool, sync
+
+
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def monitor(server_url: str, tmp_path: Path, **kw) -> Monitor:
+    kw.setdefault("run_name", "client-test")
+    kw.setdefault("heartbeat_s", 1.0)
+    return Monitor(server_url, None, spool_dir=tmp_path / "spool", **kw)
+
+
+def step_rewards(step: int, p: int = 8, g: int = 4) -> list[list[float]]:
+    rng = random.Random(step)
+    return [[float(rng.random() < 0.5) for _ in range(g)] for _ in range(p)]
+
+
+def test_stream_survives_sigterm_and_restart_every_group_once(server: Server, tmp_path: Path):
+    mon = monitor(server.url, tmp_path, batch_interval_s=0.2)
+    expected = {}
+    for step in range(200):
+        rewards = step_rewards(step)
+        expected[step] = rewards
+        mon.log_groups(step, rewards)
+        if step == 60:
+            server.stop()  # SIGTERM mid-stream
+        if step == 140:
+            server.start()
+        time.sleep(0.01)
+    assert mon.stats["retries"] > 0, "the outage was never noticed"
+    mon.close(timeout=60)
+    assert mon.spooled_groups == 0 and mon.dropped_groups == 0
+    points = server.metrics(mon.run_id)
+    assert [p["step"] for p in points] == list(range(200))
+    assert all(p["n_groups"] == 8 for p in points), [p for p in points if p["n_groups"] != 8]
+    assert {p["attempt"] for p in points} == {1}
+    # stored exactly once: every group was new to the server once and only once
+    assert mon.stats["accepted"] == 200 * 8
+    for p in points[:: 37]:
+        flat = [r for row in expected[p["step"]] for r in row]
+        collapsed = sum(1 for row in expected[p["step"]] if min(row) == max(row))
+        assert p["acr"] == collapsed / 8
+        assert abs(p["reward_mean"] - sum(flat) / len(flat)) < 1e-12
+
+
+class FlakyProxy:
+    """A test double of the network, not of our code: forwards to the real server, but answers
+    the first ``fail_first`` step requests with ``status`` (after the server has stored them when
+    ``forward_failures``), so the client must retry and the server must see duplicates."""
+
+    def __init__(self, upstream: str, fail_first: int, status: int = 500,
+                 forward_failures: bool = True, retry_after: str | None = None) -> None:  # fmt: skip
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.upstream, self.fail_first, self.status = upstream, fail_first, status
+        self.forward_failures, self.retry_after = forward_failures, retry_after
+        self.step_times: list[tuple[float, int]] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _relay(self, method: str) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                is_steps = self.path.endswith("/steps")
+                fail = False
+                if is_steps:
+                    with lock:
+                        fail = proxy.fail_first > 0
+                        proxy.fail_first -= fail
+                if not fail or proxy.forward_failures:
+                    r = httpx.request(method, proxy.upstream + self.path, content=body,
+                                      headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
+                status, content = (proxy.status, b'{"detail":"injected"}') if fail else (
+                    r.status_code, r.content)  # fmt: skip
+                if is_steps:
+                    proxy.step_times.append((time.monotonic(), status))
+                self.send_response(status)
+                if fail and proxy.retry_after:
+                    self.send_header("Retry-After", proxy.retry_after)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+            def do_POST(self):
+                self._relay("POST")
+
+            def do_GET(self):
+                self._relay("GET")
+
+        lock = threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+
+
+def test_500_after_store_then_200_no_duplicates(server: Server, tmp_path: Path):
+    proxy = FlakyProxy(server.url, fail_first=3, status=500, forward_failures=True)
+    try:
+        mon = monitor(proxy.url, tmp_path, batch_interval_s=0.1)
+        for step in range(30):
+            mon.log_groups(step, step_rewards(step))
+            time.sleep(0.01)
+        mon.close(timeout=30)
+    finally:
+        proxy.close()
+    assert [s for _, s in proxy.step_times[:3]] == [500, 500, 500]
+    # The server had stored what the 500s hid: the re-sends came back as duplicates, and each
+    # group was either new to the server in an answer we saw or a duplicate of a hidden one.
+    assert mon.stats["duplicates"] > 0
+    assert mon.stats["accepted"] + mon.stats["duplicates"] == 30 * 8
+    points = server.metrics(mon.run_id)
+    assert [p["step"] for p in points] == list(range(30))
+    assert all(p["n_groups"] == 8 for p in points)
+
+
+def test_retry_after_is_honoured(server: Server, tmp_path: Path):
+    proxy = FlakyProxy(server.url, fail_first=1, status=503, forward_failures=False,
+                       retry_after="2")  # fmt: skip
+    try:
+        mon = monitor(proxy.url, tmp_path)
+        mon.log_groups(0, [[1.0, 0.0]])
+        assert mon.flush(timeout=20)
+        mon.close(timeout=10)
+    finally:
+        proxy.close()
+    (t_fail, s_fail), (t_ok, s_ok) = proxy.step_times[:2]
+    assert (s_fail, s_ok) == (503, 200)
+    assert t_ok - t_fail >= 1.9
+
+
+def test_full_spool_counts_and_reports_drops(tmp_path: Path):
+    srv = Server(tmp_path)  # not started yet: the server is down while the run logs
+    mon = monitor(srv.url, tmp_path, spool_max_bytes=20_000, batch_interval_s=0.05)
+    total = 0
+    for step in range(60):
+        mon.log_groups(step, step_rewards(step, p=16, g=8))
+        total += 16
+        time.sleep(0.005)
+    assert wait_for(lambda: mon.dropped_groups > 0 and not mon._queue, 10)
+    dropped = mon.dropped_groups
+    kept = mon.spooled_groups
+    assert dropped + kept == total
+    srv.start()
+    try:
+        assert mon.flush(timeout=30)
+        time.sleep(1.5)  # one heartbeat period
+        with srv.api() as api:
+
+            def reported() -> bool:
+                run = api.get(f"/api/v1/runs/{mon.run_id}").json()
+                return run["client"]["dropped_groups"] == dropped
+
+            assert wait_for(reported, 10)
+        mon.close(timeout=10)
+        stored = sum(p["n_groups"] for p in srv.metrics(mon.run_id))
+        assert stored == kept == total - dropped
+    finally:
+        srv.stop()
+
+
+def test_refused_batch_goes_to_dead_letter_training_unaffected(server: Server, tmp_path: Path):
+    mon = monitor(server.url, tmp_path, batch_interval_s=0.5)
+    for step in range(10):
+        if step == 4:
+            mon.log_groups(step, [[1.0, 0.0]], group_ids=["x" * 200])  # > 128 characters: 422
+        else:
+            mon.log_groups(step, step_rewards(step))
+    assert mon.flush(timeout=20)
+    assert mon.dead_letter_batches == 1
+    path = mon.spool_path
+    time.sleep(1.2)
+    with server.api() as api:
+        assert wait_for(
+            lambda: api.get(f"/api/v1/runs/{mon.run_id}").json()["client"]["dead_letter_batches"]
+            == 1
+        )
+    mon.close(timeout=10)
+    steps = [p["step"] for p in server.metrics(mon.run_id)]
+    assert steps == [s for s in range(10) if s != 4]  # the good records of that batch got in
+    spool = Spool(path)
+    (dead,) = spool.dead_letters()
+    assert dead["status"] == 422 and dead["records"][0]["step"] == 4
+    spool.close()
+
+
+RANK_SCRIPT = """
+import sys, time
+from vantage.client import Monitor
+rank = int(sys.argv[1])
+mon = Monitor(sys.argv[2], None, run_name="ranks", run_id=sys.argv[3], rank=rank, world_size=2,
+              spool_dir=sys.argv[4])
+rewards = [[1, 1], [0, 1], [1, 0]] if rank == 0 else [[0, 0]]
+mon.log_groups(5, rewards)
+assert mon.flush(30), "not delivered"
+print("ATTEMPT", mon.attempt)
+mon.close(timeout=10, status=None)
+"""
+
+
+def test_two_rank_processes_share_one_attempt_and_pool(server: Server, tmp_path: Path):
+    run_id = str(uuid.uuid4())
+    env = {**os.environ, "VANTAGE_LAUNCH_ID": "launch-" + run_id[:8]}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(rank), server.url, run_id,
+                          str(tmp_path / f"spool{rank}")], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        for rank in (0, 1)
+    ]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert all("ATTEMPT 1" in o for o in outs), outs
+    (point,) = server.metrics(run_id)
+    assert point["step"] == 5 and point["n_groups"] == 4
+    assert point["acr"] == 0.5  # pooled over both ranks, not 0.667
+
+
+def test_second_launch_is_a_new_attempt_that_supersedes(server: Server, tmp_path: Path):
+    first = monitor(server.url, tmp_path, launch_id="L1")
+    for step in range(20):
+        first.log_groups(step, [[0.0, 0.0], [0.0, 1.0]])
+    first.close(timeout=20)
+    assert first.attempt == 1
+    second = monitor(server.url, tmp_path, run_id=first.run_id, launch_id="L2")
+    for step in range(10, 20):
+        second.log_groups(step, [[1.0, 0.0], [0.0, 1.0]])
+    second.close(timeout=20)
+    assert second.attempt == 2
+    points = server.metrics(first.run_id)
+    assert [p["step"] for p in points] == list(range(20))
+    assert [p["attempt"] for p in points] == [1] * 10 + [2] * 10
+    assert [p["acr"] for p in points] == [0.5] * 10 + [0.0] * 10
+    # a rank of the second launch that starts later joins the same attempt
+    late = monitor(server.url, tmp_path, run_id=first.run_id, launch_id="L2", rank=1)
+    assert late.flush(20) and late.attempt == 2
+    late.close(timeout=10, status=None)
+
+
+def test_commands_delivered_once_and_acknowledged(server: Server, tmp_path: Path):
+    mon = monitor(server.url, tmp_path, heartbeat_s=0.3)
+    seen = []
+    mon.on_command(seen.append)
+    mon.log_groups(0, [[1.0, 0.0]])
+    assert mon.flush(20)
+    with server.api() as api:
+        r = api.post(f"/api/v1/runs/{mon.run_id}/commands",
+                     json={"type": "set_sampling", "params": {"temperature": 0.7}, "reason": "t"})  # fmt: skip
+        assert r.status_code == 201, r.text
+        command_id = r.json()["command_id"]
+        got = []
+        assert wait_for(lambda: got.extend(mon.poll_commands()) or got, 10)
+        # re-listed by every answer until acked (at-least-once), but handed out once
+        for step in range(1, 5):
+            mon.log_groups(step, [[1.0, 0.0]])
+        assert mon.flush(20)
+        time.sleep(0.8)  # more heartbeats listing it
+        assert mon.poll_commands() == []
+        assert [c.command_id for c in got] == [command_id] == [c.command_id for c in seen]
+        assert got[0].type == "set_sampling" and got[0].params == {"temperature": 0.7}
+        mon.ack(command_id, "applied", step=5, detail="temperature 0.7")
+        assert mon.flush(20)
+        (cmd,) = api.get(f"/api/v1/runs/{mon.run_id}/commands").json()["commands"]
+        assert cmd["status"] == "applied" and cmd["acked_step"] == 5
+    mon.close(timeout=10)
+
+
+def test_close_is_bounded_when_the_server_is_down_then_sync_uploads(tmp_path: Path):
+    srv = Server(tmp_path)
+    mon = monitor(srv.url, tmp_path)
+    for step in range(50):
+        mon.log_groups(step, step_rewards(step))
+    t0 = time.monotonic()
+    mon.close(timeout=2.0)
+    assert time.monotonic() - t0 < 3.0
+    assert mon.spooled_groups == 50 * 8
+    assert mon.spool_path.exists()
+    srv.start()
+    try:
+        result = sync(tmp_path / "spool", srv.url, None)
+        assert result["sent_groups"] == 400 and result["remaining_groups"] == 0, result
+        assert result["errors"] == []
+        assert not list((tmp_path / "spool").glob(f"*{SPOOL_SUFFIX}"))  # clean files removed
+        points = srv.metrics(mon.run_id)
+        assert [p["step"] for p in points] == list(range(50))
+        assert all(p["n_groups"] == 8 for p in points)
+    finally:
+        srv.stop()
+
+
+def test_close_is_bounded_against_a_server_that_never_answers(tmp_path: Path):
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(100)  # accepts connections into the backlog, never reads or answers
+    try:
+        mon = monitor(f"http://127.0.0.1:{hole.getsockname()[1]}", tmp_path)
+        mon.log_groups(0, [[1.0, 0.0]])
+        t0 = time.monotonic()
+        mon.close(timeout=1.5)
+        assert time.monotonic() - t0 < 2.5
+        assert mon.spooled_groups == 1
+    finally:
+        hole.close()
+
+
+def test_unreachable_server_never_blocks_logging(tmp_path: Path):
+    mon = monitor(f"http://127.0.0.1:{free_port()}", tmp_path)
+    t0 = time.perf_counter()
+    for step in range(200):
+        mon.log_groups(step, step_rewards(step))
+    assert time.perf_counter() - t0 < 1.0
+    mon.close(timeout=0.5)

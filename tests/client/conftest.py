@@ -40,10 +40,21 @@ class Server:
         self.starts += 1
         log = (self.workdir / f"server-{self.starts}.log").open("w")
         self.proc = subprocess.Popen(
-            [VANTAGE, "serve", "--insecure-no-auth", "--host", "127.0.0.1", "--port",
-             str(self.port), "--database-url", self.database_url],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ},
-        )  # fmt: skip
+            [
+                VANTAGE,
+                "serve",
+                "--insecure-no-auth",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--database-url",
+                self.database_url,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ},
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

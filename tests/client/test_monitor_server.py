@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 from conftest import Server, free_port
-
 from vantage.client import Monitor
 from vantage.client.spool import SPOOL_SUFFIX, Spool, sync
 
@@ -61,7 +60,7 @@ def test_stream_survives_sigterm_and_restart_every_group_once(server: Server, tm
     assert {p["attempt"] for p in points} == {1}
     # stored exactly once: every group was new to the server once and only once
     assert mon.stats["accepted"] == 200 * 8
-    for p in points[:: 37]:
+    for p in points[::37]:
         flat = [r for row in expected[p["step"]] for r in row]
         collapsed = sum(1 for row in expected[p["step"]] if min(row) == max(row))
         assert p["acr"] == collapsed / 8
@@ -73,8 +72,14 @@ class FlakyProxy:
     the first ``fail_first`` step requests with ``status`` (after the server has stored them when
     ``forward_failures``), so the client must retry and the server must see duplicates."""
 
-    def __init__(self, upstream: str, fail_first: int, status: int = 500,
-                 forward_failures: bool = True, retry_after: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        upstream: str,
+        fail_first: int,
+        status: int = 500,
+        forward_failures: bool = True,
+        retry_after: str | None = None,
+    ) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.upstream, self.fail_first, self.status = upstream, fail_first, status
@@ -95,10 +100,16 @@ class FlakyProxy:
                         fail = proxy.fail_first > 0
                         proxy.fail_first -= fail
                 if not fail or proxy.forward_failures:
-                    r = httpx.request(method, proxy.upstream + self.path, content=body,
-                                      headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
-                status, content = (proxy.status, b'{"detail":"injected"}') if fail else (
-                    r.status_code, r.content)  # fmt: skip
+                    r = httpx.request(
+                        method,
+                        proxy.upstream + self.path,
+                        content=body,
+                        headers={"content-type": "application/json"},
+                        timeout=30,
+                    )
+                status, content = (
+                    (proxy.status, b'{"detail":"injected"}') if fail else (r.status_code, r.content)
+                )
                 if is_steps:
                     proxy.step_times.append((time.monotonic(), status))
                 self.send_response(status)
@@ -145,8 +156,9 @@ def test_500_after_store_then_200_no_duplicates(server: Server, tmp_path: Path):
 
 
 def test_retry_after_is_honoured(server: Server, tmp_path: Path):
-    proxy = FlakyProxy(server.url, fail_first=1, status=503, forward_failures=False,
-                       retry_after="2")  # fmt: skip
+    proxy = FlakyProxy(
+        server.url, fail_first=1, status=503, forward_failures=False, retry_after="2"
+    )
     try:
         mon = monitor(proxy.url, tmp_path)
         mon.log_groups(0, [[1.0, 0.0]])
@@ -202,8 +214,9 @@ def test_refused_batch_goes_to_dead_letter_training_unaffected(server: Server, t
     time.sleep(1.2)
     with server.api() as api:
         assert wait_for(
-            lambda: api.get(f"/api/v1/runs/{mon.run_id}").json()["client"]["dead_letter_batches"]
-            == 1
+            lambda: (
+                api.get(f"/api/v1/runs/{mon.run_id}").json()["client"]["dead_letter_batches"] == 1
+            )
         )
     mon.close(timeout=10)
     steps = [p["step"] for p in server.metrics(mon.run_id)]
@@ -232,9 +245,21 @@ def test_two_rank_processes_share_one_attempt_and_pool(server: Server, tmp_path:
     run_id = str(uuid.uuid4())
     env = {**os.environ, "VANTAGE_LAUNCH_ID": "launch-" + run_id[:8]}
     procs = [
-        subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(rank), server.url, run_id,
-                          str(tmp_path / f"spool{rank}")], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                RANK_SCRIPT,
+                str(rank),
+                server.url,
+                run_id,
+                str(tmp_path / f"spool{rank}"),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for rank in (0, 1)
     ]
     outs = [p.communicate(timeout=60)[0] for p in procs]
@@ -273,8 +298,10 @@ def test_commands_delivered_once_and_acknowledged(server: Server, tmp_path: Path
     mon.log_groups(0, [[1.0, 0.0]])
     assert mon.flush(20)
     with server.api() as api:
-        r = api.post(f"/api/v1/runs/{mon.run_id}/commands",
-                     json={"type": "set_sampling", "params": {"temperature": 0.7}, "reason": "t"})  # fmt: skip
+        r = api.post(
+            f"/api/v1/runs/{mon.run_id}/commands",
+            json={"type": "set_sampling", "params": {"temperature": 0.7}, "reason": "t"},
+        )
         assert r.status_code == 201, r.text
         command_id = r.json()["command_id"]
         got = []

@@ -1,0 +1,239 @@
+"""The Monitor's parts that need no server: input conversion, default group ids, the bounded
+queue, request packing under the §4 limits, the spool, backoff and launch ids."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from vantage.client import Monitor, derive_launch_id
+from vantage.client.schema import StepsBatch
+from vantage.client.sender import Backoff, _retry_after, encode_groups, pack_records, steps_body
+from vantage.client.spool import Spool
+
+
+def offline(tmp_path: Path, **kw) -> Monitor:
+    return Monitor(None, None, run_name="unit", spool_dir=tmp_path, **kw)
+
+
+def spooled_records(path: Path) -> list[dict]:
+    spool = Spool(path)
+    out = []
+    while (row := spool.head()) is not None:
+        out.extend(orjson.loads(row.body))
+        spool.delete(row)
+    spool.close()
+    return out
+
+
+def test_import_needs_no_torch_numpy_dash_or_db_driver():
+    code = (
+        "import sys, vantage.client, vantage.client.integrations.trl\n"
+        "bad = [m for m in ('torch', 'numpy', 'dash', 'sqlalchemy', 'psycopg', 'trl') "
+        "if m in sys.modules]\n"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_inputs_tensor_ndarray_ragged_lists_and_bools(tmp_path: Path):
+    mon = offline(tmp_path)
+    mon.log_groups(1, torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
+    mon.log_groups(1, np.array([[1, 1], [0, 0]], dtype=np.int64))
+    mon.log_groups(1, [[1.0, 0.0, 1.0], [0.25], (0.0, 1.0)])  # ragged
+    mon.log_groups(1, [torch.tensor([1.0, 1.0, 1.0]), np.array([0.0, 1.0])])
+    mon.log_groups(1, torch.tensor([[True, False]]), mask=torch.tensor([[1, 0]]))
+    mon.log_groups(1, [[np.float32(0.5), None, float("nan")]], prompt_ids=["p"])
+    mon.close(timeout=2)
+    (rec,) = spooled_records(mon.spool_path)
+    assert rec["step"] == 1 and rec["rank"] == 0 and rec["world_size"] == 1
+    groups = rec["groups"]
+    # default ids continue a per-(step, split, rank) counter across calls
+    assert [g["group_id"] for g in groups] == [str(i) for i in range(11)]
+    assert [g["rewards"] for g in groups] == [
+        [1.0, 0.0], [0.5, 0.5], [1, 1], [0, 0], [1.0, 0.0, 1.0], [0.25], [0.0, 1.0],
+        [1.0, 1.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.5, None, None],
+    ]  # fmt: skip
+    assert groups[9]["rewards"] == [1.0, 0.0] and groups[9]["mask"] == [1, 0]
+    assert groups[10]["rewards"] == [0.5, None, None] and groups[10]["prompt_id"] == "p"
+    StepsBatch.model_validate_json(steps_body(1, orjson.dumps([rec])))  # the server would take it
+
+
+def test_later_edits_of_the_input_do_not_change_what_is_sent(tmp_path: Path):
+    mon = offline(tmp_path)
+    rewards = [[1.0, 0.0]]
+    tensor = torch.tensor([[1.0, 1.0]])
+    mon.log_groups(0, rewards)
+    mon.log_groups(0, tensor)
+    rewards[0][0] = 7.0
+    tensor[0, 0] = 7.0
+    mon.close(timeout=2)
+    (rec,) = spooled_records(mon.spool_path)
+    assert [g["rewards"] for g in rec["groups"]] == [[1.0, 0.0], [1.0, 1.0]]
+
+
+def test_ids_counters_are_per_step_split_and_rank(tmp_path: Path):
+    mon = offline(tmp_path)
+    mon.log_groups(3, [[1, 0]])
+    mon.log_groups(3, [[1, 0]], split="eval")
+    mon.log_groups(3, [[1, 0]], rank=1)
+    mon.log_groups(3, [[1, 0]], group_ids=["a"])
+    mon.log_groups(3, [[1, 0]])
+    mon.log_scalars(3, {"loss": torch.tensor(0.25), "bad": "x"})
+    mon.log_effective(3, n_valid=2, n_zero_advantage=1)
+    mon.close(timeout=2)
+    recs = {(r["split"], r["rank"]): r for r in spooled_records(mon.spool_path)}
+    assert [g["group_id"] for g in recs[("train", 0)]["groups"]] == ["0", "a", "1"]
+    assert [g["group_id"] for g in recs[("eval", 0)]["groups"]] == ["0"]
+    assert [g["group_id"] for g in recs[("train", 1)]["groups"]] == ["0"]
+    assert recs[("train", 0)]["scalars"] == {"loss": 0.25}
+    assert recs[("train", 0)]["effective"] == {"n_valid": 2, "n_zero_advantage": 1, "n_virtual": 0}
+
+
+def test_bad_shapes_raise_at_once(tmp_path: Path):
+    mon = offline(tmp_path)
+    with pytest.raises(TypeError):
+        mon.log_groups(0, [1.0, 0.0])
+    with pytest.raises(TypeError):
+        mon.log_groups(0, torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError):
+        mon.log_groups(0, [[1.0]], group_ids=["a", "b"])
+    mon.close(timeout=1)
+
+
+def test_full_queue_drops_and_counts_never_blocks(tmp_path: Path):
+    mon = offline(tmp_path, max_queue_groups=100, batch_interval_s=60)
+    t0 = time.perf_counter()
+    for step in range(50):
+        mon.log_groups(step, [[1.0, 0.0]] * 10)
+    assert time.perf_counter() - t0 < 0.5
+    assert mon.dropped_groups > 0
+    mon.close(timeout=2)
+    kept = sum(len(r["groups"]) for r in spooled_records(mon.spool_path))
+    assert kept + mon.dropped_groups == 500
+
+
+def test_spool_order_cap_dead_letter_and_reopen(tmp_path: Path):
+    path = tmp_path / "s.vantage-spool"
+    spool = Spool(path, max_bytes=100)
+    assert spool.append(b"[1]", 1) and spool.append(b"[2]", 2) and spool.append(b"[3]", 3)
+    assert not spool.append(b"x" * 200, 7)  # over the cap: dropped and counted
+    assert spool.dropped_groups == 7 and spool.pending_groups == 6
+    head = spool.head()
+    spool.replace_head(head, [(b"[1.1]", 0), (b"[1.2]", 1)])  # bisected in place
+    spool.dead_letter(spool.head(), 422, "bad")
+    spool.set_meta("run", {"run_id": "r"})
+    spool.close()
+    spool = Spool(path, max_bytes=100)
+    assert spool.dropped_groups == 7 and spool.dead_letter_batches == 1
+    bodies = []
+    while (row := spool.head()) is not None:
+        bodies.append(row.body)
+        spool.delete(row)
+    assert bodies == [b"[1.2]", b"[2]", b"[3]"]
+    assert spool.dead_letters()[0]["records"] == [1.1]
+    assert spool.get_meta("run") == {"run_id": "r"}
+    assert not spool.close(remove_if_clean=True)  # dead letters and drops are kept
+    assert path.exists()
+
+
+def test_clean_spool_file_is_removed_on_close(tmp_path: Path):
+    mon = Monitor(None, None, spool_dir=tmp_path)
+    mon.close(timeout=1)
+    assert not mon.spool_path.exists()
+
+
+group_sizes = st.lists(st.integers(min_value=1, max_value=40), min_size=0, max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(group_sizes, min_size=1, max_size=6), st.integers(2, 50), st.integers(600, 5000))
+def test_packing_respects_limits_and_keeps_order(records, max_groups, max_bytes):
+    recs = []
+    expected = []
+    for step, sizes in enumerate(records):
+        groups = [{"group_id": f"{step}-{i}", "rewards": [0.5] * n} for i, n in enumerate(sizes)]
+        expected += [(step, g["group_id"]) for g in groups]
+        header = {"step": step, "rank": 0, "scalars": {"loss": 1.0}}
+        recs.append((header, encode_groups(groups, chunk_groups=2)))
+    bodies = pack_records(recs, max_groups=max_groups, max_bytes=max_bytes)
+    seen = []
+    scalars_per_step: dict[int, int] = {}
+    for body, n in bodies:
+        assert len(body) <= max_bytes
+        decoded = orjson.loads(body)
+        assert sum(len(r["groups"]) for r in decoded) == n <= max_groups
+        for r in decoded:
+            seen += [(r["step"], g["group_id"]) for g in r["groups"]]
+            scalars_per_step[r["step"]] = scalars_per_step.get(r["step"], 0) + ("scalars" in r)
+    assert seen == expected
+    assert all(v == 1 for v in scalars_per_step.values()) and len(scalars_per_step) == len(records)
+
+
+def test_packing_at_the_real_limits():
+    groups = [{"group_id": str(i), "rewards": [0.123456789] * 16} for i in range(25_000)]
+    bodies = pack_records([({"step": 0}, encode_groups(groups))])
+    assert [n for _, n in bodies] == [10_000, 10_000, 5_000]
+    big = [{"group_id": str(i), "rewards": [0.123456789] * 4096} for i in range(200)]
+    bodies = pack_records([({"step": 1}, encode_groups(big))])
+    assert all(len(b) < 8 * 1024 * 1024 for b, _ in bodies) and len(bodies) > 1
+    assert sum(n for _, n in bodies) == 200
+
+
+def test_backoff_grows_jittered_capped_and_honours_retry_after():
+    b = Backoff()
+    delays = [b.next_delay() for _ in range(12)]
+    assert 0.25 <= delays[0] <= 0.5 and 0.5 <= delays[1] <= 1.0
+    assert all(15.0 <= d <= 30.0 for d in delays[8:])
+    b.reset()
+    assert b.next_delay(retry_after=7.0) == 7.0
+    assert _retry_after("3") == 3.0 and _retry_after("soon") is None
+
+
+def test_launch_id_derivation(monkeypatch):
+    for var in ("VANTAGE_LAUNCH_ID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(var, raising=False)
+    a, b = derive_launch_id(), derive_launch_id()
+    assert a != b  # a fresh UUID each time without any hint
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert derive_launch_id() == "job7-2"
+    monkeypatch.setenv("VANTAGE_LAUNCH_ID", "from-vantage-train")
+    assert derive_launch_id() == "from-vantage-train"
+    assert derive_launch_id("explicit") == "explicit"
+
+
+DIST_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+for v in ("VANTAGE_LAUNCH_ID", "TORCHELASTIC_RUN_ID"):
+    os.environ.pop(v, None)
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=int(sys.argv[2]), world_size=2)
+from vantage.client import Monitor
+mon = Monitor(None, None, spool_dir=sys.argv[3])
+print("LAUNCH", mon.rank, mon.world_size, mon.launch_id)
+mon.close(timeout=1)
+dist.destroy_process_group()
+"""
+
+
+def test_launch_id_is_broadcast_by_torch_distributed(tmp_path: Path):
+    init = f"file://{tmp_path / 'rendezvous'}"
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("TORCHELASTIC")}
+    env.pop("VANTAGE_LAUNCH_ID", None)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", DIST_SCRIPT, init, str(r), str(tmp_path / str(r))],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for r in (0, 1)
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    lines = [next(ln for ln in o.splitlines() if ln.startswith("LAUNCH")).split() for o in outs]
+    assert [ln[1:3] for ln in lines] == [["0", "2"], ["1", "2"]]
+    assert lines[0][3] == lines[1][3]

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from . import alerts
 from .db import make_engine, session_factory
-from .routes import acr, commands, health, ingest, metrics, runs
+from .routes import EXTRA_SCHEMAS, acr, commands, health, ingest, metrics, runs
 from .settings import Settings
 
 
@@ -43,7 +43,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (health, runs, ingest, metrics, commands, acr):
         app.include_router(module.router)
     _mount_dashboard(app, settings)
+    _document_raw_bodies(app)
     return app
+
+
+def _document_raw_bodies(app: FastAPI) -> None:
+    base_openapi = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = base_openapi()
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(EXTRA_SCHEMAS)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _mount_dashboard(app: FastAPI, settings: Settings) -> None:

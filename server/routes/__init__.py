@@ -25,3 +25,17 @@ async def read_limited_body(request: Request, limit: int) -> bytes:
 def json_response(content: Any, status_code: int = 200) -> Response:
     """orjson-encoded answer (fast for large metric series; non-finite floats become null)."""
     return Response(orjson.dumps(content), status_code=status_code, media_type="application/json")
+
+
+# Models whose bodies are read raw (for speed) still document their schema; their nested
+# definitions are collected here and added to the OpenAPI components by `main.create_app`.
+EXTRA_SCHEMAS: dict[str, Any] = {}
+
+
+def raw_body_openapi(model: Any) -> dict[str, Any]:
+    """``openapi_extra`` that documents a raw-read JSON body as ``model``."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    EXTRA_SCHEMAS.update(schema.pop("$defs", {}))
+    EXTRA_SCHEMAS[model.__name__] = schema
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}

@@ -10,11 +10,10 @@ from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, ACR
 
 from ..deps import ReadKey
 from ..ingest import summarize_group
-from . import json_response, read_limited_body
+from . import json_response, raw_body_openapi, read_limited_body
 
 router = APIRouter(prefix="/api/v1", tags=["acr"])
-SCHEMA = {"requestBody": {"required": True, "content": {"application/json": {
-    "schema": ACRRequest.model_json_schema(ref_template="#/components/schemas/{model}")}}}}  # fmt: skip
+SCHEMA = raw_body_openapi(ACRRequest)
 
 
 @router.post("/acr", openapi_extra=SCHEMA)

@@ -12,17 +12,11 @@ from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, Ste
 from ..commands import deliver_commands
 from ..deps import IngestKey, load_run
 from ..ingest import IngestError, UnknownAttemptError, ingest_batch
-from . import json_response, read_limited_body
+from . import json_response, raw_body_openapi, read_limited_body
 
 router = APIRouter(prefix="/api/v1/runs", tags=["ingest"])
 
-STEPS_SCHEMA = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": StepsBatch.model_json_schema(
-            ref_template="#/components/schemas/{model}")}},
-    }
-}  # fmt: skip
+STEPS_SCHEMA = raw_body_openapi(StepsBatch)
 
 
 @router.post("/{run_id}/steps", openapi_extra=STEPS_SCHEMA)

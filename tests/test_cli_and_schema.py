@@ -1,0 +1,97 @@
+"""The `vantage` CLI (keys, db upgrade, prune, serve guards) and a schemathesis run for 5xx."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+
+import httpx
+
+from .conftest import VANTAGE, create_key, new_run, post_steps, run_cli, start_server
+
+
+def test_keys_create_prints_key_alone_on_last_line(tmp_path):
+    url = f"sqlite:///{tmp_path}/k.db"
+    out = run_cli("keys", "create", "--name", "ci", "--scopes", "read,ingest", "--database-url", url)
+    last = out.stdout.rstrip("\n").splitlines()[-1]
+    assert re.fullmatch(r"vtg_[A-Za-z0-9_-]{32,}", last)
+    assert last not in out.stderr
+    listed = run_cli("keys", "list", "--database-url", url).stdout
+    assert "ci" in listed and last not in listed  # only a prefix is ever shown again
+    bad = run_cli("keys", "create", "--name", "x", "--scopes", "read,root", "--database-url", url,
+                  check=False)  # fmt: skip
+    assert bad.returncode == 2 and "root" in bad.stderr
+    assert run_cli("keys", "revoke", "ci", "--database-url", url).returncode == 0
+
+
+def test_revoked_key_is_refused(server):
+    key = create_key(server.database_url, "read", "to-revoke")
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}) as c:
+        assert c.get("/api/v1/runs").status_code == 200
+        run_cli("keys", "revoke", "to-revoke", "--database-url", server.database_url)
+        assert c.get("/api/v1/runs").status_code == 401
+
+
+def test_db_upgrade_is_idempotent(tmp_path):
+    url = f"sqlite:///{tmp_path}/u.db"
+    for _ in range(2):
+        assert run_cli("db", "upgrade", "--database-url", url).returncode == 0
+
+
+def test_insecure_no_auth_refuses_public_host():
+    proc = run_cli("serve", "--insecure-no-auth", "--host", "0.0.0.0", check=False)
+    assert proc.returncode == 2 and "loopback" in proc.stderr
+
+
+def test_serve_stops_on_sigterm_within_10s(tmp_path):
+    srv = start_server(f"sqlite:///{tmp_path}/s.db", tmp_path, "--insecure-no-auth")
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    srv.proc.wait(15)
+    assert time.monotonic() - t0 < 10
+
+
+def test_runs_prune_keeps_step_metrics(tmp_path):
+    url = f"sqlite:///{tmp_path}/p.db"
+    srv = start_server(url, tmp_path, "--insecure-no-auth")
+    try:
+        with srv.client(None) as c:
+            run = new_run(c)
+            post_steps(c, run, [{"step": 1, "groups": [{"prompt_id": "q", "rewards": [1, 1]}]}])
+            out = run_cli("runs", "prune", "--older-than", "0", "--database-url", url)
+            assert "deleted 1 group rows" in out.stderr
+            assert c.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"][0]["acr"] == 1.0
+            assert c.get(f"/api/v1/runs/{run['run_id']}/prompts").json()["prompts"] == []
+    finally:
+        srv.stop()
+
+
+def test_missing_extra_exits_2_naming_it():
+    code = (
+        "import importlib.util, sys\n"
+        "real = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda n, *a: None if n == 'torch' else real(n, *a)\n"
+        "from vantage.server.cli import main\n"
+        "sys.exit(main(['train', 'x.yaml']))\n"
+    )
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 2 and "'trainer' extra" in proc.stderr
+
+
+def test_schemathesis_finds_no_server_error(server, tmp_path):
+    port = server.url.rsplit(":", 1)[1]
+    st = VANTAGE.replace("/vantage", "/st")
+    proc = subprocess.run(
+        [st, "run", f"http://127.0.0.1:{port}/openapi.json", "--checks", "not_a_server_error",
+         "-H", f"Authorization: Bearer {server.keys['all']}", "--max-examples", "25",
+         "--generation-deterministic", "--request-timeout", "30", "--exclude-checks",
+         "use_after_free,ensure_resource_availability"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-6000:]
+
+

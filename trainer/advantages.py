@@ -125,7 +125,8 @@ def avspo(
     threshold), ``single`` always. Groups that did not collapse get :func:`grpo` advantages.
 
     acr: the step's raw ACR over all ranks, in [0, 1]. From the AVSPO paper (virtual samples); the
-    spacing is DESIGN §7's fix of its r_max·(1 − (k−1)/K), which repeats c. Returns ``n_virtual`` = virtual rewards added over all groups.
+    spacing is DESIGN §7's fix of its r_max·(1 − (k−1)/K), which repeats c.
+    Returns ``n_virtual`` = virtual rewards added over all groups.
     """
     base = grpo(rewards, scale_rewards=scale_rewards, eps=eps).values.to(torch.float64)
     r = _check(rewards)
@@ -165,7 +166,8 @@ def aapo(
     ``A_i = Â_i + clip((r_i − r_ref_i)/m, δ_low, δ_high)`` with Â the :func:`grpo` advantage,
     m = reward_max − reward_min, and r_ref_i the reward of the i-th of G completions the reference
     policy sampled for the same prompt (paired by index). reference_rewards: [P, G] like rewards.
-    AAPO ("advantage momentum", arXiv 2505.14264) as DESIGN §7 fixes it. Raises ValueError on a shape mismatch or m ≤ 0.
+    AAPO ("advantage momentum", arXiv 2505.14264) as DESIGN §7 fixes it.
+    Raises ValueError on a shape mismatch or m ≤ 0.
     """
     if reference_rewards.shape != rewards.shape:
         raise ValueError(
@@ -229,7 +231,7 @@ class AvspoState:
 
 
 class EffectiveStats(NamedTuple):
-    """What ``Monitor.log_effective`` takes: groups, zero-advantage groups after mitigation, virtuals."""
+    """What ``Monitor.log_effective`` takes, counted after mitigation."""
 
     n_valid: int
     n_zero_advantage: int

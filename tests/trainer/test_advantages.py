@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-
 from vantage.trainer.advantages import (
     ESTIMATORS,
     AvspoState,
@@ -182,19 +181,14 @@ def test_avspo_without_collapse_is_grpo():
 
 
 def test_tau_update_hand_computed():
-    assert adaptive_tau_update(0.5, acr=0.8, reward=0.6, previous_reward=0.5) == pytest.approx(
-        0.503
-    )
-    assert adaptive_tau_update(0.5, acr=0.8, reward=0.4, previous_reward=0.5) == pytest.approx(
-        0.497
-    )
-    assert adaptive_tau_update(0.5, acr=0.2, reward=0.6, previous_reward=0.5) == pytest.approx(
-        0.497
-    )
-    assert adaptive_tau_update(0.9, acr=1.0, reward=0.6, previous_reward=0.5) == 0.9  # clipped
-    assert adaptive_tau_update(0.1, acr=0.0, reward=0.6, previous_reward=0.5) == 0.1  # clipped
-    assert adaptive_tau_update(0.5, acr=0.8, reward=0.6, previous_reward=None) == 0.5  # first step
-    assert adaptive_tau_update(0.5, acr=0.8, reward=0.6, previous_reward=0.6) == 0.5  # J flat
+    up = adaptive_tau_update
+    assert up(0.5, acr=0.8, reward=0.6, previous_reward=0.5) == pytest.approx(0.503)
+    assert up(0.5, acr=0.8, reward=0.4, previous_reward=0.5) == pytest.approx(0.497)
+    assert up(0.5, acr=0.2, reward=0.6, previous_reward=0.5) == pytest.approx(0.497)
+    assert up(0.9, acr=1.0, reward=0.6, previous_reward=0.5) == 0.9  # clipped
+    assert up(0.1, acr=0.0, reward=0.6, previous_reward=0.5) == 0.1  # clipped
+    assert up(0.5, acr=0.8, reward=0.6, previous_reward=None) == 0.5  # first step
+    assert up(0.5, acr=0.8, reward=0.6, previous_reward=0.6) == 0.5  # J flat
 
 
 def test_tau_state_order_decision_then_update():

@@ -1,0 +1,218 @@
+"""The trainer's one config: a dataclass with defaults; YAML and ``--set key=value`` override it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["TrainConfig", "load_config", "apply_overrides", "CONFIG_DIR", "bundled_config"]
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+@dataclass
+class TrainConfig:
+    # ---- run
+    run_name: str = "arith-tiny"  # name shown on the server and dashboard
+    output_dir: str = "runs/arith-tiny"  # checkpoints, reference policy, summary.json go here
+    seed: int = 0  # seeds Python, NumPy and torch (rank r adds r) and the task generator
+    device: str = "auto"  # "auto" (CUDA when present), "cpu" or "cuda"
+    dtype: str = (
+        "float32"  # parameter dtype: "float32" or "bfloat16" (bf16 only makes sense on GPU)
+    )
+    torch_threads: int = 0  # torch.set_num_threads; 0 leaves torch's default
+
+    # ---- policy model
+    model_source: str = "tiny"  # "tiny" (built from the fields below), "hf", "gguf" or "smollm2"
+    model_path: str | None = None  # "hf": checkpoint folder; "gguf": a .gguf file or its folder
+    gguf_file: str | None = None  # "gguf": the file name inside model_path when it is a folder
+    tiny_hidden_size: int = 256  # tiny Llama: width (256 → ~3.2M parameters)
+    tiny_layers: int = 4  # tiny Llama: decoder layers
+    tiny_heads: int = 4  # tiny Llama: attention heads
+    tiny_intermediate_size: int = 688  # tiny Llama: MLP width
+    tiny_max_positions: int = 128  # tiny Llama: longest prompt + completion in tokens
+    chat_template: bool = False  # wrap prompts in the tokenizer's chat template (instruct models)
+    init_checkpoint: str | None = None  # start GRPO from this saved policy folder (skips SFT)
+
+    # ---- task and data
+    task: str = "arithmetic"  # "arithmetic" (procedural), "jsonl" (GSM8K format), "reasoning_gym"
+    arith_max_operand: int = 20  # the difficulty knob: operands are drawn from 0..this
+    arith_terms: int = 2  # operands per problem (2 → "a+b=")
+    arith_operators: str = "+"  # operators to draw from, any of "+-*"
+    data_path: str | None = None  # "jsonl": a file of {"question", "answer" ending "#### N"}
+    eval_data_path: str | None = None  # "jsonl": held-out file; else the last eval_size rows
+    reasoning_gym_task: str = "basic_arithmetic"  # "reasoning_gym": dataset name
+    prompt_template: str = "{question}"  # how a question becomes a prompt; arithmetic ignores it
+    eval_size: int = 128  # held-out problems for greedy accuracy
+
+    # ---- rewards
+    reward_min: float = 0.0  # reward of a wrong answer; AVSPO/AAPO and the server use the bounds
+    reward_max: float = 1.0  # reward of a right answer
+    math_verify: bool = False  # use the math-verify package for equivalence (optional extra)
+
+    # ---- SFT warm start (tiny model; without warmup and clipping it stalls below 10%)
+    sft_steps: int = 0  # 0 skips the warm start
+    sft_batch_size: int = 64  # problems per SFT step
+    sft_lr: float = 1e-3  # peak AdamW learning rate
+    sft_warmup_steps: int = 50  # linear warmup steps
+    sft_grad_clip: float = 1.0  # grad-norm clip
+
+    # ---- GRPO
+    steps: int = 200  # GRPO optimizer steps (counted from 1)
+    prompts_per_step: int = 16  # P: groups per step on each rank
+    group_size: int = 8  # G: completions per prompt
+    temperature: float = 1.0  # sampling temperature (a set_sampling command changes it)
+    top_p: float = 1.0  # nucleus sampling
+    max_new_tokens: int = 8  # completion length limit in tokens
+    lr: float = 1e-4  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    adam_betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
+    warmup_steps: int = 0  # linear learning-rate warmup over GRPO steps
+    grad_clip: float = 1.0  # grad-norm clip
+    micro_batch_size: int = 0  # completions per forward/backward chunk; 0 = the whole step at once
+    num_iterations: int = 1  # policy updates per batch of rollouts (μ); >1 makes the clip bite
+    eps_low: float = 0.2  # clipped surrogate: ratio ≥ 1 − eps_low
+    eps_high: float = 0.28  # clipped surrogate: ratio ≤ 1 + eps_high (DAPO's clip-higher)
+    kl_beta: float = 0.0  # weight of the k3 KL to the reference policy; 0 skips the reference pass
+    scale_rewards: str = "group"  # grpo's std: "group", "batch" or "none" (TRL's option)
+
+    # ---- mitigation (a set_mitigation command changes these mid-run)
+    mitigation: str = "none"  # "none" (plain grpo), "avspo" or "aapo"
+    avspo_threshold: str = "fixed"  # "fixed", "adaptive" (the paper's τ) or "single" (K = 1)
+    avspo_alpha: float = 0.5  # K = max(1, min(G, ⌈G·ACR^α⌉))
+    avspo_tau0: float = 0.5  # adaptive threshold's start
+    avspo_eta: float = 0.01  # adaptive threshold's step size
+    aapo_delta_low: float = -0.2  # AAPO margin clip, low
+    aapo_delta_high: float = 0.28  # AAPO margin clip, high
+
+    # ---- generation backend
+    backend: str = "hf"  # "hf" (transformers generate) or "vllm" (the vllm extra, GPU)
+    vllm_gpu_memory_utilization: float = 0.3  # vLLM colocated with training on one GPU
+
+    # ---- evaluation, checkpoints, progress
+    eval_every: int = 25  # held-out greedy accuracy every N steps (and at the end); 0 = only end
+    checkpoint_every: int = 0  # save every N steps; 0 = only at the end and on checkpoint/stop
+    resume: bool = True  # continue from output_dir's latest checkpoint when there is one
+    progress: bool = True  # tqdm bar with step, reward, ACR and ETA (rank 0)
+
+    # ---- monitoring (no server → training runs unmonitored)
+    server: str | None = None  # Vantage server URL; env VANTAGE_SERVER when unset
+    api_key: str | None = None  # ingest key; env VANTAGE_API_KEY when unset
+    project: str | None = None  # server project
+    run_id: str | None = None  # resume monitoring of this run (a checkpoint remembers it)
+
+    def __post_init__(self) -> None:
+        self.server = self.server or os.environ.get("VANTAGE_SERVER") or None
+        self.api_key = self.api_key or os.environ.get("VANTAGE_API_KEY") or None
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field when a value cannot work."""
+        choices = {
+            "model_source": ("tiny", "hf", "gguf", "smollm2"),
+            "task": ("arithmetic", "jsonl", "reasoning_gym"),
+            "mitigation": ("none", "avspo", "aapo"),
+            "avspo_threshold": ("fixed", "adaptive", "single"),
+            "scale_rewards": ("group", "batch", "none"),
+            "backend": ("hf", "vllm"),
+            "dtype": ("float32", "bfloat16"),
+            "device": ("auto", "cpu", "cuda"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}; got {getattr(self, name)!r}")
+        if self.group_size < 2:
+            raise ValueError(
+                f"group_size must be at least 2 (GRPO compares within a group): {self.group_size}"
+            )
+        if self.reward_max <= self.reward_min:
+            raise ValueError("reward_max must exceed reward_min")
+        if self.task == "jsonl" and not self.data_path:
+            raise ValueError("task jsonl needs data_path (a GSM8K-format JSONL file)")
+        if self.model_source in ("hf", "gguf") and not self.model_path:
+            raise ValueError(f"model_source {self.model_source} needs model_path")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("api_key", None)  # never ship a secret into the run's config on the server
+        return out
+
+
+_FIELDS = {f.name: f for f in fields(TrainConfig)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = str(_FIELDS[name].type)
+    if value is None:
+        return None
+    if kind.startswith("tuple"):
+        return tuple(float(v) for v in value)
+    if kind.startswith("bool"):
+        if isinstance(value, str):
+            return value.lower() in ("1", "true", "yes", "on")
+        return bool(value)
+    if kind.startswith("int"):
+        return int(value)
+    if kind.startswith("float"):
+        return float(value)
+    if kind.startswith("str"):
+        return str(value)
+    return value
+
+
+def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key=value`` strings (values parsed as YAML scalars) onto a dict of fields."""
+    out = dict(values)
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} is not key=value")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if key not in _FIELDS:
+            raise ValueError(
+                f"unknown config field {key!r}; see vantage.trainer.config.TrainConfig"
+            )
+        out[key] = yaml.safe_load(raw) if raw.strip() else None
+    return out
+
+
+def bundled_config(name: str) -> Path:
+    """Path of a config shipped in trainer/configs (``arith-tiny`` or ``arith-tiny.yaml``)."""
+    path = CONFIG_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if not path.exists():
+        known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+        raise FileNotFoundError(f"no bundled config {name!r}; bundled: {known}")
+    return path
+
+
+def load_config(
+    source: str | os.PathLike[str] | dict[str, Any] | TrainConfig | None = None,
+    overrides: list[str] | None = None,
+) -> TrainConfig:
+    """Build a TrainConfig from a YAML path, a bundled config name, a dict or a config, then apply
+    ``key=value`` overrides. Unknown keys raise ValueError naming them."""
+    if isinstance(source, TrainConfig):
+        values = dataclasses.asdict(source)
+    elif isinstance(source, dict):
+        values = dict(source)
+    elif source is None:
+        values = {}
+    else:
+        path = Path(source)
+        if not path.exists() and not path.suffix:
+            path = bundled_config(str(source))
+        if not path.exists():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        values = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: a config file must be a mapping of field: value")
+    unknown = sorted(set(values) - set(_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown config fields {unknown}; see vantage.trainer.config.TrainConfig")
+    values = apply_overrides(values, overrides or [])
+    return TrainConfig(**{k: _coerce(k, v) for k, v in values.items()})

@@ -1,0 +1,472 @@
+"""The GRPO trainer: one step reads top to bottom, everything else is a module it calls.
+
+    sample prompts → generate G completions each → score → monitor (raw rewards) → advantages
+    (grpo | avspo | aapo) → clipped-surrogate loss → optimizer step → (at the boundary) commands
+
+Data parallel: each rank samples its own prompts; the step's ACR, rewards and token counts are
+summed over ranks, gradients are summed with the loss already divided by the global token count,
+and rank 0's commands are broadcast so every rank applies them at the same step boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from vantage.client.acr import ACRSettings, StepAccumulator, summarize_rewards
+
+from .advantages import Advantages, AvspoState, compute_advantages, effective_stats
+from .checkpoint import load_reference, save_reference
+from .config import TrainConfig
+from .data import Problem, Task
+from .monitoring import Command, Distributed, MonitorAdapter
+from .rewards import math_reward
+from .rollout import HFBackend, Rollouts
+from .sft import lm_inputs
+
+__all__ = ["GRPOTrainer", "Mitigation"]
+
+log = logging.getLogger(__name__)
+
+StepHook = Callable[["GRPOTrainer", dict[str, Any]], None]
+
+
+@dataclass
+class Mitigation:
+    """The advantage estimator in use and its parameters (set_mitigation changes it)."""
+
+    mode: str = "none"  # none (plain grpo) | avspo | aapo
+    threshold: str = "fixed"  # AVSPO: fixed | adaptive | single
+    alpha: float = 0.5
+    eta: float = 0.01
+    delta_low: float = -0.2
+    delta_high: float = 0.28
+
+    @classmethod
+    def from_config(cls, c: TrainConfig) -> Mitigation:
+        return cls(
+            c.mitigation,
+            c.avspo_threshold,
+            c.avspo_alpha,
+            c.avspo_eta,
+            c.aapo_delta_low,
+            c.aapo_delta_high,
+        )
+
+
+class GRPOTrainer:
+    """GRPO on one task with a live-switchable advantage estimator; see the module docstring."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        policy: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        task: Task,
+        monitor: MonitorAdapter | None = None,
+        distributed: Distributed | None = None,
+        backend: Any | None = None,
+        reference_spec: dict[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.task = task
+        self.monitor = monitor or MonitorAdapter(None)
+        self.dist = distributed or Distributed()
+        self.backend = backend or HFBackend(tokenizer, config.chat_template)
+        self.output_dir = Path(config.output_dir)
+        self.device = next(policy.parameters()).device
+        self.optimizer = torch.optim.AdamW(
+            policy.parameters(),
+            lr=config.lr,
+            betas=tuple(config.adam_betas),
+            weight_decay=config.weight_decay,
+        )
+        warmup = max(1, config.warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup)
+        )
+        self.rng = random.Random(f"grpo-{config.seed}-{self.dist.rank}")
+        self.acr_settings = ACRSettings(config.reward_min, config.reward_max)
+        self.step = 0
+        self.mitigation = Mitigation.from_config(config)
+        self.avspo_state = AvspoState(tau=config.avspo_tau0)
+        self.temperature = config.temperature
+        self.reference_spec = reference_spec  # how to rebuild the step-0 policy
+        self.reference: PreTrainedModel | None = None
+        self.seen_commands: set[str] = set()
+        self.local_commands: list[Command] = []
+        self.stop_requested = False
+        self.history: list[dict[str, Any]] = []
+        self.hooks: list[StepHook] = []
+        self.run_id: str | None = None
+        self.sft_stats: dict[str, Any] = {}
+        self.owns_process_group = False
+
+    # ------------------------------------------------------------------ the step
+
+    def train_step(self) -> dict[str, Any]:
+        """One GRPO step; returns its record (the numbers sent as scalars, plus the step's ACR)."""
+        cfg, step, t0 = self.config, self.step + 1, time.perf_counter()
+
+        problems = self.task.sample(cfg.prompts_per_step, self.rng)
+        rollouts = self.backend.generate(
+            self.policy,
+            [p.question for p in problems],
+            cfg.group_size,
+            self.temperature,
+            cfg.top_p,
+            cfg.max_new_tokens,
+        )
+        t_generate = time.perf_counter()
+
+        rewards = self.score(rollouts.texts, problems)
+        self.monitor.log_groups(step, rewards, [p.prompt_id for p in problems])
+        acr, reward_mean = self.step_acr(rewards)
+        t_score = time.perf_counter()
+
+        advantages = self.advantages(rewards, acr, problems)
+        effective = effective_stats(advantages)
+        self.monitor.log_effective(step, *effective)
+        t_advantage = time.perf_counter()
+
+        losses = self.optimize(rollouts, advantages.values)
+        if self.mitigation.mode == "avspo" and self.mitigation.threshold == "adaptive":
+            self.avspo_state.update(
+                acr if acr is not None else 0.0, reward_mean, self.mitigation.eta
+            )
+        self.step = step
+        t_end = time.perf_counter()
+
+        n_valid, n_zero = self.dist.sum([effective.n_valid, effective.n_zero_advantage])
+        record = {
+            "step": step,
+            "reward": reward_mean,
+            "acr": acr,
+            "acr_effective": n_zero / n_valid if n_valid else None,
+            "n_virtual": effective.n_virtual,
+            "mitigation": self.mitigation.mode,
+            "temperature": self.temperature,
+            "lr": self.scheduler.get_last_lr()[0],
+            "avspo_tau": self.avspo_state.tau,
+            **losses,
+            "time_generate_s": t_generate - t0,
+            "time_score_s": t_score - t_generate,
+            "time_advantage_s": t_advantage - t_score,
+            "time_train_s": t_end - t_advantage,
+            "step_s": t_end - t0,
+        }
+        self.monitor.log_scalars(step, {k: v for k, v in record.items() if _is_number(v)})
+        self.history.append(record)
+        return record
+
+    # ------------------------------------------------------------------ pieces the step calls
+
+    def score(self, texts: list[str], problems: list[Problem]) -> torch.Tensor:
+        """[P, G] rewards, completions prompt-major (G = len(texts) / P)."""
+        c, g = self.config, len(texts) // len(problems)
+        values = [
+            math_reward(text, problems[i // g].answer, c.reward_min, c.reward_max, c.math_verify)
+            for i, text in enumerate(texts)
+        ]
+        return torch.tensor(values, dtype=torch.float64).view(len(problems), g)
+
+    def step_acr(self, rewards: torch.Tensor) -> tuple[float | None, float]:
+        """The step's raw ACR and mean reward over every rank (ACR engine of vantage.client)."""
+        acc = StepAccumulator()
+        for row in rewards.tolist():
+            acc.add(summarize_rewards(row, settings=self.acr_settings))
+        valid, collapsed, reward_sum, n = self.dist.sum(
+            [acc.n_valid, acc.n_collapsed, float(rewards.sum()), rewards.numel()]
+        )
+        return (collapsed / valid if valid else None), (reward_sum / n if n else 0.0)
+
+    def advantages(
+        self, rewards: torch.Tensor, acr: float | None, problems: list[Problem]
+    ) -> Advantages:
+        """The estimator the current mitigation names, applied to this rank's groups."""
+        c, m = self.config, self.mitigation
+        common = {"scale_rewards": c.scale_rewards}
+        if m.mode == "avspo":
+            return compute_advantages(
+                "avspo",
+                rewards,
+                acr=acr or 0.0,
+                reward_min=c.reward_min,
+                reward_max=c.reward_max,
+                alpha=m.alpha,
+                variant=m.threshold,
+                tau=self.avspo_state.tau,
+                **common,
+            )
+        if m.mode == "aapo":
+            reference_rewards = self.reference_rewards(problems)
+            return compute_advantages(
+                "aapo",
+                rewards,
+                reference_rewards=reference_rewards,
+                reward_min=c.reward_min,
+                reward_max=c.reward_max,
+                delta_low=m.delta_low,
+                delta_high=m.delta_high,
+                **common,
+            )
+        return compute_advantages("grpo", rewards, **common)
+
+    def reference_rewards(self, problems: list[Problem]) -> torch.Tensor:
+        """Rewards of G completions the reference policy samples for the same prompts, with the
+        policy's current generation settings (AAPO's r_ref)."""
+        reference = self.ensure_reference()
+        sampler = HFBackend(self.tokenizer, self.config.chat_template)
+        out = sampler.generate(
+            reference,
+            [p.question for p in problems],
+            self.config.group_size,
+            self.temperature,
+            self.config.top_p,
+            self.config.max_new_tokens,
+        )
+        return self.score(out.texts, problems)
+
+    def ensure_reference(self) -> PreTrainedModel:
+        """The frozen policy of GRPO step 0 (attempt 1), loaded the first time it is needed."""
+        if self.reference is None:
+            if self.reference_spec is None:
+                raise RuntimeError("no reference policy was recorded at GRPO step 0")
+            self.reference = load_reference(self.reference_spec, self.output_dir, self.config)
+            self.reference.to(self.device).eval().requires_grad_(False)
+        return self.reference
+
+    def record_reference(self, loaded_from_files: bool) -> None:
+        """At GRPO step 0 of attempt 1: remember the policy as the reference (a snapshot unless the
+        weights are still exactly the files they were loaded from)."""
+        if self.dist.is_main:
+            self.reference_spec = save_reference(
+                self.policy, self.tokenizer, self.output_dir, self.config, loaded_from_files
+            )
+        self.reference_spec = self.dist.broadcast(self.reference_spec)
+
+    def _logprobs(
+        self, model: PreTrainedModel, rollouts: Rollouts, rows: slice, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log-probabilities [b, Lc] of the sampled completions (logits / temperature,
+        as the sampler drew them) and, when asked, the per-token entropy."""
+        inputs = lm_inputs(
+            rollouts.prompt_ids[rows],
+            rollouts.prompt_mask[rows],
+            rollouts.completion_ids[rows],
+            rollouts.completion_mask[rows],
+        )
+        width = rollouts.completion_ids.shape[1]
+        logits = model(**inputs).logits[:, -width - 1 : -1].float()
+        if self.temperature > 0:
+            logits = logits / self.temperature
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logp = logp_all.gather(-1, rollouts.completion_ids[rows].unsqueeze(-1)).squeeze(-1)
+        ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
+        return logp, ent
+
+    def optimize(self, rollouts: Rollouts, advantages: torch.Tensor) -> dict[str, float]:
+        """Clipped surrogate (ε_low, ε_high) with token-level aggregation over every rank, optional
+        k3 KL to the reference; AdamW with grad-norm clipping; ``num_iterations`` updates."""
+        c = self.config
+        adv = advantages.reshape(-1, 1).to(self.device, torch.float32)
+        mask = rollouts.completion_mask.float()
+        (global_tokens,) = self.dist.sum([float(mask.sum())])
+        global_tokens = max(1.0, global_tokens)
+        batch = rollouts.completion_ids.shape[0]
+        micro = c.micro_batch_size or batch
+        chunks = [slice(i, min(i + micro, batch)) for i in range(0, batch, micro)]
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+
+        old_logp = ref_logp = None
+        with torch.no_grad():
+            if c.num_iterations > 1:
+                old_logp = torch.cat([self._logprobs(self.policy, rollouts, s)[0] for s in chunks])
+            if c.kl_beta > 0:
+                reference = self.ensure_reference()
+                ref_logp = torch.cat([self._logprobs(reference, rollouts, s)[0] for s in chunks])
+
+        self.policy.train()
+        totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
+        for _ in range(c.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            for rows in chunks:
+                logp, ent = self._logprobs(self.policy, rollouts, rows, entropy=True)
+                old = logp.detach() if old_logp is None else old_logp[rows]
+                ratio = torch.exp(logp - old)
+                a = adv[rows]
+                clipped = torch.clamp(ratio, 1 - c.eps_low, 1 + c.eps_high)
+                per_token = -torch.min(ratio * a, clipped * a)
+                m = mask[rows]
+                if ref_logp is not None:
+                    delta = ref_logp[rows] - logp
+                    kl = torch.exp(delta) - delta - 1  # k3 estimator, ≥ 0
+                    per_token = per_token + c.kl_beta * kl
+                    totals["kl"] += float((kl * m).sum()) / global_tokens / c.num_iterations
+                loss = (per_token * m).sum() / global_tokens
+                loss.backward()
+                totals["loss"] += float(loss.detach()) / c.num_iterations
+                assert ent is not None
+                totals["entropy"] += float((ent * m).sum()) / global_tokens / c.num_iterations
+                outside = ((ratio - clipped).abs() > 0).float()
+                totals["clip_fraction"] += (
+                    float((outside * m).sum()) / global_tokens / c.num_iterations
+                )
+            self.dist.all_reduce_grads(params)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip)
+            totals["grad_norm"] += float(grad_norm) / c.num_iterations
+            self.optimizer.step()
+        self.scheduler.step()
+        self.backend.sync_weights(self.policy)
+        # the loss, KL and entropy above are this rank's share of the global token mean
+        summed = self.dist.sum(
+            [totals["loss"], totals["kl"], totals["entropy"], totals["clip_fraction"]]
+        )
+        totals.update(loss=summed[0], kl=summed[1], entropy=summed[2], clip_fraction=summed[3])
+        return totals
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Greedy accuracy on the held-out problems (each rank takes a shard; summed)."""
+        problems = self.task.eval_problems[self.dist.rank :: self.dist.world_size]
+        correct = 0.0
+        sampler = HFBackend(self.tokenizer, self.config.chat_template)
+        for i in range(0, len(problems), 64):
+            chunk = problems[i : i + 64]
+            out = sampler.generate(
+                self.policy, [p.question for p in chunk], 1, 0.0, 1.0, self.config.max_new_tokens
+            )
+            correct += float((self.score(out.texts, chunk) == self.config.reward_max).sum())
+        total_correct, total = self.dist.sum([correct, float(len(problems))])
+        return total_correct / total if total else 0.0
+
+    # ------------------------------------------------------------------ commands
+
+    def submit_command(self, type: str, params: dict[str, Any] | None = None) -> None:  # noqa: A002
+        """Queue a command locally (tests, the demo, notebooks); applied at the next boundary like a
+        server command, but not acked to the server. Call it on rank 0."""
+        cid = f"local-{len(self.local_commands)}-{time.monotonic_ns()}"
+        self.local_commands.append(Command(cid, type, dict(params or {}), local=True))
+
+    def apply_commands(self) -> list[dict[str, Any]]:
+        """At a step boundary: rank 0 polls, every rank applies the same commands in order, rank 0
+        acks each with the step just completed. Returns what was done (for logs and tests)."""
+        commands: list[Command] = []
+        if self.dist.is_main:
+            commands = self.monitor.poll_commands() + self.local_commands
+            self.local_commands = []
+            commands = [c for c in commands if c.command_id not in self.seen_commands]
+        commands = self.dist.broadcast(commands) if self.dist.enabled else commands
+        done = []
+        for command in commands:
+            self.seen_commands.add(command.command_id)
+            try:
+                detail = self._apply(command)
+                status = "applied"
+            except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+                status, detail = "rejected", str(exc)
+            log.info("command %s %s at step %d: %s", command.type, status, self.step, detail)
+            if self.dist.is_main:
+                self.monitor.ack(command, status, self.step, detail)
+            done.append(
+                {
+                    "command_id": command.command_id,
+                    "type": command.type,
+                    "status": status,
+                    "step": self.step,
+                    "detail": detail,
+                }
+            )
+        return done
+
+    def _apply(self, command: Command) -> str:
+        params = dict(command.params)
+        if command.type == "set_mitigation":
+            return self._set_mitigation(params)
+        if command.type == "set_sampling":
+            temperature = params.get("temperature")
+            if not _is_number(temperature) or not 0 <= float(temperature) <= 10:
+                raise ValueError(
+                    f"set_sampling needs a temperature in [0, 10]; got {temperature!r}"
+                )
+            self.temperature = float(temperature)
+            return f"temperature {self.temperature}"
+        if command.type == "checkpoint":
+            return f"saved {self.save_checkpoint()}"
+        if command.type == "stop":
+            self.stop_requested = True
+            return f"stopping after step {self.step}; saved {self.save_checkpoint()}"
+        raise ValueError(f"unknown command type {command.type!r}")
+
+    def _set_mitigation(self, params: dict[str, Any]) -> str:
+        mode = params.pop("mode", None)
+        if mode not in ("none", "avspo", "aapo", "grpo", "off"):
+            raise ValueError(f"set_mitigation mode must be none, avspo or aapo; got {mode!r}")
+        mode = "none" if mode in ("grpo", "off") else mode
+        new = Mitigation(**{**asdict(self.mitigation), "mode": mode})
+        threshold = params.pop("threshold", params.pop("variant", None))
+        if threshold is not None:
+            if threshold not in ("fixed", "adaptive", "single"):
+                raise ValueError(
+                    f"AVSPO threshold must be fixed, adaptive or single; got {threshold!r}"
+                )
+            new.threshold = threshold
+        for key in ("alpha", "eta", "delta_low", "delta_high"):
+            if key in params:
+                new.__setattr__(key, float(params.pop(key)))
+        if "tau" in params:
+            self.avspo_state.tau = float(params.pop("tau"))
+        if mode == "aapo":
+            self.ensure_reference()  # fail now, with a reason, rather than mid-step
+        self.mitigation = new
+        ignored = f"; ignored {sorted(params)}" if params else ""
+        return f"mitigation {mode} {asdict(new)}{ignored}"
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "mitigation": asdict(self.mitigation),
+            "avspo_state": asdict(self.avspo_state),
+            "temperature": self.temperature,
+            "seen_commands": sorted(self.seen_commands),
+            "reference_spec": self.reference_spec,
+            "run_id": self.run_id,
+            "history": self.history,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.mitigation = Mitigation(**state["mitigation"])
+        self.avspo_state = AvspoState(**state["avspo_state"])
+        self.temperature = float(state["temperature"])
+        self.seen_commands = set(state["seen_commands"])
+        self.reference_spec = state["reference_spec"]
+        self.run_id = state.get("run_id")
+        self.history = list(state.get("history", []))
+
+    def save_checkpoint(self) -> str:
+        from .checkpoint import save_checkpoint
+
+        return str(save_checkpoint(self))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

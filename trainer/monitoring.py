@@ -1,0 +1,206 @@
+"""The trainer's side of the client hook: a thin adapter over ``vantage.client.Monitor`` that never
+lets monitoring trouble reach training, plus the ``torch.distributed`` helpers that share commands
+and per-step counts between ranks.
+
+With no server configured (and no factory) there is no Monitor at all and every call is a no-op.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Command", "Distributed", "MonitorAdapter", "make_monitor"]
+
+log = logging.getLogger(__name__)
+
+MonitorFactory = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command from the server or a local caller: ``type`` set_mitigation | set_sampling |
+    checkpoint | stop, with its flat ``params``. ``local`` commands are not acked to the server."""
+
+    command_id: str
+    type: str
+    params: dict[str, Any] = field(default_factory=dict)
+    local: bool = False
+
+    @classmethod
+    def from_any(cls, value: Any) -> Command:
+        """From the client's Command object or a plain dict with the same fields."""
+        get = value.get if isinstance(value, Mapping) else lambda k, d=None: getattr(value, k, d)
+        return cls(
+            command_id=str(get("command_id")),
+            type=str(get("type")),
+            params=dict(get("params") or {}),
+            local=bool(get("local", False)),
+        )
+
+
+class Distributed:
+    """``torch.distributed`` when a process group is up, else a single process."""
+
+    def __init__(self) -> None:
+        self.enabled = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.enabled else 0
+        self.world_size = dist.get_world_size() if self.enabled else 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum over ranks (float64)."""
+        if not self.enabled:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's object on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_reduce_grads(self, parameters: list[torch.nn.Parameter]) -> None:
+        """Sum gradients over ranks (the loss is already divided by the global token count)."""
+        if not self.enabled:
+            return
+        for p in parameters:
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+
+class MonitorAdapter:
+    """Forwards to a Monitor (or does nothing without one); every exception is logged, never raised.
+
+    After ``max_failures`` failures in a row the adapter stops calling the Monitor, so a broken
+    client cannot slow every step with tracebacks.
+    """
+
+    def __init__(self, monitor: Any | None, max_failures: int = 20) -> None:
+        self.monitor = monitor
+        self.failures = 0
+        self.max_failures = max_failures
+
+    @property
+    def active(self) -> bool:
+        return self.monitor is not None and self.failures < self.max_failures
+
+    @property
+    def run_id(self) -> str | None:
+        return getattr(self.monitor, "run_id", None) if self.monitor is not None else None
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if not self.active:
+            return None
+        try:
+            result = getattr(self.monitor, name)(*args, **kwargs)
+        except Exception as exc:  # monitoring must never stop training
+            self.failures += 1
+            log.warning(
+                "vantage monitor.%s failed (%s: %s); training continues",
+                name,
+                type(exc).__name__,
+                exc,
+            )
+            return None
+        self.failures = 0
+        return result
+
+    def log_groups(self, step: int, rewards: torch.Tensor, prompt_ids: list[str]) -> None:
+        self._call("log_groups", step, rewards.detach().cpu().tolist(), prompt_ids=prompt_ids)
+
+    def log_effective(self, step: int, n_valid: int, n_zero_advantage: int, n_virtual: int) -> None:
+        self._call(
+            "log_effective",
+            step,
+            n_valid=n_valid,
+            n_zero_advantage=n_zero_advantage,
+            n_virtual=n_virtual,
+        )
+
+    def log_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+        self._call("log_scalars", step, dict(scalars))
+
+    def poll_commands(self) -> list[Command]:
+        polled = self._call("poll_commands") or []
+        out = []
+        for raw in polled:
+            try:
+                out.append(Command.from_any(raw))
+            except Exception as exc:
+                log.warning("vantage: ignoring a command that cannot be read (%s)", exc)
+        return out
+
+    def ack(self, command: Command, status: str, step: int, detail: str | None = None) -> None:
+        if command.local:
+            return
+        self._call("ack", command.command_id, status, step, detail)
+
+    def close(self, failed: bool = False) -> None:
+        if self.monitor is None:
+            return
+        try:
+            self.monitor.close(status="failed" if failed else "finished")
+        except TypeError:
+            self._call("close")
+        except Exception as exc:
+            log.warning("vantage monitor.close failed (%s); training result is unaffected", exc)
+
+
+def make_monitor(
+    factory: MonitorFactory | None,
+    server: str | None,
+    kwargs: dict[str, Any],
+) -> MonitorAdapter:
+    """A MonitorAdapter around ``factory(**kwargs)``, else ``vantage.client.Monitor`` when a server
+    is configured, else none. Keywords the factory does not accept are left out; a failure to
+    construct is logged and training runs unmonitored."""
+    if factory is None:
+        if not server:
+            return MonitorAdapter(None)
+        try:
+            from vantage.client import Monitor
+        except ImportError:
+            try:
+                from vantage.client.monitor import Monitor
+            except ImportError as exc:
+                log.warning("vantage client unavailable (%s); training runs unmonitored", exc)
+                return MonitorAdapter(None)
+        factory = Monitor
+    try:
+        params = inspect.signature(factory).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            kwargs = {k: v for k, v in kwargs.items() if k in params}
+    except (TypeError, ValueError):
+        pass
+    try:
+        return MonitorAdapter(factory(**kwargs))
+    except Exception as exc:
+        log.warning(
+            "vantage monitor could not start (%s: %s); training runs unmonitored",
+            type(exc).__name__,
+            exc,
+        )
+        return MonitorAdapter(None)
+
+
+def new_run_id() -> str:
+    return str(uuid.uuid4())

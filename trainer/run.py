@@ -1,0 +1,317 @@
+"""Entry points: ``train(config, overrides)`` (what ``vantage train`` and the demo call) and
+``main(argv)`` (``python -m vantage.trainer.run CONFIG --set key=value``; also under torchrun).
+
+``setup`` builds a ready :class:`GRPOTrainer` (distributed init, policy, SFT warm start, reference
+policy, Monitor, resume) and ``fit`` runs it, so a caller can hold the trainer in-process (submit
+commands, read ``history``) between the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+
+from .checkpoint import latest_checkpoint, load_checkpoint
+from .config import TrainConfig, load_config
+from .data import load_task
+from .grpo import GRPOTrainer, StepHook
+from .models import load_policy
+from .monitoring import Distributed, make_monitor
+from .rollout import VLLMBackend
+from .sft import sft_warm_start
+
+__all__ = ["train", "setup", "fit", "main"]
+
+log = logging.getLogger("vantage.trainer")
+
+MonitorFactory = Callable[..., Any]
+
+
+def _init_distributed() -> bool:
+    """Start the process group when launched by torchrun (WORLD_SIZE > 1); True when we did."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch_dist.is_initialized():
+        return False
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    torch_dist.init_process_group(backend=backend)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return True
+
+
+def _device(config: TrainConfig) -> torch.device:
+    if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _broadcast_parameters(model: torch.nn.Module, dist: Distributed) -> None:
+    if dist.enabled:
+        for p in model.state_dict().values():
+            torch_dist.broadcast(p, src=0)
+
+
+def setup(
+    config: str | os.PathLike[str] | dict[str, Any] | TrainConfig,
+    overrides: Sequence[str] = (),
+    monitor_factory: MonitorFactory | None = None,
+) -> GRPOTrainer:
+    """A trainer ready for :func:`fit`: resumed from ``output_dir`` when a checkpoint is there,
+    else freshly loaded, warm-started (``sft_steps``) and with the step-0 reference recorded."""
+    cfg = load_config(config, list(overrides))
+    owns_group = _init_distributed()
+    dist = Distributed()
+    if cfg.torch_threads > 0:
+        torch.set_num_threads(cfg.torch_threads)
+    device = _device(cfg)
+    output_dir = Path(cfg.output_dir)
+    if dist.is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+
+    checkpoint = latest_checkpoint(output_dir) if cfg.resume else None
+    sft_stats: dict[str, Any] = {}
+    if checkpoint is not None:
+        log.info("resuming from %s", checkpoint)
+        load_cfg = TrainConfig(**{**cfg.__dict__, "init_checkpoint": str(checkpoint / "policy")})
+        policy, tokenizer = load_policy(load_cfg)
+    else:
+        policy, tokenizer = load_policy(cfg)
+    policy.to(device)
+    task = load_task(cfg)
+    random.seed(cfg.seed + dist.rank)
+    torch.manual_seed(cfg.seed + dist.rank)
+
+    if checkpoint is None and cfg.sft_steps > 0:
+        if dist.is_main:
+            sft_stats = sft_warm_start(
+                policy,
+                tokenizer,
+                task,
+                cfg.sft_steps,
+                cfg.sft_batch_size,
+                cfg.sft_lr,
+                cfg.sft_warmup_steps,
+                cfg.sft_grad_clip,
+                cfg.seed,
+            )
+            log.info("SFT warm start: %s", sft_stats)
+        _broadcast_parameters(policy, dist)
+
+    # one run_id for every rank: the checkpoint's, the config's, or a new one from rank 0
+    state_run_id = None
+    if checkpoint is not None:
+        state_run_id = torch.load(checkpoint / "state.pt", weights_only=False).get("run_id")
+    run_id = dist.broadcast(state_run_id or cfg.run_id or str(uuid.uuid4()))
+    monitor = make_monitor(
+        monitor_factory,
+        cfg.server,
+        {
+            "server": cfg.server,
+            "api_key": cfg.api_key,
+            "run_name": cfg.run_name,
+            "run_id": run_id,
+            "launch_id": None,
+            "project": cfg.project,
+            "config": cfg.to_dict(),
+            "reward_min": cfg.reward_min,
+            "reward_max": cfg.reward_max,
+            "trainer_eps": 1e-4,
+            "rank": dist.rank,
+            "world_size": dist.world_size,
+            "group_size": cfg.group_size,
+        },
+    )
+
+    backend = None
+    if cfg.backend == "vllm":
+        init_dir = output_dir / "vllm-init"
+        if dist.is_main:
+            policy.save_pretrained(init_dir)
+            tokenizer.save_pretrained(init_dir)
+        dist.barrier()
+        backend = VLLMBackend(
+            tokenizer,
+            init_dir,
+            cfg.chat_template,
+            cfg.vllm_gpu_memory_utilization,
+            cfg.seed,
+            cfg.dtype,
+        )
+
+    trainer = GRPOTrainer(cfg, policy, tokenizer, task, monitor, dist, backend)
+    trainer.run_id = run_id
+    trainer.sft_stats = sft_stats
+    trainer.owns_process_group = owns_group
+    if checkpoint is not None:
+        load_checkpoint(trainer, checkpoint)
+        trainer.run_id = run_id
+    else:
+        from_files = cfg.model_source != "tiny" or bool(cfg.init_checkpoint)
+        trainer.record_reference(loaded_from_files=from_files and not sft_stats)
+    return trainer
+
+
+def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
+    """Train until ``config.steps`` or a stop command; evaluate, checkpoint and close the Monitor.
+    Returns the summary (also written to ``output_dir/summary.json``)."""
+    from tqdm.auto import tqdm
+
+    cfg, dist = trainer.config, trainer.dist
+    trainer.hooks.extend(hooks)
+    start_step, start_time = trainer.step, time.perf_counter()
+    evals: list[tuple[int, float]] = []
+    commands: list[dict[str, Any]] = []
+    failed = True
+    try:
+        accuracy_start = trainer.evaluate()
+        evals.append((trainer.step, accuracy_start))
+        commands += trainer.apply_commands()  # commands waiting before the first step
+        bar = tqdm(
+            total=cfg.steps,
+            initial=trainer.step,
+            desc=cfg.run_name,
+            unit="step",
+            disable=not (cfg.progress and dist.is_main),
+            dynamic_ncols=True,
+        )
+        while trainer.step < cfg.steps and not trainer.stop_requested:
+            record = trainer.train_step()
+            if cfg.eval_every and trainer.step % cfg.eval_every == 0:
+                record["eval_accuracy"] = trainer.evaluate()
+                evals.append((trainer.step, record["eval_accuracy"]))
+                trainer.monitor.log_scalars(
+                    trainer.step, {"eval_accuracy": record["eval_accuracy"]}
+                )
+            for hook in trainer.hooks:
+                hook(trainer, record)
+            commands += trainer.apply_commands()
+            if cfg.checkpoint_every and trainer.step % cfg.checkpoint_every == 0:
+                trainer.save_checkpoint()
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{record['reward']:.3f}",
+                acr=_fmt(record["acr"]),
+                mode=trainer.mitigation.mode,
+                refresh=False,
+            )
+        bar.close()
+        if not evals or evals[-1][0] != trainer.step:
+            evals.append((trainer.step, trainer.evaluate()))
+            trainer.monitor.log_scalars(trainer.step, {"eval_accuracy": evals[-1][1]})
+        checkpoint = trainer.save_checkpoint()
+        failed = False
+    finally:
+        trainer.monitor.close(failed=failed)
+        if trainer.owns_process_group and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+    summary = _summary(
+        trainer, start_step, time.perf_counter() - start_time, evals, commands, checkpoint
+    )
+    if dist.is_main:
+        (Path(cfg.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def train(
+    config: str | os.PathLike[str] | dict[str, Any] | TrainConfig,
+    overrides: Sequence[str] = (),
+    monitor_factory: MonitorFactory | None = None,
+    hooks: Sequence[StepHook] = (),
+) -> dict[str, Any]:
+    """Run a whole training job: ``setup`` then ``fit``. ``config`` is a YAML path, a bundled
+    config name (``arith-tiny``), a dict or a TrainConfig; ``overrides`` are ``key=value``.
+    ``monitor_factory(**kwargs)`` replaces ``vantage.client.Monitor``; ``hooks`` are called as
+    ``hook(trainer, record)`` after each step, before its commands are applied."""
+    return fit(setup(config, overrides, monitor_factory), hooks)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _summary(
+    trainer: GRPOTrainer,
+    start_step: int,
+    seconds: float,
+    evals: list[tuple[int, float]],
+    commands: list[dict[str, Any]],
+    checkpoint: Path,
+) -> dict[str, Any]:
+    new = [r for r in trainer.history if r["step"] > start_step]
+    acrs = [r["acr"] for r in new if r["acr"] is not None]
+    effective = [r["acr_effective"] for r in new if r["acr_effective"] is not None]
+    first_collapse = next((r["step"] for r in new if (r["acr"] or 0) > 0.5), None)
+    return {
+        "run_id": trainer.run_id,
+        "output_dir": str(trainer.config.output_dir),
+        "checkpoint": str(checkpoint),
+        "start_step": start_step,
+        "steps_completed": trainer.step,
+        "stopped": trainer.stop_requested,
+        "seconds": seconds,
+        "sft": trainer.sft_stats,
+        "accuracy_start": evals[0][1] if evals else None,
+        "accuracy_final": evals[-1][1] if evals else None,
+        "evals": evals,
+        "acr_mean": _mean(acrs),
+        "acr_max": max(acrs) if acrs else None,
+        "acr_last10_mean": _mean(acrs[-10:]),
+        "acr_effective_mean": _mean(effective),
+        "first_step_acr_above_0_5": first_collapse,
+        "reward_last10_mean": _mean([r["reward"] for r in new[-10:]]),
+        "step_s_mean": _mean([r["step_s"] for r in new]),
+        "mitigation": trainer.mitigation.mode,
+        "commands": commands,
+        "history": new,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``vantage train CONFIG [--set key=value ...]``: exit 0 when done or stopped by command."""
+    parser = argparse.ArgumentParser(prog="vantage train", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "config", help="a YAML file, or a bundled config: arith-tiny, smollm2-arith, gsm8k-gpu"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field (repeatable)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="log warnings only")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        summary = train(args.config, args.overrides)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"vantage train: {exc}", file=sys.stderr)
+        return 2
+    if int(os.environ.get("RANK", "0")) == 0:
+        brief = {k: v for k, v in summary.items() if k not in ("history", "commands")}
+        print(json.dumps(brief))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

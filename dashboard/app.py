@@ -9,6 +9,7 @@ import dash
 from dash import Dash, Input, Output, dcc, html
 from fastapi import FastAPI
 from fastapi.responses import RedirectResponse, Response
+from starlette.requests import Request  # at module level: FastAPI resolves annotations here
 
 from . import auth, context, data
 
@@ -66,7 +67,6 @@ def _register_shell_callbacks(app: Dash) -> None:
 def _csv_routes(app: FastAPI) -> None:
     """CSV downloads behind the login cookie (the API's CSV needs a Bearer header, which a
     plain link cannot send)."""
-    from starlette.requests import Request
 
     def csv_response(text: str | None, filename: str) -> Response:
         if text is None:
@@ -94,7 +94,6 @@ def _catchall(app: FastAPI, dash_app: Dash) -> None:
     the process; this one is bound to ours, so several apps (tests) each serve their own pages.
     """
     from dash.backends._fastapi import reset_current_request, set_current_request
-    from starlette.requests import Request
 
     async def index(request: Request, path: str = ""):
         token = set_current_request(request)
@@ -150,8 +149,12 @@ def mount(app: FastAPI, settings: Any, session_factory) -> Dash:
     )
     dash_app.layout = _shell
     _register_shell_callbacks(dash_app)
-    # Claim the pages' global callbacks for this app now, not at its first request.
-    dash_app._setup_server()
+    # Claim the pages' global callbacks for this app now, not at its first request (by then a
+    # second app in this process may have re-registered them; tests build several).
+    for key in list(_callback.GLOBAL_CALLBACK_MAP):
+        dash_app.callback_map[key] = _callback.GLOBAL_CALLBACK_MAP.pop(key)
+    dash_app._callback_list.extend(_callback.GLOBAL_CALLBACK_LIST)
+    _callback.GLOBAL_CALLBACK_LIST.clear()
     _catchall(app, dash_app)
     app.add_middleware(auth.DashboardGate)
     app.state.dash_app = dash_app

@@ -183,6 +183,7 @@ def panel(can_control: bool) -> html.Div:
                 ],
                 style={"marginTop": ".6rem"},
             ),
+            html.Div(id="cmd-input-error", className="result-error"),
             html.Div(id="cmd-result", style={"marginTop": ".4rem"}),
         ]
     )

@@ -375,8 +375,9 @@ def compare_figure(runs: Sequence[dict], metrics: dict[str, Sequence[Point]]) ->
         pts = metrics.get(run["run_id"], [])
         steps = [p["step"] for p in pts]
         label = run.get("name") or run["run_id"][:8]
-        mode = run.get("mitigation_applied") or run.get("mitigation_requested")
-        name = f"{label} ({mode})" if isinstance(mode, str) and mode else label
+        mode = run.get("mitigation_applied") or run.get("mitigation_requested") or {}
+        mode = mode.get("mode") if isinstance(mode, dict) else mode
+        name = f"{label} ({mode})" if mode and mode != "none" else label
         for row, (key, what, digits) in enumerate(
             (("acr", "ACR", ".2f"), ("reward_mean", "reward", ".3f"))
         ):

@@ -37,7 +37,7 @@ def step_records(start: int, count: int, seed: int = 0, groups: int = 16, size: 
                 ],
                 "scalars": {
                     "loss": 0.5 * math.exp(-step / 200) + 0.01 * rng.random(),
-                    "kl": 0.001 * step ** 0.5,
+                    "kl": 0.001 * step**0.5,
                     "entropy": 1.5 * math.exp(-step / 300),
                     "temperature": 1.0,
                     "reward_std": std,
@@ -74,8 +74,8 @@ def seed(base_url: str, key: str | None = None, steps: int = 120) -> dict[str, s
         ):
             run_id, attempt = create_run(c, name, tags=("math", name.split("-")[1]))
             for start in range(0, steps, 50):
-                send_steps(c, run_id, attempt,
-                           step_records(start, min(50, steps - start), seed=i, drift=drift))  # fmt: skip
+                records = step_records(start, min(50, steps - start), seed=i, drift=drift)
+                send_steps(c, run_id, attempt, records)
             out[name] = run_id
     return out
 

@@ -20,6 +20,10 @@ WINDOW_COLUMNS = [
 
 def layout(runs: str | None = None, **_query) -> html.Div:
     chosen = [r for r in (runs or "").split(",") if r]
+    options = [
+        {"label": f"{r.get('name') or r['run_id'][:8]} · {r['run_id'][:8]}", "value": r["run_id"]}
+        for r in data.visible_runs(context.current_key())
+    ]
     return html.Div(
         [
             html.H2("Compare runs"),
@@ -29,22 +33,19 @@ def layout(runs: str | None = None, **_query) -> html.Div:
                 "equal or higher reward is the win.",
                 className="muted",
             ),
-            dcc.Dropdown(id="compare-runs", multi=True, value=chosen, placeholder="choose runs"),
+            dcc.Dropdown(
+                id="compare-runs",
+                options=options,
+                multi=True,
+                value=chosen,
+                placeholder="choose runs to compare",
+            ),
             html.Div(
                 dcc.Graph(id="compare-graph", config={"displaylogo": False}), className="card"
             ),
             html.Div(id="compare-table", className="card"),
         ]
     )
-
-
-@callback(Output("compare-runs", "options"), Input("compare-runs", "id"))
-def run_options(_id):
-    runs = data.visible_runs(context.current_key())
-    return [
-        {"label": f"{r.get('name') or r['run_id'][:8]} · {r['run_id'][:8]}", "value": r["run_id"]}
-        for r in runs
-    ]
 
 
 @callback(

@@ -144,7 +144,7 @@ def update_run(run_id, _n, state):
     Output("cmd-confirm", "displayed"),
     Output("cmd-confirm", "message"),
     Output("run-pending-command", "data"),
-    Output("cmd-result", "children", allow_duplicate=True),
+    Output("cmd-input-error", "children"),
     Input({"type": "cmd", "action": ALL}, "n_clicks"),
     Input({"type": "suggest", "command": ALL}, "n_clicks"),
     State("avspo-threshold", "value"),

@@ -1,0 +1,118 @@
+"""The dashboard in a real headless Chromium against a real `vantage serve` (issue 6, item 6)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from vantage.dashboard import sample_data
+
+pytestmark = pytest.mark.browser
+
+
+def test_runs_page_lists_the_seeded_runs(control_page, server):
+    page = control_page
+    page.wait_for_selector("#runs-table")
+    for name, run_id in server.runs.items():
+        row = page.locator(f"tr[data-run-id='{run_id}']")
+        row.wait_for()
+        assert name in row.inner_text()
+    # Column titles explain themselves on hover.
+    assert "same reward" in page.locator("th", has_text="Latest ACR").get_attribute("title")
+
+
+def test_run_page_shows_the_acr_the_api_reports(control_page, server):
+    run_id = server.runs["qwen-grpo"]
+    with server.api() as api:
+        run = api.get(f"/api/v1/runs/{run_id}").json()
+    page = control_page
+    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    value = page.locator("#kpi-acr-value")
+    value.wait_for()
+    assert value.inner_text() == f"{run['latest_acr']:.2f}"
+    assert f"step {run['last_step']}" in page.inner_text("#kpi-acr")
+    # The ACR chart drew every series, and the card explains the number.
+    page.wait_for_function(
+        "document.querySelector('#run-acr-graph .js-plotly-plot')?.data?.length >= 8"
+    )
+    assert "taught" in page.inner_text("#run-acr-graph")
+    assert "AVSPO" in page.locator("#kpi-acr").get_attribute("title")
+
+
+def test_new_steps_appear_without_a_reload(control_page, server):
+    with server.api() as api:
+        run_id, attempt = sample_data.create_run(api, "live-run", tags=("live",))
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 30, seed=7))
+        page = control_page
+        page.goto(f"{server.url}/dashboard/runs/{run_id}")
+        page.wait_for_selector("#kpi-acr-value")
+        page.wait_for_function("document.querySelector('#kpi-acr').innerText.includes('step 29')")
+        page.evaluate("window.__not_reloaded = true")
+        count = "document.querySelector('#run-acr-graph .js-plotly-plot')?.data?.[6]?.x?.length"
+        page.wait_for_function(f"{count} == 30")
+        answer = sample_data.send_steps(
+            api, run_id, attempt, sample_data.step_records(30, 5, seed=7)
+        )
+        acr_34 = answer["steps"][-1]["acr"]
+    page.wait_for_function(
+        "document.querySelector('#kpi-acr').innerText.includes('step 34')", timeout=10_000
+    )
+    assert page.evaluate(count) == 35
+    assert page.evaluate("window.__not_reloaded") is True
+    assert page.inner_text("#kpi-acr-value") == f"{acr_34:.2f}"
+
+
+def test_avspo_click_with_a_control_key_creates_the_command(control_page, server):
+    run_id = server.runs["qwen-avspo"]
+    page = control_page
+    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    button = page.locator("button.action", has_text="Enable AVSPO")
+    button.wait_for()
+    assert button.is_enabled()
+    button.click()  # the confirm dialog is accepted by the page's dialog handler
+    page.wait_for_selector("#cmd-sent")
+    with server.api() as api:
+        commands = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
+    assert commands[0]["type"] == "set_mitigation"
+    assert commands[0]["params"]["mode"] == "avspo"
+    assert commands[0]["status"] == "pending"
+    assert commands[0]["issued_by"] == "dashboard:lead"
+    # The command log shows it with its live status.
+    row = page.locator(f"tr[data-command-id='{commands[0]['command_id']}']")
+    row.wait_for()
+    assert "pending" in row.inner_text()
+    # When the trainer acks it, the log follows without a reload.
+    with server.api() as api:
+        api.post(
+            f"/api/v1/runs/{run_id}/commands/{commands[0]['command_id']}/ack",
+            json={"status": "applied", "step": 119},
+        ).raise_for_status()
+    deadline = time.monotonic() + 10
+    while "applied" not in row.inner_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "applied" in row.inner_text()
+
+
+def test_a_read_only_key_sees_no_enabled_action(read_page, server):
+    run_id = server.runs["qwen-grpo"]
+    page = read_page
+    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.wait_for_selector("#cmd-readonly")
+    buttons = page.locator("button.action")
+    assert buttons.count() >= 6
+    assert all(not buttons.nth(i).is_enabled() for i in range(buttons.count()))
+    assert "viewer (read)" in page.inner_text("#whoami")
+
+
+def test_compare_page_overlays_chosen_runs(login_as, server):
+    ids = ",".join(server.runs.values())
+    page = login_as("read", f"/dashboard/compare?runs={ids}")
+    try:
+        page.wait_for_selector("#compare-tbl")
+        text = page.inner_text("#compare-tbl")
+        assert all(name in text for name in server.runs)
+        page.wait_for_function(
+            "document.querySelector('#compare-graph .js-plotly-plot')?.data?.length == 6"
+        )
+    finally:
+        page.close()

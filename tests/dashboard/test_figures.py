@@ -1,0 +1,185 @@
+"""Figure builders, KPI state and command forms: plain data in, plain data out (no browser)."""
+
+from __future__ import annotations
+
+import random
+
+import plotly.graph_objects as go
+import pytest
+from dash import Patch
+from vantage.client.acr import window_metrics
+from vantage.dashboard import commands_ui, explain, figures, kpis
+
+
+def point(step: int, acr: float | None = 0.5, **extra) -> dict:
+    p = {
+        "step": step,
+        "time": 1000.0 + 2 * step,
+        "n_valid": 16,
+        "n_collapsed": None if acr is None else round(acr * 16),
+        "acr": acr,
+        "acr_eps": None if acr is None else acr + 0.05,
+        "acr_all_pass": None if acr is None else acr * 0.75,
+        "acr_all_fail": None if acr is None else acr * 0.25,
+        "acr_constant": 0.0,
+        "acr_effective": None,
+        "expected_acr": 0.2,
+        "wasted_rollouts": 0 if acr is None else round(acr * 16) * 8,
+        "pass_rate": 0.6,
+        "reward_mean": 0.6,
+        "scalars": {"loss": 0.1, "kl": 0.01, "entropy": 1.2, "temperature": 1.0, "reward_std": 0.2},
+    }
+    p.update(extra)
+    return p
+
+
+def test_acr_figure_is_valid_and_keeps_its_series_order():
+    pts = [point(s, 0.1 * (s % 10)) for s in range(50)]
+    fig = figures.acr_figure(pts)
+    go.Figure(fig)  # validates every property
+    names = [t["name"] for t in fig["data"]]
+    assert names[: len(figures.ACR_SERIES)] == [s.label for s in figures.ACR_SERIES]
+    assert names[-1] == "alerts"
+    acr = fig["data"][[s.key for s in figures.ACR_SERIES].index("acr")]
+    assert acr["x"] == list(range(50)) and acr["y"][3] == pytest.approx(0.3)
+    # The three sides stack into one area, under the lines.
+    assert {fig["data"][i]["stackgroup"] for i in range(3)} == {"sides"}
+    # The stall threshold is drawn and named.
+    assert fig["layout"]["shapes"][0]["y0"] == 0.35
+
+
+def test_empty_and_missing_values_still_build():
+    for fig in (
+        figures.acr_figure([]),
+        figures.reward_figure([]),
+        figures.scalars_figure([]),
+        figures.acr_figure([point(0, None), point(1, 0.5, scalars={})]),
+        figures.reward_figure([point(0, None, reward_mean=None)]),
+    ):
+        go.Figure(fig)
+    fig = figures.acr_figure([point(0, None), point(1, 0.5)])
+    assert fig["data"][6]["y"] == [None, 0.5]  # a gap, never a silent 0
+
+
+def test_reward_band_is_mean_plus_minus_std():
+    fig = figures.reward_figure([point(0, reward_mean=0.5)])
+    low, high, mean = (t["y"][0] for t in fig["data"])
+    assert (low, mean, high) == pytest.approx((0.3, 0.5, 0.7))
+    go.Figure(figures.scalars_figure([point(0)]))
+
+
+def test_mitigation_bands_name_the_command_and_end_at_the_next_change():
+    timeline = [
+        {"type": "set_mitigation", "params": {"mode": "avspo"}, "step": 10, "status": "applied",
+         "command_id": "c0ffee12-aaaa", "issued_by": "dashboard:lead"},
+        {"type": "set_sampling", "params": {"temperature": 1.2}, "step": 15, "status": "applied"},
+        {"type": "set_mitigation", "params": {"mode": "none"}, "step": 30, "status": "applied",
+         "command_id": "x"},
+        {"type": "set_mitigation", "params": {"mode": "aapo"}, "step": 40, "status": "applied",
+         "command_id": "deadbeef", "issued_by": "alert"},
+        {"type": "set_mitigation", "params": {"mode": "aapo"}, "step": None, "status": "pending"},
+        {"type": "set_mitigation", "params": {"mode": "avspo"}, "step": 45, "status": "rejected"},
+    ]  # fmt: skip
+    bands = figures.mitigation_bands(timeline, last_step=60)
+    assert [(b["x0"], b["x1"]) for b in bands] == [(10, 30), (40, 60)]
+    assert "AVSPO" in bands[0]["label"]["text"] and "c0ffee12" in bands[0]["label"]["text"]
+    assert "dashboard:lead" in bands[0]["label"]["text"]
+    assert "AAPO" in bands[1]["label"]["text"]
+    go.Figure(figures.acr_figure([point(s) for s in range(61)], timeline))
+
+
+def test_alert_markers_sit_on_the_acr_line_with_a_tooltip():
+    pts = [point(s, 0.4) for s in range(5)]
+    alerts = [{"rule": "acr_stall", "fired_step": 3, "value": 0.41, "state": "firing",
+               "severity": "warning"}, {"rule": "never_fired", "state": "pending"}]  # fmt: skip
+    xs, ys, texts = figures.alert_markers(alerts, pts)
+    assert (xs, ys) == ([3], [0.4])
+    assert "acr_stall" in texts[0] and "0.41" in texts[0]
+    fig = figures.acr_figure(pts, alerts=alerts)
+    assert fig["data"][-1]["x"] == [3]
+
+
+def test_extend_patch_appends_each_series_to_its_trace():
+    patch = Patch()
+    assert figures.extend_patch(patch, [point(7, 0.25), point(8, 0.5)], figures.ACR_SERIES) == 2
+    ops = patch.to_plotly_json()["operations"]
+    acr_index = [s.key for s in figures.ACR_SERIES].index("acr")
+    extend_y = [o for o in ops if o["location"] == ["data", acr_index, "y"]]
+    assert extend_y[0]["operation"] == "Extend" and extend_y[0]["params"]["value"] == [0.25, 0.5]
+    assert figures.extend_patch(Patch(), [], figures.ACR_SERIES) == 0
+
+
+def test_compare_figure_overlays_acr_and_reward_per_run():
+    runs = [
+        {"run_id": "a" * 8, "name": "grpo"},
+        {"run_id": "b" * 8, "name": "avspo", "mitigation_applied": {"mode": "avspo"}},
+    ]
+    fig = figures.compare_figure(runs, {"a" * 8: [point(0)], "b" * 8: [point(0), point(1)]})
+    go.Figure(fig)
+    assert len(fig["data"]) == 4
+    assert fig["data"][2]["name"] == "avspo (avspo)"
+    assert fig["data"][1]["yaxis"] == "y2"  # reward on the lower chart
+
+
+def test_sparkline_is_an_svg_with_the_threshold():
+    svg = figures.sparkline_svg([0.1, None, 0.9])
+    assert svg.startswith("<svg") and "polyline" in svg
+    assert figures.COLORS["alert"] in svg  # the latest value is above 0.35
+    assert "polyline" in figures.sparkline_svg([])
+
+
+def test_kpi_state_advances_like_the_servers_window_metrics():
+    rng = random.Random(3)
+    acrs = [None if rng.random() < 0.05 else rng.random() for _ in range(180)]
+    pts = [point(s, a) for s, a in enumerate(acrs)]
+    start = 60
+    window = window_metrics(pts[:start])
+    state = kpis.initial_state(window, pts[:start], False, attempt=1)
+    for i in range(start, len(pts), 7):  # live updates of 7 steps
+        state = kpis.advance(state, pts[i : i + 7])
+    want = window_metrics(pts)
+    assert state["ema"] == pytest.approx(want["acr_ema"])
+    assert state["streak"] == want["acr_streak"]
+    assert state["acr_100"] == pytest.approx(want["acr_100"])
+    assert state["last_step"] == 179
+    # Volatility needs 25 consecutive acrs in the tail; without gaps it matches.
+    clean = [point(s, rng.random()) for s in range(40)]
+    st = kpis.advance(kpis.initial_state(window_metrics(clean[:10]), clean[:10], False, 1),
+                      clean[10:])  # fmt: skip
+    assert st["volatility"] == pytest.approx(window_metrics(clean)["acr_volatility"])
+
+
+def test_kpi_cards_explain_each_number():
+    state = kpis.initial_state({"acr_ema": 0.4, "acr_streak": 60}, [point(0, 0.5), point(1, 0.5)],
+                               False, 1)  # fmt: skip
+    cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
+    assert cards["acr"]["value"] == "0.50" and cards["acr"]["level"] == "bad"
+    assert cards["wasted"]["value"] == "50%"
+    assert cards["steps_per_min"]["value"] == "30.0"  # 1 step per 2 s
+    assert cards["acr_streak"]["level"] == "bad"
+    assert all(len(c["help"]) > 40 for c in cards.values())
+
+
+def test_texts_never_promise_an_accuracy_prediction():
+    texts = [v for k, v in vars(explain).items() if isinstance(v, str) and k.isupper()]
+    texts += list(explain.KPI_HELP.values()) + list(explain.COMMAND_HELP.values())
+    for text in texts:
+        assert "51.4" not in text and "29.6" not in text
+        assert "will reach" not in text.lower() and "predicts" not in text.lower()
+    assert "not a forecast" in explain.ACR_100
+
+
+def test_command_forms():
+    values = {"avspo_threshold": "adaptive", "avspo_alpha": 0.7, "aapo_delta_low": -0.1,
+              "aapo_delta_high": 0.3, "temperature": 1.3}  # fmt: skip
+    assert commands_ui.build_command("avspo", values) == (
+        "set_mitigation", {"mode": "avspo", "threshold": "adaptive", "alpha": 0.7})  # fmt: skip
+    assert commands_ui.build_command("aapo", values) == (
+        "set_mitigation", {"mode": "aapo", "delta_low": -0.1, "delta_high": 0.3})  # fmt: skip
+    assert commands_ui.build_command("none", values) == ("set_mitigation", {"mode": "none"})
+    assert commands_ui.build_command("temperature", values) == (
+        "set_sampling", {"temperature": 1.3})  # fmt: skip
+    assert commands_ui.build_command("stop", values) == ("stop", {})
+    with pytest.raises(ValueError, match="temperature"):
+        commands_ui.build_command("temperature", {})
+    assert "STOP" in commands_ui.describe("stop", {})

@@ -25,6 +25,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def server_env() -> dict[str, str]:
+    """The server's environment; ``VANTAGE_TEST_SERVER_PYTHONPATH`` runs the server from another
+    checkout (a snapshot of a known-good commit) while the client under test is this one."""
+    env = {**os.environ}
+    if os.environ.get("VANTAGE_TEST_SERVER_PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["VANTAGE_TEST_SERVER_PYTHONPATH"]
+    return env
+
+
 class Server:
     """One `vantage serve` process; ``stop``/``start`` keep the port and the database."""
 
@@ -53,7 +62,7 @@ class Server:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ},
+            env=server_env(),
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -1,0 +1,107 @@
+"""A real ``trl.GRPOTrainer`` on a tiny model built from a config, on CPU, wired to a real server
+through ``vantage.client.integrations.trl.attach``: for every step the ACR Vantage stores equals
+the ``frac_reward_zero_std`` TRL logs, and commands from the server reach the trainer."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+
+import torch  # noqa: E402
+from conftest import Server  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from vantage.client import Monitor  # noqa: E402
+from vantage.client.integrations.trl import attach  # noqa: E402
+
+CHARS = list("0123456789+-*= ")
+
+
+def tiny_model_and_tokenizer() -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, **{c: i + 3 for i, c in enumerate(CHARS)}}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", bos_token="<bos>",
+                                  eos_token="<eos>")  # fmt: skip
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                      max_position_embeddings=64, tie_word_embeddings=True, pad_token_id=0,
+                      bos_token_id=1, eos_token_id=2)  # fmt: skip
+    return LlamaForCausalLM(cfg), tok
+
+
+def sure_or_parity(completions, prompts=None, **kw):
+    """Constant 1 for prompts starting with 1 or 2 (collapsed groups), else a coin-like 0/1."""
+    return [
+        1.0 if p[0] in "12" else float(len(c) % 2)
+        for p, c in zip(prompts, completions, strict=True)
+    ]
+
+
+def has_one(completions, prompts=None, **kw):
+    return [
+        0.0 if p[0] in "12" else float("1" in c) for p, c in zip(prompts, completions, strict=True)
+    ]
+
+
+def grpo_trainer(tmp_path: Path, max_steps: int) -> GRPOTrainer:
+    model, tok = tiny_model_and_tokenizer()
+    prompts = [f"{a}+{b}=" for a in range(10) for b in range(10)]
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=32, num_generations=4,
+        max_completion_length=6, logging_steps=1, max_steps=max_steps, use_cpu=True,
+        report_to=[], learning_rate=1e-3, reward_weights=[1.0, 0.5], save_strategy="no",
+        disable_tqdm=True, seed=0,
+    )  # fmt: skip
+    return GRPOTrainer(model=model, reward_funcs=[sure_or_parity, has_one], args=args,
+                       train_dataset=Dataset.from_dict({"prompt": prompts}),
+                       processing_class=tok)  # fmt: skip
+
+
+def test_stored_acr_equals_trl_frac_reward_zero_std(server: Server, tmp_path: Path):
+    trainer = grpo_trainer(tmp_path, max_steps=8)
+    mon = Monitor(server.url, None, run_name="trl", spool_dir=tmp_path / "spool")
+    callback = attach(trainer, mon)
+    trainer.train()
+    mon.close(timeout=30)
+    assert callback.rewards.logged_steps == list(range(1, 9))
+    trl = {h["step"]: h for h in trainer.state.log_history if "frac_reward_zero_std" in h}
+    points = {p["step"]: p for p in server.metrics(mon.run_id)}
+    assert sorted(points) == sorted(trl) == list(range(1, 9))
+    for step, h in trl.items():
+        p = points[step]
+        assert p["n_groups"] == p["n_valid"] == 8
+        assert p["acr"] == pytest.approx(h["frac_reward_zero_std"], abs=1e-9), step
+        assert p["reward_mean"] == pytest.approx(h["reward"], abs=1e-5)
+        # TRL's logged scalars arrive too, under the same step
+        assert p["scalars"]["frac_reward_zero_std"] == pytest.approx(h["frac_reward_zero_std"])
+    assert any(0 < points[s]["acr"] < 1 for s in points)  # a meaningful comparison
+
+
+def test_stop_command_reaches_the_trainer_and_is_acked(server: Server, tmp_path: Path):
+    trainer = grpo_trainer(tmp_path, max_steps=500)
+    mon = Monitor(server.url, None, run_name="trl-stop", spool_dir=tmp_path / "spool",
+                  heartbeat_s=0.2)  # fmt: skip
+    callback = attach(trainer, mon)
+    assert mon.flush(20)  # the run exists
+    with server.api() as api:
+        r = api.post(f"/api/v1/runs/{mon.run_id}/commands", json={"type": "stop", "params": {}})
+        assert r.status_code == 201, r.text
+        command_id = r.json()["command_id"]
+        t0 = time.monotonic()
+        trainer.train()
+        assert time.monotonic() - t0 < 60
+        stopped_at = trainer.state.global_step
+        assert stopped_at < 500
+        assert callback.applied == [(command_id, "applied", stopped_at)]
+        mon.close(timeout=30)
+        (cmd,) = api.get(f"/api/v1/runs/{mon.run_id}/commands").json()["commands"]
+        assert cmd["status"] == "applied" and cmd["acked_step"] == stopped_at

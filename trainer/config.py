@@ -20,11 +20,9 @@ class TrainConfig:
     # ---- run
     run_name: str = "arith-tiny"  # name shown on the server and dashboard
     output_dir: str = "runs/arith-tiny"  # checkpoints, reference policy, summary.json go here
-    seed: int = 0  # seeds Python, NumPy and torch (rank r adds r) and the task generator
+    seed: int = 0  # seeds Python, torch (rank r adds r), the task and the prompt sampler
     device: str = "auto"  # "auto" (CUDA when present), "cpu" or "cuda"
-    dtype: str = (
-        "float32"  # parameter dtype: "float32" or "bfloat16" (bf16 only makes sense on GPU)
-    )
+    dtype: str = "float32"  # parameters: "float32" or "bfloat16" (bf16 is for GPUs)
     torch_threads: int = 0  # torch.set_num_threads; 0 leaves torch's default
 
     # ---- policy model

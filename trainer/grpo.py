@@ -272,7 +272,7 @@ class GRPOTrainer:
             logits = logits / self.temperature
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, rollouts.completion_ids[rows].unsqueeze(-1)).squeeze(-1)
-        ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
+        ent = -(logp_all.exp() * logp_all).sum(-1).detach() if entropy else None
         return logp, ent
 
     def optimize(self, rollouts: Rollouts, advantages: torch.Tensor) -> dict[str, float]:
@@ -312,7 +312,9 @@ class GRPOTrainer:
                     delta = ref_logp[rows] - logp
                     kl = torch.exp(delta) - delta - 1  # k3 estimator, ≥ 0
                     per_token = per_token + c.kl_beta * kl
-                    totals["kl"] += float((kl * m).sum()) / global_tokens / c.num_iterations
+                    totals["kl"] += (
+                        float((kl.detach() * m).sum()) / global_tokens / c.num_iterations
+                    )
                 loss = (per_token * m).sum() / global_tokens
                 loss.backward()
                 totals["loss"] += float(loss.detach()) / c.num_iterations

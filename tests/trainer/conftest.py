@@ -1,0 +1,43 @@
+"""Shared pieces of the trainer tests: a small, fast configuration and a recording Monitor.
+
+The recording Monitor implements the documented ``vantage.client.Monitor`` interface (DESIGN §5)
+and keeps every call, so the tests can check what the trainer sent and feed it commands.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from trainer_helpers import RecordingMonitor, small_config  # noqa: E402
+from vantage.trainer.run import setup  # noqa: E402
+
+
+@pytest.fixture
+def monitor_log() -> list[RecordingMonitor]:
+    return []
+
+
+@pytest.fixture
+def monitor_factory(monitor_log):
+    def factory(**kwargs: Any) -> RecordingMonitor:
+        mon = RecordingMonitor(**kwargs)
+        monitor_log.append(mon)
+        return mon
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def warm_policy(tmp_path_factory) -> str:
+    """A small policy after a short SFT warm start, saved once for the whole session."""
+    out = tmp_path_factory.mktemp("warm")
+    trainer = setup(small_config(out / "run", sft_steps=60))
+    trainer.policy.save_pretrained(out / "policy")
+    trainer.tokenizer.save_pretrained(out / "policy")
+    return str(out / "policy")

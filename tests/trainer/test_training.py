@@ -1,0 +1,219 @@
+"""GRPO end to end on a small model: monitoring, commands, checkpoints, resume, AAPO, KL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_helpers import RecordingMonitor, small_config
+from vantage.client.acr import summarize_rewards
+from vantage.trainer.run import fit, setup, train
+
+
+def scripted_factory(script, log):
+    def factory(**kwargs):
+        mon = RecordingMonitor(**kwargs)
+        mon.script = script
+        log.append(mon)
+        return mon
+
+    return factory
+
+
+def test_streams_to_the_monitor_and_obeys_commands(warm_policy, tmp_path):
+    avspo = {"command_id": "c1", "type": "set_mitigation", "params": {"mode": "avspo"}}
+    script = {
+        # poll 1 is the boundary before step 1; poll k + 1 the boundary after step k
+        3: [
+            avspo,
+            {"command_id": "c2", "type": "set_sampling", "params": {"temperature": 0.7}},
+            {"command_id": "c3", "type": "launch_rockets", "params": {}},
+            {"command_id": "c4", "type": "set_mitigation", "params": {"mode": "dapo"}},
+        ],
+        4: [avspo],  # delivered again (at-least-once): applied only once
+        5: [{"command_id": "c5", "type": "stop", "params": {}}],
+    }
+    log: list[RecordingMonitor] = []
+    cfg = small_config(tmp_path / "run", init_checkpoint=warm_policy, steps=10, eval_every=2)
+    summary = train(cfg, [], monitor_factory=scripted_factory(script, log))
+    (mon,) = log
+
+    assert mon.kwargs["run_id"] == summary["run_id"]
+    assert mon.kwargs["rank"] == 0 and mon.kwargs["world_size"] == 1
+    assert mon.kwargs["reward_min"] == 0.0 and mon.kwargs["reward_max"] == 1.0
+    assert mon.kwargs["trainer_eps"] == 1e-4 and "api_key" not in mon.kwargs["config"]
+    # stop after step 4: checkpoint, summary says stopped, the monitor closed as finished
+    assert summary["stopped"] and summary["steps_completed"] == 4
+    assert (Path(summary["checkpoint"]) / "state.pt").exists()
+    assert mon.closed == "finished"
+    acks = {a[0]: a[1:3] for a in mon.acks}
+    assert acks == {
+        "c1": ("applied", 2),
+        "c2": ("applied", 2),
+        "c3": ("rejected", 2),
+        "c4": ("rejected", 2),
+        "c5": ("applied", 4),
+    }
+    assert [a[0] for a in mon.acks].count("c1") == 1
+    assert "unknown command type" in dict((a[0], a[3]) for a in mon.acks)["c3"]
+
+    # raw rewards of every step, [P, G], with prompt ids
+    assert [g[0] for g in mon.groups] == [1, 2, 3, 4]
+    for _, rewards, prompt_ids in mon.groups:
+        assert len(rewards) == 4 and all(len(r) == 4 for r in rewards)
+        assert len(prompt_ids) == 4 and all("+" in p for p in prompt_ids)
+    history = {r["step"]: r for r in summary["history"]}
+    assert [history[s]["mitigation"] for s in (1, 2, 3, 4)] == ["none", "none", "avspo", "avspo"]
+    assert [history[s]["temperature"] for s in (2, 3)] == [1.0, 0.7]
+
+    # effective statistics after mitigation; AVSPO leaves no zero-advantage group behind
+    effective = dict(mon.effective)
+    for step, rewards, _ in mon.groups:
+        collapsed = sum(summarize_rewards(r).cls == "collapsed" for r in rewards)
+        acr = collapsed / len(rewards)
+        assert history[step]["acr"] == acr
+        if step <= 2:
+            assert effective[step] == {"n_valid": 4, "n_zero_advantage": collapsed, "n_virtual": 0}
+        else:
+            assert effective[step]["n_zero_advantage"] == 0
+            assert (effective[step]["n_virtual"] > 0) == (collapsed > 0)
+
+    scalars = {}
+    for step, values in mon.scalars:
+        scalars.setdefault(step, {}).update(values)
+    for key in (
+        "loss",
+        "kl",
+        "entropy",
+        "reward",
+        "lr",
+        "temperature",
+        "avspo_tau",
+        "acr",
+        "step_s",
+        "time_generate_s",
+        "time_train_s",
+        "grad_norm",
+    ):
+        assert key in scalars[1], key
+    assert "eval_accuracy" in scalars[2] and "eval_accuracy" in scalars[4]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps_completed"] == 4
+
+
+class Broken:
+    """A monitor whose every method raises."""
+
+    run_id = "broken"
+
+    def __getattr__(self, name):
+        def fail(*args, **kwargs):
+            raise ConnectionError(f"{name}: server on fire")
+
+        return fail
+
+
+def test_monitoring_trouble_never_stops_training(warm_policy, tmp_path):
+    cfg = small_config(tmp_path / "a", init_checkpoint=warm_policy, steps=2)
+    assert train(cfg, [], monitor_factory=lambda **kw: Broken())["steps_completed"] == 2
+
+    def refuses(**kwargs):
+        raise RuntimeError("cannot reach server")
+
+    cfg = small_config(tmp_path / "b", init_checkpoint=warm_policy, steps=2)
+    assert train(cfg, [], monitor_factory=refuses)["steps_completed"] == 2
+
+
+def test_resume_continues_exactly(warm_policy, tmp_path):
+    common = {
+        "init_checkpoint": warm_policy,
+        "mitigation": "avspo",
+        "avspo_threshold": "adaptive",
+        "avspo_tau0": 0.1,
+        "lr": 3e-3,
+    }
+    straight = train(small_config(tmp_path / "straight", steps=4, **common))
+
+    log: list[RecordingMonitor] = []
+    factory = scripted_factory({}, log)
+    first = train(small_config(tmp_path / "split", steps=2, **common), monitor_factory=factory)
+    second = train(small_config(tmp_path / "split", steps=4, **common), monitor_factory=factory)
+    assert first["steps_completed"] == 2 and second["start_step"] == 2
+    assert second["steps_completed"] == 4
+
+    def trace(history):
+        return [(r["step"], r["reward"], r["acr"], r["avspo_tau"], r["loss"]) for r in history]
+
+    assert trace(first["history"] + second["history"]) == trace(straight["history"])
+    # the Monitor continues the same run as a new launch
+    assert log[0].kwargs["run_id"] == log[1].kwargs["run_id"] == first["run_id"]
+    assert log[1].kwargs["launch_id"] is None
+    a = torch.load(Path(straight["checkpoint"]) / "state.pt", weights_only=False)
+    b = torch.load(Path(second["checkpoint"]) / "state.pt", weights_only=False)
+    assert a["avspo_state"] == b["avspo_state"]
+
+
+def test_aapo_reference_is_the_step0_policy(warm_policy, tmp_path):
+    # with SFT the step-0 policy is a snapshot saved with the run
+    trainer = setup(
+        small_config(
+            tmp_path / "sft", init_checkpoint=warm_policy, sft_steps=5, steps=2, mitigation="aapo"
+        )
+    )
+    assert json.loads((tmp_path / "sft" / "reference.json").read_text())["kind"] == "snapshot"
+    start = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    summary = fit(trainer)
+    reference = trainer.ensure_reference().state_dict()
+    assert all(torch.equal(reference[k], start[k]) for k in start)
+    assert any(not torch.equal(trainer.policy.state_dict()[k], start[k]) for k in start)
+    assert [r["mitigation"] for r in summary["history"]] == ["aapo", "aapo"]
+
+    # loaded unchanged from files: the reference points at them, no copy
+    setup(small_config(tmp_path / "files", init_checkpoint=warm_policy))
+    spec = json.loads((tmp_path / "files" / "reference.json").read_text())
+    assert spec["kind"] == "source" and spec["init_checkpoint"] == warm_policy
+    assert not (tmp_path / "files" / "reference").exists()
+
+
+def test_set_mitigation_aapo_mid_run_and_kl(warm_policy, tmp_path):
+    trainer = setup(
+        small_config(tmp_path / "run", init_checkpoint=warm_policy, steps=3, kl_beta=0.1)
+    )
+    switched = []
+
+    def hook(t, record):
+        if record["step"] == 1:
+            t.submit_command("set_mitigation", {"mode": "aapo", "delta_high": 0.3})
+        switched.append(t.mitigation.mode)
+
+    summary = fit(trainer, hooks=[hook])
+    history = summary["history"]
+    assert history[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at step 1
+    assert history[1]["kl"] > 0
+    assert [r["mitigation"] for r in history] == ["none", "aapo", "aapo"]
+    assert trainer.mitigation.delta_high == 0.3
+    assert summary["commands"][0]["status"] == "applied" and summary["commands"][0]["step"] == 1
+
+
+def test_clip_bites_with_several_updates(warm_policy, tmp_path):
+    summary = train(
+        small_config(
+            tmp_path / "run",
+            init_checkpoint=warm_policy,
+            steps=2,
+            num_iterations=3,
+            lr=1e-2,
+            micro_batch_size=5,
+            eps_low=0.01,
+            eps_high=0.01,
+            scale_rewards="batch",
+        )
+    )
+    assert any(r["clip_fraction"] > 0 for r in summary["history"])
+
+
+def test_sft_warm_start_learns(tmp_path):
+    trainer = setup(small_config(tmp_path / "run", sft_steps=150))
+    assert trainer.sft_stats["sft_loss"] < 0.7
+    assert trainer.evaluate() >= 0.3

@@ -1,13 +1,500 @@
-"""Alert evaluation (DESIGN.md §6). Rules, episodes, webhooks and automatic mitigation are
-built in issue 5; ingest calls `after_ingest` after each batch commits and before it answers."""
+"""Alert evaluation (DESIGN.md §6): rules over evaluated steps, episodes, notifications and
+automatic mitigation.
+
+Ingest commits a batch, then calls `Evaluator.after_ingest`, which evaluates — in step order, on
+the newest-attempt view — the steps of that run that became evaluable: every rank of its
+`world_size` reported it or a later step (ranks send in step order, so a rank that moved on will
+not send it), or its first record is older than `step_complete_after_s` (the periodic pass). Each
+step is evaluated once (`steps.evaluated`; a newer attempt taking a step over resets it).
+
+Replicas: evaluation of one run is serialised by a transaction-scoped advisory lock on
+PostgreSQL (a process lock on SQLite) and re-reads everything under it, so two processes
+ingesting one run never both see a step unevaluated, and the per-(rule, run) `alert_states` row
+holds the one open episode. Transitions, their outbox messages and their commands commit
+together.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy import and_, false, func, or_, select, text, true, update
 from sqlalchemy.orm import Session
 
+from .alert_metrics import StepValues, stale_value
+from .alert_models import AlertEpisode, AlertRule, AlertState, Silence
+from .commands import create_command
+from .models import Run, Step, utcnow
+from .notify import enqueue
+from .settings import Settings
 
-def after_ingest(session: Session, run: Any, result: Any) -> None:
-    """Evaluate alert rules over the steps a batch touched. No rules exist yet (issue 5)."""
-    return None
+log = logging.getLogger("vantage.alerts")
+LOCK_NAMESPACE = 0x56414C54  # "VALT"
+_SQLITE_EVAL_LOCK = threading.RLock()
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">": lambda v, t: v > t,
+    ">=": lambda v, t: v >= t,
+    "<": lambda v, t: v < t,
+    "<=": lambda v, t: v <= t,
+}
+
+
+def _aware(dt: datetime | None) -> datetime | None:
+    if dt is None:
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def _iso(dt: datetime | None) -> str | None:
+    dt = _aware(dt)
+    return None if dt is None else dt.isoformat()
+
+
+def past_clear(rule: AlertRule, value: float) -> bool:
+    """Strictly past the clear threshold, on the side away from the condition. Without one, the
+    threshold: the condition fails (so `n_invalid > 0` clears at 0)."""
+    if rule.clear_threshold is None:
+        return not OPS[rule.op](value, rule.threshold)
+    clear = rule.clear_threshold
+    return value < clear if rule.op in (">", ">=") else value > clear
+
+
+@contextmanager
+def run_lock(session: Session, run_id: str) -> Iterator[None]:
+    """Serialise evaluation of one run across threads and replicas until the caller commits
+    (PostgreSQL releases the advisory lock at the end of the transaction)."""
+    if session.get_bind().dialect.name == "postgresql":
+        key = int.from_bytes(
+            hashlib.blake2b(run_id.encode(), digest_size=4).digest(), "big", signed=True
+        )
+        session.execute(
+            text("SELECT pg_advisory_xact_lock(:ns, :key)"), {"ns": LOCK_NAMESPACE, "key": key}
+        )
+        yield
+        return
+    with _SQLITE_EVAL_LOCK:
+        yield
+
+
+def rules_for_run(session: Session, run: Run) -> list[AlertRule]:
+    """Enabled rules that apply to a run: its own, its project's, and global ones."""
+    q = (
+        select(AlertRule)
+        .where(
+            AlertRule.enabled.is_(True),
+            or_(
+                AlertRule.run_id == run.id,
+                and_(
+                    AlertRule.run_id.is_(None),
+                    or_(AlertRule.project.is_(None), AlertRule.project == run.project),
+                ),
+            ),
+        )
+        .order_by(AlertRule.id)
+    )
+    return list(session.scalars(q))
+
+
+class _Context:
+    """What one evaluation of one run shares: the run, its rules, states, silences, time."""
+
+    def __init__(self, session: Session, run: Run, settings: Settings, now: datetime) -> None:
+        self.session, self.run, self.settings, self.now = session, run, settings, now
+        self.rules = rules_for_run(session, run)
+        ids = [r.id for r in self.rules]
+        self.states: dict[int, AlertState] = {}
+        if ids:
+            q = select(AlertState).where(AlertState.run_id == run.id, AlertState.rule_id.in_(ids))
+            self.states = {s.rule_id: s for s in session.scalars(q)}
+        self._silences: list[Silence] | None = None
+        self.queued = False  # a webhook message was queued
+
+    def state(self, rule: AlertRule) -> AlertState:
+        st = self.states.get(rule.id)
+        if st is None:
+            st = AlertState(rule_id=rule.id, run_id=self.run.id, streak=0, clear_streak=0)
+            self.session.add(st)
+            self.states[rule.id] = st
+        return st
+
+    def silenced(self, rule: AlertRule) -> bool:
+        if self._silences is None:
+            self._silences = list(
+                self.session.scalars(select(Silence).where(Silence.until > self.now))
+            )
+        for s in self._silences:
+            m = s.matchers or {}
+            if (
+                m.get("rule") in (None, rule.name)
+                and m.get("run_id") in (None, self.run.id)
+                and m.get("project") in (None, self.run.project)
+            ):
+                return True
+        return False
+
+
+class Evaluator:
+    """Alert evaluation bound to the server's settings; `after_ingest` is ingest's hook."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.on_notify: Callable[[], None] | None = None  # wakes this process's outbox sender
+
+    def after_ingest(self, session: Session, run: Run, result: Any) -> None:
+        """Evaluate the steps of ``run`` that the batch made evaluable, then commit. An error is
+        logged, never answered: the batch is stored and the periodic pass retries."""
+        if not result.touched:
+            return
+        splits = {split for split, _ in result.touched}
+        try:
+            notified = evaluate_run(session, run.id, self.settings, splits=splits)
+        except Exception:  # noqa: BLE001
+            session.rollback()
+            log.exception("alert evaluation failed for run %s", run.id)
+            return
+        if notified and self.on_notify is not None:
+            self.on_notify()
+
+    def periodic_pass(self, session_factory: Callable[[], Session]) -> None:
+        """Steps left incomplete past `step_complete_after_s`, and `stale` rules."""
+        now = utcnow()
+        cutoff = now - timedelta(seconds=self.settings.step_complete_after_s)
+        with session_factory() as session:
+            run_ids = set(
+                session.scalars(
+                    select(Step.run_id)
+                    .where(Step.evaluated == false(), Step.first_seen_at < cutoff)
+                    .distinct()
+                )
+            )
+            run_ids |= _stale_candidates(session, now)
+        for run_id in sorted(run_ids):
+            with session_factory() as session:
+                try:
+                    notified = evaluate_run(session, run_id, self.settings, stale=True)
+                except Exception:  # noqa: BLE001
+                    session.rollback()
+                    log.exception("periodic alert pass failed for run %s", run_id)
+                    continue
+                if notified and self.on_notify is not None:
+                    self.on_notify()
+
+
+def _stale_candidates(session: Session, now: datetime) -> set[str]:
+    """Runs a `stale` rule may change: open stale episodes, and running runs silent for longer
+    than the lowest stale threshold allows."""
+    stale_rules = list(
+        session.scalars(
+            select(AlertRule).where(AlertRule.metric == "stale", AlertRule.enabled.is_(True))
+        )
+    )
+    if not stale_rules:
+        return set()
+    out = set(
+        session.scalars(
+            select(AlertEpisode.run_id).where(
+                AlertEpisode.rule_id.in_([r.id for r in stale_rules]),
+                AlertEpisode.state.in_(("pending", "firing")),
+            )
+        )
+    )
+    lowest = min(r.threshold for r in stale_rules)
+    q = select(Run.id, Run.last_seen_at, Run.heartbeat_s).where(Run.status == "running")
+    for run_id, seen, heartbeat in session.execute(q):
+        period = heartbeat if heartbeat and heartbeat > 0 else 10.0
+        if (now - _aware(seen)).total_seconds() / period >= lowest:
+            out.add(run_id)
+    return out
+
+
+def evaluate_run(
+    session: Session,
+    run_id: str,
+    settings: Settings,
+    splits: set[str] | None = None,
+    stale: bool = False,
+) -> bool:
+    """Evaluate every evaluable, unevaluated step of a run in step order, and its `stale` rules
+    (all of them when ``stale``, else only open episodes, which fresh data resolves); commits.
+    Returns whether a webhook message was queued."""
+    with run_lock(session, run_id):
+        session.expire_all()  # re-read under the lock: another replica may have moved on
+        run = session.get(Run, run_id)
+        if run is None:
+            session.rollback()
+            return False
+        now = utcnow()
+        ctx = _Context(session, run, settings, now)
+        step_rules = [r for r in ctx.rules if r.metric != "stale"]
+        for row in _evaluable_steps(session, run, splits, now, settings.step_complete_after_s):
+            values = StepValues(session, run, row)
+            for rule in step_rules:
+                if rule.split == row.split:
+                    _evaluate_step(ctx, rule, row, values.get(rule.metric))
+            session.execute(
+                update(Step)
+                .where(Step.id == row.id, Step.attempt == row.attempt)
+                .values(evaluated=True)
+                .execution_options(synchronize_session=False)
+            )
+        for rule in ctx.rules:
+            if rule.metric == "stale":
+                st = ctx.states.get(rule.id)
+                if stale or (st is not None and st.episode_id is not None):
+                    _evaluate_stale(ctx, rule)
+        session.commit()
+        return ctx.queued
+
+
+def _evaluable_steps(
+    session: Session, run: Run, splits: set[str] | None, now: datetime, complete_after_s: float
+) -> list[Step]:
+    q = select(Step).where(Step.run_id == run.id, Step.evaluated == false())
+    if splits is not None:
+        q = q.where(Step.split.in_(sorted(splits)))
+    rows = list(session.scalars(q.order_by(Step.split, Step.step)))
+    cutoff = now - timedelta(seconds=complete_after_s)
+    out: list[Step] = []
+    by_split: dict[str, list[Step]] = {}
+    for row in rows:
+        by_split.setdefault(row.split, []).append(row)
+    for split_rows in by_split.values():
+        # Ranks that reported a later step of the same attempt, walking from the newest step.
+        later: list[set[int]] = [set() for _ in split_rows]
+        seen: dict[int, set[int]] = {}
+        for i in range(len(split_rows) - 1, -1, -1):
+            row = split_rows[i]
+            later[i] = set(seen.get(row.attempt, set()))
+            seen.setdefault(row.attempt, set()).update(int(r) for r in row.ranks or [])
+        for i, row in enumerate(split_rows):
+            reported = {int(r) for r in row.ranks or []} | later[i]
+            complete = set(range(row.world_size or 1)) <= reported
+            if complete or _aware(row.first_seen_at) < cutoff or _passed(session, row):
+                out.append(row)
+            else:
+                break  # step order: nothing after an incomplete step is evaluated before it
+    return sorted(out, key=lambda r: (r.step, r.split))
+
+
+def _passed(session: Session, row: Step) -> bool:
+    """A later step of the same attempt was already evaluated (this one arrived late)."""
+    later = session.scalar(
+        select(func.max(Step.step)).where(
+            Step.run_id == row.run_id,
+            Step.split == row.split,
+            Step.attempt == row.attempt,
+            Step.evaluated == true(),
+            Step.step > row.step,
+        )
+    )
+    return later is not None
+
+
+def _evaluate_step(ctx: _Context, rule: AlertRule, row: Step, value: float | None) -> None:
+    st = ctx.state(rule)
+    if (
+        st.last_step is not None
+        and row.step <= st.last_step
+        and row.attempt <= (st.last_attempt or 0)
+    ):
+        return  # a straggler of a step this rule already moved past
+    st.last_step, st.last_attempt = row.step, row.attempt
+    if value is None or row.n_valid < rule.min_valid_groups:
+        return  # neither advances nor resets for_steps
+    _advance(ctx, rule, st, row.step, value)
+
+
+def _evaluate_stale(ctx: _Context, rule: AlertRule) -> None:
+    st = ctx.state(rule)
+    step = ctx.run.last_step
+    _advance(ctx, rule, st, step, stale_value(ctx.run, ctx.now), for_steps=1)
+
+
+def _advance(
+    ctx: _Context,
+    rule: AlertRule,
+    st: AlertState,
+    step: int | None,
+    value: float,
+    for_steps: int | None = None,
+) -> None:
+    """One evaluated value: the pending → firing → resolved state machine of §6."""
+    session = ctx.session
+    needed = max(1, for_steps or rule.for_steps or 1)
+    cond = OPS[rule.op](value, rule.threshold)
+    ep = session.get(AlertEpisode, st.episode_id) if st.episode_id is not None else None
+    if ep is None:
+        st.episode_id, st.streak, st.clear_streak = None, 0, 0
+        if not cond:
+            return
+        ep = AlertEpisode(
+            rule_id=rule.id,
+            run_id=ctx.run.id,
+            state="pending",
+            severity=rule.severity,
+            value=value,
+            pending_step=step,
+            created_at=ctx.now,
+            updated_at=ctx.now,
+        )
+        session.add(ep)
+        session.flush()
+        st.episode_id, st.streak = ep.id, 1
+        if st.streak >= needed:
+            _fire(ctx, rule, st, ep, step, value)
+        return
+    if ep.state == "pending":
+        if not cond:  # discarded, never listed
+            session.delete(ep)
+            st.episode_id, st.streak = None, 0
+            return
+        st.streak += 1
+        ep.value, ep.updated_at = value, ctx.now
+        if st.streak >= needed:
+            _fire(ctx, rule, st, ep, step, value)
+        return
+    ep.value, ep.updated_at = value, ctx.now  # firing
+    if not past_clear(rule, value):
+        st.clear_streak = 0
+        return
+    st.clear_streak += 1
+    if st.clear_streak >= max(1, rule.clear_steps or 1):
+        ep.state, ep.resolved_step, ep.resolved_at = "resolved", step, ctx.now
+        st.episode_id, st.streak, st.clear_streak = None, 0, 0
+        if ep.notified:
+            _notify(ctx, rule, ep, "resolved", step, value)
+
+
+def _fire(
+    ctx: _Context, rule: AlertRule, st: AlertState, ep: AlertEpisode, step: int | None, value: float
+) -> None:
+    ep.state, ep.fired_step, ep.fired_at = "firing", step, ctx.now
+    st.clear_streak = 0
+    replay = st.notified_through is not None and step is not None and step <= st.notified_through
+    if not replay:
+        ep.notified = _notify(ctx, rule, ep, "firing", step, value)
+        if ep.notified and step is not None:
+            st.notified_through = step
+    if rule.mitigation and ctx.run.mitigation_mode == "auto" and step is not None:
+        last, cooldown = st.last_mitigation_step, rule.cooldown_steps or 0
+        if last is None or cooldown == 0 or abs(step - last) >= cooldown:
+            mit = rule.mitigation
+            create_command(
+                ctx.session,
+                ctx.run.id,
+                mit["type"],
+                mit.get("params") or {},
+                reason=f"alert {rule.name} fired at step {step}: {rule.metric} = "
+                f"{value:.4g} ({rule.op} {rule.threshold:g})",
+                issued_by=f"alert:{rule.name}",
+                alert_id=ep.id,
+                ttl_s=ctx.settings.command_ttl_s,
+            )
+            st.last_mitigation_step = step
+
+
+def _notify(
+    ctx: _Context, rule: AlertRule, ep: AlertEpisode, state: str, step: int | None, value: float
+) -> bool:
+    """Queue the webhook messages of a transition; False when there is nobody to tell."""
+    if not rule.notify or ctx.silenced(rule):
+        return False
+    enqueue(ctx.session, list(rule.notify), webhook_body(ctx, rule, state, step, value), ep.id)
+    ctx.queued = True
+    return True
+
+
+def dashboard_url(settings: Settings, run_id: str) -> str | None:
+    if not settings.public_url:
+        return None
+    return f"{settings.public_url.rstrip('/')}/dashboard/runs/{run_id}"
+
+
+def webhook_body(
+    ctx: _Context, rule: AlertRule, state: str, step: int | None, value: float
+) -> dict[str, Any]:
+    """The §6 body; `text` is a Slack-compatible line that names only the new state."""
+    run, url = ctx.run, dashboard_url(ctx.settings, ctx.run.id)
+    at = f" at step {step}" if step is not None else ""
+    icon = ":rotating_light:" if state == "firing" else ":white_check_mark:"
+    verb = "FIRING" if state == "firing" else "RESOLVED"
+    shown = f"{rule.metric} = {value:.4g}"
+    cond = f" ({rule.op} {rule.threshold:g})" if state == "firing" else ""
+    link = f" <{url}|dashboard>" if url else ""
+    return {
+        "text": f"{icon} [{rule.severity}] {rule.name} {verb} on run '{run.name}'{at}: "
+        f"{shown}{cond}{link}",
+        "state": state,
+        "rule": rule.name,
+        "run_id": run.id,
+        "run_name": run.name,
+        "value": value,
+        "step": step,
+        "severity": rule.severity,
+        "dashboard_url": url,
+    }
+
+
+def alert_dict(ep: AlertEpisode, rule: AlertRule, mode: str | None) -> dict[str, Any]:
+    return {
+        "alert_id": ep.id,
+        "rule_id": ep.rule_id,
+        "rule": rule.name,
+        "metric": rule.metric,
+        "run_id": ep.run_id,
+        "state": ep.state,
+        "severity": ep.severity,
+        "value": ep.value,
+        "pending_step": ep.pending_step,
+        "fired_step": ep.fired_step,
+        "resolved_step": ep.resolved_step,
+        "fired_at": _iso(ep.fired_at),
+        "resolved_at": _iso(ep.resolved_at),
+        # Offered for one click in the dashboard when the run's mode is 'suggest'.
+        "mitigation": rule.mitigation if mode == "suggest" else None,
+    }
+
+
+def list_alerts(
+    session: Session,
+    run_id: str | None = None,
+    rule: str | None = None,
+    state: str | None = None,
+    since: datetime | None = None,
+    project: str | None = None,
+    limit: int = 1000,
+) -> list[dict[str, Any]]:
+    """Episodes newest first (resolved ones too unless ``state`` filters them)."""
+    q = (
+        select(AlertEpisode, AlertRule, Run.mitigation_mode)
+        .join(AlertRule, AlertRule.id == AlertEpisode.rule_id)
+        .join(Run, Run.id == AlertEpisode.run_id)
+    )
+    if run_id is not None:
+        q = q.where(AlertEpisode.run_id == run_id)
+    if project is not None:
+        q = q.where(Run.project == project)
+    if rule is not None:
+        q = (
+            q.where(AlertRule.id == int(rule))
+            if rule.isdigit()
+            else q.where(AlertRule.name == rule)
+        )
+    if state is not None:
+        q = q.where(AlertEpisode.state == state)
+    if since is not None:
+        q = q.where(AlertEpisode.updated_at >= since)
+    q = q.order_by(AlertEpisode.created_at.desc(), AlertEpisode.id.desc()).limit(limit)
+    return [alert_dict(ep, r, mode) for ep, r, mode in session.execute(q)]
+
+
+def after_ingest(session: Session, run: Run, result: Any) -> None:
+    """Ingest's hook with settings from the environment (apps built by `create_app` use their
+    own `Evaluator`)."""
+    Evaluator(Settings()).after_ingest(session, run, result)

@@ -10,8 +10,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from . import alerts
+from .alert_worker import AlertWorker
 from .db import make_engine, session_factory
 from .routes import EXTRA_SCHEMAS, acr, commands, health, ingest, metrics, runs
+from .routes import alerts as alert_routes
 from .settings import Settings
 
 
@@ -26,10 +28,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     be upgraded (``vantage serve`` does it before the app takes traffic)."""
     settings = settings or Settings()
     engine = make_engine(settings.database_url)
+    evaluator = alerts.Evaluator(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
+        worker = None
+        if settings.alert_worker:  # periodic alert pass and webhook outbox (DESIGN.md §6)
+            worker = AlertWorker(settings, app.state.session_factory, evaluator)
+            worker.start()
         yield
+        if worker is not None:
+            worker.stop()
         engine.dispose()
 
     app = FastAPI(title="Vantage", version="0.1.0", lifespan=lifespan,
@@ -38,9 +47,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.session_factory = session_factory(engine)
     app.state.counters = Counter()
-    app.state.after_ingest = alerts.after_ingest
+    app.state.after_ingest = evaluator.after_ingest
     app.add_exception_handler(RequestValidationError, _validation_error)
-    for module in (health, runs, ingest, metrics, commands, acr):
+    for module in (health, runs, ingest, metrics, commands, acr, alert_routes):
         app.include_router(module.router)
     _mount_dashboard(app, settings)
     _document_raw_bodies(app)

@@ -192,3 +192,6 @@ class Command(Base):
     acked_at: Mapped[datetime | None]
     acked_step: Mapped[int | None] = mapped_column(BigInteger)
     detail: Mapped[str | None] = mapped_column(Text)
+
+
+from . import alert_models as alert_models  # noqa: E402  (alert tables share this metadata)

@@ -35,3 +35,11 @@ class Settings(BaseSettings):
     # first record (DESIGN.md §6).
     step_complete_after_s: float = 30.0
     periodic_pass_s: float = 5.0
+    # Webhooks (DESIGN.md §6): per-request timeout, retry backoff cap, at most one message per
+    # URL per webhook_min_interval_s, and how often a replica looks for others' messages.
+    webhook_timeout_s: float = 5.0
+    webhook_max_backoff_s: float = 10.0
+    webhook_min_interval_s: float = 1.0
+    outbox_poll_s: float = 0.25
+    # Run the periodic alert pass and the outbox sender in this process.
+    alert_worker: bool = True

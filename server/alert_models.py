@@ -1,0 +1,134 @@
+"""Alert tables (DESIGN.md §6): rules, per-(rule, run) evaluation state, episodes, silences and
+the webhook outbox. Imported at the bottom of `models.py` so Alembic sees one metadata."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, false
+from sqlalchemy.orm import Mapped, mapped_column
+
+from .models import Base, BigId, Step, utcnow
+
+# Ingest leaves new and re-owned steps with evaluated = false; evaluation looks only at those.
+Index(
+    "ix_steps_unevaluated",
+    Step.run_id,
+    Step.split,
+    Step.step,
+    postgresql_where=Step.evaluated == false(),
+    sqlite_where=Step.evaluated == false(),
+)
+
+
+class AlertRule(Base):
+    """A rule: `metric op threshold` for `for_steps` evaluated steps (DESIGN.md §6)."""
+
+    __tablename__ = "alert_rules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    run_id: Mapped[str | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    project: Mapped[str | None] = mapped_column(String(200))
+    metric: Mapped[str] = mapped_column(String(200))
+    op: Mapped[str] = mapped_column(String(2))
+    threshold: Mapped[float] = mapped_column(Float)
+    for_steps: Mapped[int] = mapped_column(default=1)
+    # None: the threshold. A firing alert resolves at the first step strictly past it.
+    clear_threshold: Mapped[float | None] = mapped_column(Float)
+    # Consecutive steps past clear_threshold needed to resolve (non_finite_rewards uses 10).
+    clear_steps: Mapped[int] = mapped_column(default=1)
+    min_valid_groups: Mapped[int] = mapped_column(default=1)
+    severity: Mapped[str] = mapped_column(String(32), default="warning")
+    notify: Mapped[list[Any]] = mapped_column(default=list)
+    mitigation: Mapped[dict[str, Any] | None]
+    cooldown_steps: Mapped[int] = mapped_column(default=0)
+    split: Mapped[str] = mapped_column(String(64), default="train")
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    builtin: Mapped[bool] = mapped_column(Boolean, default=False)
+    description: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AlertState(Base):
+    """Where evaluation of one rule on one run stands. Its primary key makes 'one episode per
+    (rule, run) at a time' a row that a replica locks while it evaluates."""
+
+    __tablename__ = "alert_states"
+
+    rule_id: Mapped[int] = mapped_column(
+        ForeignKey("alert_rules.id", ondelete="CASCADE"), primary_key=True
+    )
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    episode_id: Mapped[int | None] = mapped_column(BigInteger)  # the open episode, if any
+    streak: Mapped[int] = mapped_column(default=0)  # consecutive steps meeting the condition
+    clear_streak: Mapped[int] = mapped_column(default=0)  # consecutive steps past clear_threshold
+    last_step: Mapped[int | None] = mapped_column(BigInteger)
+    last_attempt: Mapped[int | None]
+    last_mitigation_step: Mapped[int | None] = mapped_column(BigInteger)
+    # Highest fired_step that was notified: replayed steps of a resumed run never notify again.
+    notified_through: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class AlertEpisode(Base):
+    """One episode: pending → firing → resolved (a pending one that fails is deleted)."""
+
+    __tablename__ = "alert_episodes"
+    __table_args__ = (Index("ix_alert_episodes_run_state", "run_id", "state"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    rule_id: Mapped[int] = mapped_column(ForeignKey("alert_rules.id", ondelete="CASCADE"))
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    state: Mapped[str] = mapped_column(String(16))
+    severity: Mapped[str] = mapped_column(String(32))
+    value: Mapped[float | None] = mapped_column(Float)
+    pending_step: Mapped[int | None] = mapped_column(BigInteger)
+    fired_step: Mapped[int | None] = mapped_column(BigInteger)
+    resolved_step: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    fired_at: Mapped[datetime | None]
+    resolved_at: Mapped[datetime | None]
+    notified: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Silence(Base):
+    """Mutes notifications (not evaluation) of matching alerts until `until`."""
+
+    __tablename__ = "silences"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    matchers: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    until: Mapped[datetime]
+    reason: Mapped[str | None] = mapped_column(Text)
+    created_by: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookMessage(Base):
+    """The outbox: one row per (transition, URL), sent by whichever replica claims it first."""
+
+    __tablename__ = "webhook_outbox"
+    __table_args__ = (Index("ix_webhook_outbox_status_url", "status", "url"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    url: Mapped[str] = mapped_column(String(2000))
+    payload: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    episode_id: Mapped[int | None] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending, sent, failed
+    attempts: Mapped[int] = mapped_column(default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    sent_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class WebhookTarget(Base):
+    """Per-URL send slot: at most one message per second per URL, across replicas."""
+
+    __tablename__ = "webhook_targets"
+
+    url: Mapped[str] = mapped_column(String(2000), primary_key=True)
+    next_send_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,255 @@
+"""Alert rules and silences: request bodies, validation, and the functions the routes call
+(DESIGN.md §6). Functions take a session and return JSON-able dicts; the caller commits."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from vantage.client.schema import validate_command_params
+
+from .alert_metrics import check_metric
+from .alert_models import AlertRule, Silence
+from .models import Run, utcnow
+from .notify import RefusedTarget, check_target
+
+Op = Literal[">", ">=", "<", "<="]
+RULE_FIELDS = (
+    "name",
+    "run_id",
+    "project",
+    "metric",
+    "op",
+    "threshold",
+    "for_steps",
+    "clear_threshold",
+    "clear_steps",
+    "min_valid_groups",
+    "severity",
+    "notify",
+    "mitigation",
+    "cooldown_steps",
+    "split",
+    "enabled",
+    "description",
+)
+
+
+class Mitigation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["set_mitigation", "set_sampling", "checkpoint", "stop"]
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _params(self) -> Mitigation:
+        validate_command_params(self.type, self.params)
+        return self
+
+
+class RulePatch(BaseModel):
+    """Body of `PUT /api/v1/alert-rules/{id}`: the fields to change (others keep their value)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    run_id: str | None = Field(default=None, max_length=64)
+    project: str | None = Field(default=None, max_length=200)
+    metric: str | None = Field(default=None, max_length=200)
+    op: Op | None = None
+    threshold: float | None = None
+    for_steps: int | None = Field(default=None, ge=1, le=1_000_000)
+    clear_threshold: float | None = None
+    clear_steps: int | None = Field(default=None, ge=1, le=1_000_000)
+    min_valid_groups: int | None = Field(default=None, ge=0)
+    severity: str | None = Field(default=None, min_length=1, max_length=32)
+    notify: list[str] | None = Field(default=None, max_length=20)
+    mitigation: Mitigation | None = None
+    cooldown_steps: int | None = Field(default=None, ge=0)
+    split: str | None = Field(default=None, min_length=1, max_length=64)
+    enabled: bool | None = None
+    description: str | None = Field(default=None, max_length=2000)
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v: str | None) -> str | None:
+        return None if v is None else check_metric(v)
+
+    @field_validator("threshold", "clear_threshold")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("thresholds must be finite numbers")
+        return v
+
+
+class RuleCreate(RulePatch):
+    """Body of `POST /api/v1/alert-rules`; §6 defaults for what is left out."""
+
+    name: str = Field(min_length=1, max_length=200)
+    metric: str = Field(max_length=200)
+    op: Op
+    threshold: float
+
+
+def rule_dict(r: AlertRule) -> dict[str, Any]:
+    out = {"id": r.id, **{f: getattr(r, f) for f in RULE_FIELDS}}
+    out["notify"] = list(r.notify or [])
+    out["builtin"] = r.builtin
+    out["created_at"] = _iso(r.created_at)
+    out["updated_at"] = _iso(r.updated_at)
+    return out
+
+
+def _iso(dt: datetime | None) -> str | None:
+    if dt is None:
+        return None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).isoformat()
+
+
+def check_notify(urls: list[str], allow: str | None) -> list[str]:
+    """Raises ValueError naming a refused webhook target."""
+    try:
+        return [check_target(u, allow) for u in urls]
+    except RefusedTarget as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def _apply(session: Session, rule: AlertRule, fields: dict[str, Any], allow: str | None) -> None:
+    if "notify" in fields and fields["notify"] is not None:
+        fields["notify"] = check_notify(fields["notify"], allow)
+    if fields.get("run_id") is not None and session.get(Run, fields["run_id"]) is None:
+        raise LookupError(f"run {fields['run_id']} not found")
+    for name, value in fields.items():
+        if name == "mitigation" and value is not None:
+            value = {"type": value["type"], "params": value.get("params") or {}}
+        setattr(rule, name, value)
+    rule.updated_at = utcnow()
+
+
+def create_rule(session: Session, body: RuleCreate, allow: str | None) -> dict[str, Any]:
+    """A new rule with §6 defaults. Raises ValueError (refused target) or LookupError (run)."""
+    rule = AlertRule(
+        for_steps=1,
+        clear_steps=1,
+        min_valid_groups=1,
+        severity="warning",
+        notify=[],
+        cooldown_steps=0,
+        split="train",
+        enabled=True,
+        builtin=False,
+        created_at=utcnow(),
+    )
+    fields = body.model_dump(exclude_unset=True)
+    fields = {
+        k: v
+        for k, v in fields.items()
+        if v is not None
+        or k in ("run_id", "project", "clear_threshold", "mitigation", "description")
+    }
+    _apply(session, rule, fields, allow)
+    session.add(rule)
+    session.flush()
+    return rule_dict(rule)
+
+
+def update_rule(
+    session: Session, rule: AlertRule, body: RulePatch, allow: str | None
+) -> dict[str, Any]:
+    fields = body.model_dump(exclude_unset=True)
+    for required in (
+        "name",
+        "metric",
+        "op",
+        "threshold",
+        "for_steps",
+        "clear_steps",
+        "min_valid_groups",
+        "severity",
+        "notify",
+        "cooldown_steps",
+        "split",
+        "enabled",
+    ):
+        if required in fields and fields[required] is None:
+            raise ValueError(f"'{required}' cannot be null")
+    _apply(session, rule, fields, allow)
+    session.flush()
+    return rule_dict(rule)
+
+
+def list_rules(session: Session, project: str | None = None) -> list[dict[str, Any]]:
+    q = select(AlertRule).order_by(AlertRule.id)
+    rules = session.scalars(q).all()
+    if project is not None:  # a project key sees global rules and its project's
+        rules = [r for r in rules if r.project in (None, project)]
+    return [rule_dict(r) for r in rules]
+
+
+# ---------------------------------------------------------------------------------- silences
+
+
+class SilenceMatchers(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rule: str | None = Field(default=None, max_length=200)
+    run_id: str | None = Field(default=None, max_length=64)
+    project: str | None = Field(default=None, max_length=200)
+
+
+class SilenceCreate(BaseModel):
+    """Body of `POST /api/v1/silences`: mutes notifications of matching alerts until `until`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    matchers: SilenceMatchers = Field(default_factory=SilenceMatchers)
+    until: datetime
+    reason: str | None = Field(default=None, max_length=1000)
+
+    @field_validator("until")
+    @classmethod
+    def _aware(cls, v: datetime) -> datetime:
+        return v if v.tzinfo else v.replace(tzinfo=UTC)
+
+
+def silence_dict(s: Silence) -> dict[str, Any]:
+    until = _iso(s.until)
+    active = (
+        s.until is not None
+        and (s.until if s.until.tzinfo else s.until.replace(tzinfo=UTC)) > utcnow()
+    )
+    return {
+        "id": s.id,
+        "matchers": s.matchers,
+        "until": until,
+        "reason": s.reason,
+        "created_by": s.created_by,
+        "created_at": _iso(s.created_at),
+        "active": active,
+    }
+
+
+def create_silence(session: Session, body: SilenceCreate, created_by: str) -> dict[str, Any]:
+    matchers = body.matchers.model_dump(exclude_none=True)
+    s = Silence(
+        matchers=matchers,
+        until=body.until,
+        reason=body.reason,
+        created_by=created_by,
+        created_at=utcnow(),
+    )
+    session.add(s)
+    session.flush()
+    return silence_dict(s)
+
+
+def list_silences(session: Session, active_only: bool = False) -> list[dict[str, Any]]:
+    q = select(Silence).order_by(Silence.id.desc())
+    if active_only:
+        q = q.where(Silence.until > utcnow())
+    return [silence_dict(s) for s in session.scalars(q)]

@@ -1,0 +1,247 @@
+"""Webhook notifications through an outbox table (DESIGN.md §6).
+
+A transition inserts one outbox row per URL in the evaluation's transaction, so a notification
+exists exactly when the transition does, and survives a restart. A sender (any replica) claims a
+URL's send slot (`webhook_targets`, row-locked with SKIP LOCKED on PostgreSQL), sends that URL's
+oldest due message, and moves the slot one second ahead: at most one message per second per URL,
+in order. Failures retry with exponential backoff; targets in link-local and cloud-metadata
+ranges are refused, and ``VANTAGE_WEBHOOK_ALLOW`` restricts targets further.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from .alert_models import WebhookMessage, WebhookTarget
+from .models import utcnow
+from .settings import Settings
+
+log = logging.getLogger("vantage.notify")
+
+# Cloud metadata services that do not live in the link-local ranges.
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a) for a in ("100.100.100.200", "fd00:ec2::254", "192.0.0.192")
+)
+METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data"})
+GIVE_UP_AFTER = timedelta(hours=24)
+_SQLITE_SEND_LOCK = threading.Lock()
+
+
+class RefusedTarget(ValueError):
+    """A webhook URL that Vantage will not call."""
+
+
+def _address_refused(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_link_local or ip in METADATA_ADDRESSES or ip.is_multicast or ip.is_unspecified
+
+
+def _allowed(url: str, host: str, addresses: list[Any], allow: str | None) -> bool:
+    """VANTAGE_WEBHOOK_ALLOW: comma-separated URL prefixes (http...), CIDR ranges or IPs, and
+    host names (``*.example.com`` matches subdomains)."""
+    if not allow:
+        return True
+    for entry in (e.strip() for e in allow.split(",")):
+        if not entry:
+            continue
+        if entry.startswith(("http://", "https://")):
+            if url.startswith(entry):
+                return True
+            continue
+        try:
+            net = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            pattern = entry.lower()
+            if pattern.startswith("*."):
+                if host.endswith(pattern[1:]) or host == pattern[2:]:
+                    return True
+            elif host == pattern:
+                return True
+            continue
+        if addresses and all(a in net for a in addresses):
+            return True
+    return False
+
+
+def _resolve(host: str) -> list[Any]:
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return []  # unresolvable now: the send fails and retries, it is not a refusal
+    return list({ipaddress.ip_address(i[4][0].split("%")[0]) for i in infos})
+
+
+def check_target(url: str, allow: str | None, resolve: bool = True) -> str:
+    """The URL if Vantage may call it, else RefusedTarget saying why."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise RefusedTarget(f"webhook '{url}' must be an http:// or https:// URL with a host")
+    host = parts.hostname.lower().rstrip(".")
+    if host in METADATA_HOSTS:
+        raise RefusedTarget(f"webhook host '{host}' is a cloud metadata service")
+    addresses = _resolve(host) if resolve else []
+    with contextlib.suppress(ValueError):
+        addresses = addresses or [ipaddress.ip_address(host)]
+    for ip in addresses:
+        if _address_refused(ip):
+            raise RefusedTarget(
+                f"webhook '{url}' points at {ip}, a link-local or cloud-metadata address"
+            )
+    if not _allowed(url, host, addresses, allow):
+        raise RefusedTarget(f"webhook '{url}' is not allowed by VANTAGE_WEBHOOK_ALLOW")
+    return url
+
+
+def enqueue(session: Session, urls: list[str], payload: dict[str, Any], episode_id: int) -> None:
+    """Queue one message per URL (the caller commits with the transition)."""
+    now = utcnow()
+    for url in dict.fromkeys(urls):
+        session.add(
+            WebhookMessage(
+                url=url,
+                payload=payload,
+                episode_id=episode_id,
+                status="pending",
+                created_at=now,
+                next_attempt_at=now,
+            )
+        )
+
+
+def _aware(dt: datetime) -> datetime:
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+class OutboxSender:
+    """Sends due outbox messages; `run_once` is one pass over the URLs with pending messages."""
+
+    def __init__(self, settings: Settings, session_factory: Callable[[], Session]) -> None:
+        self.settings = settings
+        self.session_factory = session_factory
+        self.http = httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False)
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="vantage-webhook")
+        self.wake = threading.Event()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.http.close()
+
+    def run_once(self) -> int:
+        """Send at most one message per URL that has one due; returns how many were sent."""
+        with self.session_factory() as session:
+            urls = list(
+                session.scalars(
+                    select(WebhookMessage.url)
+                    .where(
+                        WebhookMessage.status == "pending",
+                        WebhookMessage.next_attempt_at <= utcnow(),
+                    )
+                    .distinct()
+                )
+            )
+        if not urls:
+            return 0
+        return sum(self.pool.map(self._send_for_url, urls))
+
+    def _claim(self, session: Session, url: str) -> WebhookTarget | None:
+        postgres = session.get_bind().dialect.name == "postgresql"
+        if postgres:
+            session.execute(
+                pg_insert(WebhookTarget)
+                .values(url=url, next_send_at=utcnow())
+                .on_conflict_do_nothing()
+            )
+            session.commit()
+            return session.scalar(
+                select(WebhookTarget)
+                .where(WebhookTarget.url == url)
+                .with_for_update(skip_locked=True)
+            )
+        target = session.get(WebhookTarget, url)
+        if target is None:
+            target = WebhookTarget(url=url, next_send_at=utcnow())
+            session.add(target)
+            session.flush()
+        return target
+
+    def _send_for_url(self, url: str) -> int:
+        try:
+            if self.session_factory is None:
+                return 0
+            with self.session_factory() as session:
+                sqlite = session.get_bind().dialect.name == "sqlite"
+                if sqlite and not _SQLITE_SEND_LOCK.acquire(timeout=10):
+                    return 0
+                try:
+                    return self._send_locked(session, url)
+                finally:
+                    if sqlite:
+                        _SQLITE_SEND_LOCK.release()
+        except Exception:  # noqa: BLE001 - one bad URL or a database hiccup must not stop the loop
+            log.exception("webhook sender failed for %s", url)
+            return 0
+
+    def _send_locked(self, session: Session, url: str) -> int:
+        target = self._claim(session, url)
+        now = utcnow()
+        if target is None or _aware(target.next_send_at) > now:
+            session.rollback()
+            return 0
+        msg = session.scalar(
+            select(WebhookMessage)
+            .where(WebhookMessage.url == url, WebhookMessage.status == "pending")
+            .order_by(WebhookMessage.id)
+            .limit(1)
+        )
+        if msg is None or _aware(msg.next_attempt_at) > now:
+            session.rollback()  # the oldest waits out its backoff; later ones keep their order
+            return 0
+        error, permanent = self._post(url, msg.payload)
+        now = utcnow()
+        target.next_send_at = now + timedelta(seconds=self.settings.webhook_min_interval_s)
+        msg.attempts += 1
+        if error is None:
+            msg.status, msg.sent_at, msg.last_error = "sent", now, None
+        else:
+            msg.last_error = error[:1000]
+            delay = min(self.settings.webhook_max_backoff_s, 0.5 * 2 ** (msg.attempts - 1))
+            msg.next_attempt_at = now + timedelta(seconds=delay)
+            if permanent or now - _aware(msg.created_at) > GIVE_UP_AFTER:
+                msg.status = "failed"
+            log.warning("webhook %s failed (attempt %d): %s", url, msg.attempts, error)
+        session.commit()
+        return int(error is None)
+
+    def _post(self, url: str, payload: dict[str, Any]) -> tuple[str | None, bool]:
+        """(error or None, whether the error is permanent). Targets are checked again here: a
+        host name may resolve elsewhere than when the rule was saved."""
+        try:
+            check_target(url, self.settings.webhook_allow)
+        except RefusedTarget as exc:
+            return str(exc), True
+        try:
+            r = self.http.post(url, json=payload)
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}", False
+        if 200 <= r.status_code < 300:
+            return None, False
+        return f"HTTP {r.status_code}: {r.text[:200]}", False

@@ -1,0 +1,146 @@
+"""/api/v1/alert-rules, /api/v1/alerts and /api/v1/silences (DESIGN.md §6)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
+
+from ..alert_models import AlertRule, Silence
+from ..alert_rules import (
+    RuleCreate,
+    RulePatch,
+    SilenceCreate,
+    create_rule,
+    create_silence,
+    list_rules,
+    list_silences,
+    rule_dict,
+    update_rule,
+)
+from ..alerts import list_alerts
+from ..deps import ControlKey, ReadKey, SessionDep, SettingsDep, load_run, require
+from ..keys import KeyInfo
+
+router = APIRouter(prefix="/api/v1", tags=["alerts"])
+
+
+def _read_or_control(request: Request, session: SessionDep, settings: SettingsDep) -> KeyInfo:
+    try:
+        return require("control")(request, session, settings)
+    except HTTPException as exc:
+        if exc.status_code != 403:
+            raise
+    return require("read")(request, session, settings)
+
+
+RulesReader = Annotated[KeyInfo, Depends(_read_or_control)]
+
+
+def _rule(session: SessionDep, rule_id: int, key: KeyInfo) -> AlertRule:
+    rule = session.get(AlertRule, rule_id)
+    if rule is None or (key.project is not None and rule.project not in (None, key.project)):
+        raise HTTPException(404, f"alert rule {rule_id} not found")
+    return rule
+
+
+def _scoped(body: RulePatch, key: KeyInfo, session: SessionDep) -> None:
+    """A project key writes rules of its project only."""
+    if body.run_id is not None:
+        load_run(session, body.run_id, key)
+    if key.project is not None:
+        if body.project not in (None, key.project):
+            raise HTTPException(403, f"this key is limited to project '{key.project}'")
+        body.project = key.project
+
+
+@router.get("/alert-rules")
+def rules_index(key: RulesReader, session: SessionDep) -> dict:
+    return {"rules": list_rules(session, project=key.project)}
+
+
+@router.post("/alert-rules", status_code=201)
+def rules_create(
+    body: RuleCreate, key: ControlKey, session: SessionDep, settings: SettingsDep
+) -> dict:
+    """Create a rule; answers 201 with the rule and its `id`."""
+    _scoped(body, key, session)
+    try:
+        rule = create_rule(session, body, settings.webhook_allow)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    session.commit()
+    return rule
+
+
+@router.get("/alert-rules/{rule_id}")
+def rules_read(rule_id: int, key: RulesReader, session: SessionDep) -> dict:
+    return rule_dict(_rule(session, rule_id, key))
+
+
+@router.put("/alert-rules/{rule_id}")
+def rules_update(
+    rule_id: int, body: RulePatch, key: ControlKey, session: SessionDep, settings: SettingsDep
+) -> dict:
+    """Change a rule (built-in ones too); fields left out keep their value."""
+    rule = _rule(session, rule_id, key)
+    if "project" in body.model_fields_set or "run_id" in body.model_fields_set:
+        _scoped(body, key, session)
+    try:
+        out = update_rule(session, rule, body, settings.webhook_allow)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    session.commit()
+    return out
+
+
+@router.delete("/alert-rules/{rule_id}", status_code=204)
+def rules_delete(rule_id: int, key: ControlKey, session: SessionDep) -> Response:
+    """Delete a rule and its episodes."""
+    session.delete(_rule(session, rule_id, key))
+    session.commit()
+    return Response(status_code=204)
+
+
+@router.get("/alerts")
+def alerts_index(
+    key: ReadKey,
+    session: SessionDep,
+    run_id: str | None = None,
+    rule: str | None = None,
+    state: Literal["pending", "firing", "resolved"] | None = None,
+    since: datetime | None = None,
+) -> dict:
+    """Alert episodes newest first, resolved ones included unless `state` filters them."""
+    if run_id is not None:
+        load_run(session, run_id, key)
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=UTC)
+    alerts = list_alerts(
+        session, run_id=run_id, rule=rule, state=state, since=since, project=key.project
+    )
+    return {"alerts": alerts}
+
+
+@router.post("/silences", status_code=201)
+def silences_create(body: SilenceCreate, key: ControlKey, session: SessionDep) -> dict:
+    """Mute notifications (not evaluation) of alerts matching every given matcher."""
+    out = create_silence(session, body, created_by=key.name)
+    session.commit()
+    return out
+
+
+@router.get("/silences")
+def silences_index(key: RulesReader, session: SessionDep, active: bool = False) -> dict:
+    return {"silences": list_silences(session, active_only=active)}
+
+
+@router.delete("/silences/{silence_id}", status_code=204)
+def silences_delete(silence_id: int, key: ControlKey, session: SessionDep) -> Response:
+    silence = session.get(Silence, silence_id)
+    if silence is None:
+        raise HTTPException(404, f"silence {silence_id} not found")
+    session.delete(silence)
+    session.commit()
+    return Response(status_code=204)

@@ -1,0 +1,196 @@
+"""Alerts, webhooks and automatic mitigation (DESIGN.md §6) against a real server process, on
+SQLite and PostgreSQL. Webhooks go to a real HTTP receiver on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.conftest import free_port, new_run, post_steps
+
+ALL_FAIL = [[0, 0, 0, 0]] * 4
+LIVE = [[0, 1, 0, 1]] * 4
+
+
+def groups_with_acr(acr: float) -> list[list[int]]:
+    """Four groups of four, round(4·acr) of them all failing."""
+    k = round(4 * acr)
+    return [[0, 0, 0, 0]] * k + [[0, 1, 0, 1]] * (4 - k)
+
+
+class Receiver:
+    """A webhook target: a tiny http.server in a thread that records every JSON body."""
+
+    def __init__(self, port: int | None = None, status: int = 200) -> None:
+        self.port = port or free_port()
+        self.status = status
+        self.messages: list[dict] = []
+        self.times: list[float] = []
+        received, times, outer = self.messages, self.times, self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                times.append(time.monotonic())
+                received.append(json.loads(body))
+                self.send_response(outer.status)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:  # noqa: ANN002
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def wait_for(self, n: int, timeout: float = 10.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while len(self.messages) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return list(self.messages)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def make_rule(api, **body) -> dict:
+    r = api.post("/api/v1/alert-rules", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def alerts_of(api, run_id: str, rule: str, **params) -> list[dict]:
+    r = api.get("/api/v1/alerts", params={"run_id": run_id, "rule": rule, **params})
+    assert r.status_code == 200, r.text
+    return r.json()["alerts"]
+
+
+def test_default_rules_exist_and_are_editable(api):
+    rules = {r["name"]: r for r in api.get("/api/v1/alert-rules").json()["rules"]}
+    for name in ("acr_stall", "acr_early", "acr_volatility", "reward_drop",
+                 "non_finite_rewards", "reward_broken", "stale"):  # fmt: skip
+        assert rules[name]["builtin"] and rules[name]["mitigation"] is None
+    assert (rules["acr_stall"]["metric"], rules["acr_stall"]["op"]) == ("acr", ">")
+    assert (rules["acr_stall"]["threshold"], rules["acr_stall"]["for_steps"]) == (0.35, 51)
+    stall = rules["acr_stall"]
+    r = api.put(f"/api/v1/alert-rules/{stall['id']}", json={"severity": "critical"})
+    assert r.status_code == 200 and r.json()["severity"] == "critical"
+    assert r.json()["threshold"] == 0.35
+    api.put(f"/api/v1/alert-rules/{stall['id']}", json={"severity": "warning"})
+
+
+def test_rule_crud_defaults_and_scopes(server, api):
+    rule = make_rule(api, name="crud", metric="acr", op=">", threshold=0.5)
+    assert rule["id"] and rule["for_steps"] == 1 and rule["min_valid_groups"] == 1
+    assert rule["cooldown_steps"] == 0 and rule["severity"] == "warning"
+    assert rule["clear_threshold"] is None and rule["notify"] == [] and rule["mitigation"] is None
+    with server.client("read") as reader:
+        assert reader.post("/api/v1/alert-rules", json={"name": "x", "metric": "acr", "op": ">",
+                                                        "threshold": 1}).status_code == 403  # fmt: skip
+        assert any(r["id"] == rule["id"] for r in reader.get("/api/v1/alert-rules").json()["rules"])
+    for bad in ({"metric": "nope"}, {"op": "=="}, {"for_steps": 0},
+                {"mitigation": {"type": "set_mitigation", "params": {"mode": "magic"}}}):  # fmt: skip
+        r = api.post("/api/v1/alert-rules",
+                     json={"name": "bad", "metric": "acr", "op": ">", "threshold": 1, **bad})  # fmt: skip
+        assert r.status_code == 422, (bad, r.text)
+    r = api.put(f"/api/v1/alert-rules/{rule['id']}", json={"threshold": 0.7, "for_steps": 3})
+    assert (r.json()["threshold"], r.json()["for_steps"]) == (0.7, 3)
+    assert api.delete(f"/api/v1/alert-rules/{rule['id']}").status_code == 204
+    assert api.get(f"/api/v1/alert-rules/{rule['id']}").status_code == 404
+
+
+@pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data",
+                                 "http://[fe80::1]/hook", "http://metadata.google.internal/x",
+                                 "http://100.100.100.200/", "ftp://example.com/x"])  # fmt: skip
+def test_link_local_and_metadata_targets_are_refused(api, url):
+    r = api.post("/api/v1/alert-rules",
+                 json={"name": "r", "metric": "acr", "op": ">", "threshold": 1, "notify": [url]})  # fmt: skip
+    assert r.status_code == 422 and "webhook" in r.text
+
+
+def test_reward_crash_fires_once_and_resolves_once(api, receiver):
+    """ACR 0.25, 0.5, 0.75, then 1.0 twice (every group failing), then recovery, under
+    `acr >= 0.9 for 2 steps`: firing at the second 1.0 step, resolved at recovery, one webhook
+    each, and the rule's mitigation in the answer to the very request that fired it."""
+    run = new_run(api, name="crash")
+    rule = make_rule(api, name="crash", run_id=run["run_id"], metric="acr", op=">=",
+                     threshold=0.9, for_steps=2, notify=[receiver.url], severity="critical",
+                     mitigation={"type": "set_mitigation", "params": {"mode": "avspo"}})  # fmt: skip
+    answers = []
+    for step, acr in enumerate([0.25, 0.5, 0.75, 1.0, 1.0, 0.25, 0.0, 1.0], start=1):
+        answers.append(post_steps(api, run, [{"step": step, "groups": groups_with_acr(acr)}]))
+        if step == 4:
+            pending = alerts_of(api, run["run_id"], "crash")
+            assert [(a["state"], a["pending_step"]) for a in pending] == [("pending", 4)]
+    assert [a["commands"] for a in answers[:4]] == [[]] * 4
+    fired_cmds = answers[4]["commands"]
+    assert len(fired_cmds) == 1 and fired_cmds[0]["params"]["mode"] == "avspo"
+    episodes = alerts_of(api, run["run_id"], "crash")
+    # Step 8 (1.0 once) is pending, then the run ends: only the first episode fired.
+    firing_or_resolved = [a for a in episodes if a["state"] != "pending"]
+    assert len(firing_or_resolved) == 1
+    ep = firing_or_resolved[0]
+    assert (ep["state"], ep["pending_step"], ep["fired_step"], ep["resolved_step"]) == (
+        "resolved", 4, 5, 6)  # fmt: skip
+    assert ep["rule_id"] == rule["id"] and ep["severity"] == "critical"
+    assert ep["fired_at"] and ep["resolved_at"]
+    log = api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"]
+    assert [(c["issued_by"], c["alert_id"]) for c in log] == [("alert:crash", ep["alert_id"])]
+    messages = receiver.wait_for(2, timeout=10)
+    time.sleep(1.5)  # nothing more arrives
+    assert [(m["state"], m["step"]) for m in receiver.messages] == [("firing", 5), ("resolved", 6)]
+    firing, resolved = messages
+    assert firing["rule"] == "crash" and firing["run_id"] == run["run_id"]
+    assert firing["run_name"] == "crash" and firing["value"] == 1.0
+    assert firing["severity"] == "critical" and "dashboard_url" in firing
+    assert "FIRING" in firing["text"] and "RESOLVED" not in firing["text"]
+    assert "RESOLVED" in resolved["text"] and "FIRING" not in resolved["text"]
+    assert resolved["value"] == 0.25
+    assert receiver.times[1] - receiver.times[0] >= 0.9  # one message per second per URL
+    assert alerts_of(api, run["run_id"], "crash", state="resolved")[0]["alert_id"] == ep["alert_id"]
+    assert alerts_of(api, run["run_id"], "crash", state="firing") == []
+
+
+def test_min_valid_groups_blocks_small_steps(api):
+    run = new_run(api)
+    make_rule(api, name="needs8", run_id=run["run_id"], metric="acr", op=">=", threshold=0.5,
+              min_valid_groups=8)  # fmt: skip
+    for step in range(1, 6):
+        post_steps(api, run, [{"step": step, "groups": ALL_FAIL}])
+    assert alerts_of(api, run["run_id"], "needs8") == []
+
+
+def test_two_rank_step_is_evaluated_once_after_both_ranks(api):
+    """Rank 0 alone has ACR 1/3; pooled with rank 1 it is 0.5. The rule only fires if the step
+    was evaluated after both ranks reported."""
+    run = new_run(api, world_size=2)
+    make_rule(api, name="pooled", run_id=run["run_id"], metric="acr", op=">=", threshold=0.5,
+              mitigation={"type": "checkpoint", "params": {}})  # fmt: skip
+    make_rule(api, name="whole", run_id=run["run_id"], metric="n_groups", op=">=", threshold=4)
+    ans = post_steps(api, run, [{"step": 1, "rank": 0, "world_size": 2,
+                                 "groups": [[1, 1], [0, 1], [1, 0]]}])  # fmt: skip
+    assert ans["commands"] == [] and alerts_of(api, run["run_id"], "pooled") == []
+    ans = post_steps(api, run, [{"step": 1, "rank": 1, "world_size": 2, "groups": [[0, 0]]}])
+    assert ans["commands"] == []  # commands go to rank 0 only
+    (ep,) = alerts_of(api, run["run_id"], "pooled")
+    assert (ep["state"], ep["fired_step"], ep["value"]) == ("firing", 1, 0.5)
+    assert alerts_of(api, run["run_id"], "whole")[0]["value"] == 4
+    hb = api.post(f"/api/v1/runs/{run['run_id']}/heartbeat", json={"attempt": 1, "rank": 0})
+    assert [c["type"] for c in hb.json()["commands"]] == ["checkpoint"]

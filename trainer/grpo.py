@@ -298,32 +298,27 @@ class GRPOTrainer:
 
         self.policy.train()
         totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
+        share = 1.0 / global_tokens / c.num_iterations  # of a token's value in the step's means
         for _ in range(c.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for rows in chunks:
-                logp, ent = self._logprobs(self.policy, rollouts, rows, entropy=True)
+                logp, entropy = self._logprobs(self.policy, rollouts, rows, entropy=True)
                 old = logp.detach() if old_logp is None else old_logp[rows]
                 ratio = torch.exp(logp - old)
-                a = adv[rows]
+                a, m = adv[rows], mask[rows]
                 clipped = torch.clamp(ratio, 1 - c.eps_low, 1 + c.eps_high)
                 per_token = -torch.min(ratio * a, clipped * a)
-                m = mask[rows]
                 if ref_logp is not None:
                     delta = ref_logp[rows] - logp
                     kl = torch.exp(delta) - delta - 1  # k3 estimator, ≥ 0
                     per_token = per_token + c.kl_beta * kl
-                    totals["kl"] += (
-                        float((kl.detach() * m).sum()) / global_tokens / c.num_iterations
-                    )
-                loss = (per_token * m).sum() / global_tokens
+                    totals["kl"] += float((kl.detach() * m).sum()) * share
+                loss = (per_token * m).sum() / global_tokens  # token-level aggregation
                 loss.backward()
                 totals["loss"] += float(loss.detach()) / c.num_iterations
-                assert ent is not None
-                totals["entropy"] += float((ent * m).sum()) / global_tokens / c.num_iterations
-                outside = ((ratio - clipped).abs() > 0).float()
-                totals["clip_fraction"] += (
-                    float((outside * m).sum()) / global_tokens / c.num_iterations
-                )
+                totals["entropy"] += float((entropy * m).sum()) * share  # type: ignore[operator]
+                outside = (ratio.detach() != clipped.detach()).float()
+                totals["clip_fraction"] += float((outside * m).sum()) * share
             self.dist.all_reduce_grads(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip)
             totals["grad_norm"] += float(grad_norm) / c.num_iterations

@@ -1,0 +1,62 @@
+"""Data parallel through torchrun: 2 CPU processes with gloo."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from vantage.client.acr import summarize_rewards
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_pool_acr_and_apply_a_command_at_the_same_step(warm_policy, tmp_path):
+    worker = Path(__file__).parent / "dp_worker.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(worker),
+        str(tmp_path),
+        warm_policy,
+    ]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    monitors = [json.loads((tmp_path / f"monitor{r}.json").read_text()) for r in (0, 1)]
+
+    assert ranks[0]["run_id"] == ranks[1]["run_id"]
+    assert [m["kwargs"]["rank"] for m in monitors] == [0, 1]
+    assert all(m["kwargs"]["world_size"] == 2 for m in monitors)
+    # rank 0 alone polls and acks; both ranks switch to AVSPO at the same step
+    assert ranks[0]["polls"] == 5 and ranks[1]["polls"] == 0
+    assert monitors[0]["acks"] == [["m1", "applied", 2, monitors[0]["acks"][0][3]]]
+    assert monitors[1]["acks"] == []
+    for r in ranks:
+        assert [h["mitigation"] for h in r["history"]] == ["none", "none", "avspo", "avspo"]
+    # same weights on both ranks before and after training (gradients are all-reduced)
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
+    assert ranks[0]["checksum_after"] == ranks[1]["checksum_after"]
+    assert ranks[0]["checksum_after"] != ranks[0]["checksum"]
+    # each rank sends its own groups; the step's ACR is pooled over both ranks
+    for step in (1, 2, 3, 4):
+        groups = [g for m in monitors for g in m["groups"] if g[0] == step]
+        assert len(groups) == 2
+        assert groups[0][2] != groups[1][2]  # different prompts on each rank
+        rows = [row for g in groups for row in g[1]]
+        collapsed = sum(summarize_rewards(row).cls == "collapsed" for row in rows)
+        for r in ranks:
+            assert r["history"][step - 1]["acr"] == collapsed / len(rows)

@@ -12,6 +12,20 @@ from . import explain, figures
 URL_BASE = "/dashboard/"
 
 
+def plain(value: Any) -> Any:
+    """Components as their wire dicts, recursively.
+
+    Dash serialises a callback's answer with orjson only when every part is plain JSON; one
+    component object sends the whole answer, 5,000-point figures included, through plotly's slow
+    recursive cleaner (~70 ms instead of ~4 ms on the run page's first load)."""
+    if hasattr(value, "to_plotly_json"):
+        wire = value.to_plotly_json()
+        return {**wire, "props": {k: plain(v) for k, v in wire["props"].items()}}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
 def run_href(run_id: str) -> str:
     return f"{URL_BASE}runs/{run_id}"
 

@@ -151,14 +151,14 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
     state["can_control"] = can_control
     state["timeline"] = summary.get("mitigation_timeline") or []
     return (
-        header(run),
-        banner(run, alerts, state, can_control),
-        components.kpi_cards(kpis.cards(state, run)),
+        components.plain(header(run)),
+        components.plain(banner(run, alerts, state, can_control)),
+        components.plain(components.kpi_cards(kpis.cards(state, run))),
         state,
         figures.acr_figure(points, state["timeline"], alerts, downsampled),
         figures.reward_figure(points, downsampled),
         figures.scalars_figure(points),
-        config_view(run),
+        components.plain(config_view(run)),
         _finished(run),
     )
 

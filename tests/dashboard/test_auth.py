@@ -1,0 +1,91 @@
+"""Login, cookies (DESIGN.md §8), the gate in front of pages and callbacks, CSV downloads."""
+
+from __future__ import annotations
+
+import httpx
+
+
+def client(server, **kw) -> httpx.Client:
+    return httpx.Client(base_url=server.url, timeout=30, follow_redirects=False, **kw)
+
+
+def logged_in(server, key_name: str) -> httpx.Client:
+    c = client(server)
+    r = c.post("/dashboard/login", data={"key": server.keys[key_name], "next": "/dashboard/"})
+    assert r.status_code == 303
+    return c
+
+
+def test_dashboard_redirects_to_the_slash(server):
+    with client(server) as c:
+        r = c.get("/dashboard")
+        assert r.status_code in (301, 302, 307, 308)
+        assert r.headers["location"].endswith("/dashboard/")
+
+
+def test_pages_need_a_login_and_come_back_after_it(server):
+    with client(server) as c:
+        r = c.get("/dashboard/compare?runs=a")
+        assert r.status_code == 303
+        assert r.headers["location"] == "/dashboard/login?next=/dashboard/compare%3Fruns%3Da"
+        assert "API key" in c.get(r.headers["location"]).text
+        # Callbacks without the cookie get 401, not data.
+        assert c.post("/dashboard/_dash-update-component", json={}).status_code == 401
+        assert c.get("/dashboard/_dash-layout").status_code in (401, 303)
+
+
+def test_login_sets_a_strict_httponly_cookie(server):
+    with client(server) as c:
+        r = c.post(
+            "/dashboard/login",
+            data={"key": server.keys["read"], "next": "/dashboard/runs/x"},
+        )
+        assert r.status_code == 303 and r.headers["location"] == "/dashboard/runs/x"
+        cookie = r.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie
+        assert "secure" not in cookie  # plain HTTP on loopback
+        assert c.get("/dashboard/").status_code == 200
+        assert c.get("/dashboard/runs/anything").status_code == 200  # Dash renders the page
+    with client(server) as c:
+        r = c.post(
+            "/dashboard/login",
+            data={"key": server.keys["read"]},
+            headers={"x-forwarded-proto": "https"},
+        )
+        assert "secure" in r.headers["set-cookie"].lower()
+
+
+def test_bad_keys_and_open_redirects_are_refused(server):
+    with client(server) as c:
+        r = c.post("/dashboard/login", data={"key": "vtg_nope", "next": "/dashboard/"})
+        assert r.status_code == 401 and "Unknown or revoked" in r.text
+        r = c.post("/dashboard/login", data={"key": server.keys["read"], "next": "//evil.example"})
+        assert r.headers["location"] == "/dashboard/"
+        r = c.post(
+            "/dashboard/login", data={"key": server.keys["read"], "next": "https://evil.example/"}
+        )
+        assert r.headers["location"] == "/dashboard/"
+
+
+def test_logout_forgets_the_key(server):
+    with logged_in(server, "read") as c:
+        assert c.get("/dashboard/").status_code == 200
+        r = c.get("/dashboard/logout")
+        assert r.status_code == 303
+        assert c.get("/dashboard/").status_code == 303
+
+
+def test_csv_downloads_use_the_login_cookie(server):
+    run_id = server.runs["qwen-grpo"]
+    with client(server) as c:
+        assert c.get(f"/dashboard/export/{run_id}/metrics.csv").status_code == 303
+    with logged_in(server, "read") as c:
+        r = c.get(f"/dashboard/export/{run_id}/metrics.csv")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+        header = r.text.splitlines()[0].split(",")
+        assert {"step", "acr", "acr_all_pass", "expected_acr"} <= set(header)
+        assert len(r.text.splitlines()) >= 121
+        r = c.get(f"/dashboard/export/{run_id}/prompts.csv?side=all_pass")
+        assert r.status_code == 200
+        assert r.text.startswith("prompt_id,groups,steps,collapsed,all_pass")
+        assert c.get("/dashboard/export/no-such-run/metrics.csv").status_code == 404

@@ -50,7 +50,7 @@ class DashboardGate:
         path = scope.get("path", "")
         if (
             scope["type"] != "http"
-            or not (path == PREFIX or path.startswith(PREFIX + "/"))
+            or not path.startswith(PREFIX + "/")  # /dashboard itself only redirects
             or path.startswith(PUBLIC)
             or not context.auth_enabled()
         ):

@@ -179,9 +179,9 @@ def _base_layout(title: str, height: int = 380) -> dict:
     return {
         "title": {"text": title, "x": 0.01, "font": {"size": 15}},
         "height": height,
-        "margin": {"l": 55, "r": 20, "t": 60, "b": 40},
+        "margin": {"l": 55, "r": 20, "t": 60, "b": 50},
         "hovermode": "x unified",
-        "legend": {"orientation": "h", "y": -0.15},
+        "legend": {"orientation": "h", "y": -0.22, "yanchor": "top"},
         "template": "plotly_white",
         "uirevision": "keep",  # zoom and legend choices survive live updates
         "xaxis": {"title": {"text": "step"}},

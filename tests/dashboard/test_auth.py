@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import httpx
 
 
@@ -9,11 +11,13 @@ def client(server, **kw) -> httpx.Client:
     return httpx.Client(base_url=server.url, timeout=30, follow_redirects=False, **kw)
 
 
-def logged_in(server, key_name: str) -> httpx.Client:
-    c = client(server)
-    r = c.post("/dashboard/login", data={"key": server.keys[key_name], "next": "/dashboard/"})
-    assert r.status_code == 303
-    return c
+@contextmanager
+def logged_in(server, key_name: str):
+    """A client holding the login cookie of one of the server's keys."""
+    with client(server) as c:
+        r = c.post("/dashboard/login", data={"key": server.keys[key_name], "next": "/dashboard/"})
+        assert r.status_code == 303
+        yield c
 
 
 def test_dashboard_redirects_to_the_slash(server):

@@ -1,10 +1,16 @@
 """The values a rule can watch (DESIGN.md §6): step metrics, window metrics, `reward_drop`,
-`scalars.NAME` and `stale`. Window values read only the rows they need (at most 100, or the
-`acr` column for `acr_ema`), so evaluating a step stays cheap on long runs."""
+`scalars.NAME` and `stale`.
+
+Window values for a batch of evaluated steps are computed incrementally: the state before the
+batch's first step comes from a few bounded queries (first 100 ACRs, last 25 ACRs, last 25
+rewards, a sum), then the rows of the batch's step range are walked once. Evaluating one step of
+a long run reads about 150 rows, and a batch of 2,000 steps reads each of its rows once.
+"""
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +23,7 @@ from .models import Run, Step
 
 STEP_METRICS = frozenset(STEP_ANSWER_FIELDS)
 WINDOW_METRICS = frozenset(WINDOW_METRIC_FIELDS)
+SERIES_METRICS = WINDOW_METRICS | {"reward_drop"}
 SPECIAL_METRICS = frozenset({"reward_drop", "stale"})
 SCALAR_PREFIX = "scalars."
 # reward_drop: the mean reward_mean of the latest REWARD_WINDOW steps against the best such mean
@@ -37,7 +44,7 @@ def check_metric(metric: str) -> str:
     )
 
 
-def _finite(x: Any) -> float | None:
+def finite(x: Any) -> float | None:
     if x is None or isinstance(x, bool):
         return None
     try:
@@ -47,113 +54,133 @@ def _finite(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-class StepValues:
-    """Metric values at one evaluated step, computed lazily and at most once each."""
-
-    def __init__(self, session: Session, run: Run, row: Step) -> None:
-        self.session, self.run, self.row = session, run, row
-        self._cache: dict[str, float | None] = {}
-
-    def get(self, metric: str) -> float | None:
-        if metric not in self._cache:
-            self._cache[metric] = self._compute(metric)
-        return self._cache[metric]
-
-    def _compute(self, metric: str) -> float | None:
-        if metric in STEP_METRICS:
-            return _finite(getattr(self.row, metric))
-        if metric.startswith(SCALAR_PREFIX):
-            return _finite((self.row.scalars or {}).get(metric[len(SCALAR_PREFIX) :]))
-        if metric == "reward_drop":
-            return reward_drop(self.session, self.run, self.row.split, self.row.step)
-        if metric in WINDOW_METRICS:
-            return window_value(self.session, self.run.id, self.row.split, self.row.step, metric)
-        return None  # `stale` is not a step metric: the periodic pass evaluates it
+def step_value(row: Step, metric: str, series: dict[int, dict[str, float | None]]) -> float | None:
+    """A rule's value at one step; ``series`` holds the step's window values (`series_values`)."""
+    if metric in STEP_METRICS:
+        return finite(getattr(row, metric))
+    if metric.startswith(SCALAR_PREFIX):
+        return finite((row.scalars or {}).get(metric[len(SCALAR_PREFIX) :]))
+    if metric in SERIES_METRICS:
+        return series.get(row.step, {}).get(metric)
+    return None  # `stale` is not a step metric: the periodic pass evaluates it
 
 
-def _acr_query(run_id: str, split: str, to_step: int):  # noqa: ANN202
-    return select(Step.acr).where(
-        Step.run_id == run_id, Step.split == split, Step.step <= to_step, Step.acr.is_not(None)
-    )
-
-
-def window_value(
-    session: Session, run_id: str, split: str, to_step: int, name: str
-) -> float | None:
-    """One window metric (DESIGN.md §3) over the newest-attempt steps up to ``to_step``."""
-    if name == "acr_pooled":
-        collapsed, valid = session.execute(
-            select(func.sum(Step.n_collapsed), func.sum(Step.n_valid)).where(
-                Step.run_id == run_id,
-                Step.split == split,
-                Step.step <= to_step,
-                Step.acr.is_not(None),
-            )
-        ).one()
-        return None if not valid else int(collapsed or 0) / int(valid)
-    if name == "acr_100":
-        first = session.scalars(_acr_query(run_id, split, to_step).order_by(Step.step).limit(100))
-        values = list(first)
-        return math.fsum(values) / 100 if len(values) == 100 else None
-    if name == "acr_volatility":
-        last = list(
-            session.scalars(_acr_query(run_id, split, to_step).order_by(Step.step.desc()).limit(25))
-        )
-        if len(last) < 25:
-            return None
-        mean = math.fsum(last) / 25
-        return math.sqrt(math.fsum((x - mean) ** 2 for x in last) / 24)
-    if name == "acr_streak":
-        streak, offset, chunk = 0, 0, 200
-        while True:
-            q = _acr_query(run_id, split, to_step).order_by(Step.step.desc())
-            values = list(session.scalars(q.offset(offset).limit(chunk)))
-            for v in values:
-                if v <= DEFAULT_STREAK_THRESHOLD:
-                    return float(streak)
-                streak += 1
-            if len(values) < chunk:
-                return float(streak)
-            offset += chunk
-    if name == "acr_ema":
-        ema = None
-        for v in session.scalars(_acr_query(run_id, split, to_step).order_by(Step.step)):
-            ema = v if ema is None else ema + EMA_ALPHA * (v - ema)
-        return ema
-    raise ValueError(f"not a window metric: {name}")
-
-
-def reward_drop(session: Session, run: Run, split: str, to_step: int) -> float | None:
-    """How much of its height above `reward_min` the reward has lost: with m5 the mean
-    `reward_mean` of the latest 5 steps and best the highest such 5-step mean ending in the 20
-    steps before, (best − m5) / (best − reward_min). 0.5 is §6's 'falls to reward_min +
-    0.5·(best − reward_min)'. None until one earlier 5-step mean exists, or when best is not
-    above reward_min (nothing to drop from)."""
-    q = (
-        select(Step.reward_mean)
-        .where(
-            Step.run_id == run.id,
-            Step.split == split,
-            Step.step <= to_step,
-            Step.reward_mean.is_not(None),
-        )
-        .order_by(Step.step.desc())
-        .limit(REWARD_WINDOW + REWARD_LOOKBACK)
-    )
-    values = [v for v in session.scalars(q) if math.isfinite(v)][::-1]  # oldest first
-    if len(values) < REWARD_WINDOW + 1:
+def reward_drop(rewards: list[float], reward_min: float) -> float | None:
+    """How much of its height above `reward_min` the reward has lost, over rewards oldest first
+    (the latest 25 at most): with m5 the mean of the latest 5 and best the highest 5-step mean
+    ending in the 20 steps before, (best − m5) / (best − reward_min). 0.5 is §6's 'falls to
+    reward_min + 0.5·(best − reward_min)'. None until one earlier 5-step mean exists, or when
+    best is not above reward_min (nothing to drop from)."""
+    if len(rewards) < REWARD_WINDOW + 1:
         return None
     means = [
-        math.fsum(values[i - REWARD_WINDOW : i]) / REWARD_WINDOW
-        for i in range(REWARD_WINDOW, len(values) + 1)
+        math.fsum(rewards[i - REWARD_WINDOW : i]) / REWARD_WINDOW
+        for i in range(REWARD_WINDOW, len(rewards) + 1)
     ]
-    current, previous = means[-1], means[:-1]
-    best = max(previous)
-    floor = run.reward_min
-    if not best > floor:
+    best = max(means[:-1])
+    if not best > reward_min:
         return None
-    out = (best - current) / (best - floor)
+    out = (best - means[-1]) / (best - reward_min)
     return out if math.isfinite(out) else None
+
+
+def _sample_std(xs: list[float]) -> float:
+    mean = math.fsum(xs) / len(xs)
+    return math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def series_values(
+    session: Session, run: Run, split: str, steps: list[int], needs: set[str]
+) -> dict[int, dict[str, float | None]]:
+    """Window metrics (DESIGN.md §3, newest-attempt view, steps with a null acr skipped) and
+    `reward_drop` at each of ``steps``, for the metrics named in ``needs``."""
+    needs = needs & SERIES_METRICS
+    if not needs or not steps:
+        return {}
+    lo, hi = min(steps), max(steps)
+    base = (Step.run_id == run.id, Step.split == split)
+    has_acr = Step.acr.is_not(None)
+    before = (*base, Step.step < lo)
+    collapsed = valid = 0
+    if "acr_pooled" in needs:
+        c, v = session.execute(
+            select(func.sum(Step.n_collapsed), func.sum(Step.n_valid)).where(*before, has_acr)
+        ).one()
+        collapsed, valid = int(c or 0), int(v or 0)
+    first: list[tuple[int, float]] = []
+    if "acr_100" in needs:
+        q = select(Step.step, Step.acr).where(*base, has_acr).order_by(Step.step).limit(100)
+        first = [(s, a) for s, a in session.execute(q)]
+    last25: deque[float] = deque(maxlen=25)
+    if "acr_volatility" in needs:
+        q = select(Step.acr).where(*before, has_acr).order_by(Step.step.desc()).limit(25)
+        last25.extend(reversed(list(session.scalars(q))))
+    streak = _streak_before(session, before, has_acr) if "acr_streak" in needs else 0
+    ema = None
+    if "acr_ema" in needs:
+        for a in session.scalars(select(Step.acr).where(*before, has_acr).order_by(Step.step)):
+            ema = a if ema is None else ema + EMA_ALPHA * (a - ema)
+    rewards: deque[float] = deque(maxlen=REWARD_WINDOW + REWARD_LOOKBACK)
+    if "reward_drop" in needs:
+        q = (
+            select(Step.reward_mean)
+            .where(*before, Step.reward_mean.is_not(None))
+            .order_by(Step.step.desc())
+            .limit(REWARD_WINDOW + REWARD_LOOKBACK)
+        )
+        rewards.extend(v for v in reversed(list(session.scalars(q))) if math.isfinite(v))
+
+    wanted = set(steps)
+    out: dict[int, dict[str, float | None]] = {}
+    rows = session.execute(
+        select(Step.step, Step.acr, Step.n_collapsed, Step.n_valid, Step.reward_mean)
+        .where(*base, Step.step >= lo, Step.step <= hi)
+        .order_by(Step.step)
+    )
+    n_first = 0
+    for step, acr, n_col, n_val, reward in rows:
+        if acr is not None:
+            collapsed += int(n_col or 0)
+            valid += int(n_val or 0)
+            last25.append(acr)
+            streak = streak + 1 if acr > DEFAULT_STREAK_THRESHOLD else 0
+            ema = acr if ema is None else ema + EMA_ALPHA * (acr - ema)
+        if reward is not None and math.isfinite(reward):
+            rewards.append(reward)
+        if step not in wanted:
+            continue
+        while n_first < len(first) and first[n_first][0] <= step:
+            n_first += 1
+        values: dict[str, float | None] = {}
+        if "acr_pooled" in needs:
+            values["acr_pooled"] = collapsed / valid if valid else None
+        if "acr_100" in needs:
+            values["acr_100"] = math.fsum(a for _, a in first) / 100 if n_first == 100 else None
+        if "acr_volatility" in needs:
+            values["acr_volatility"] = _sample_std(list(last25)) if len(last25) == 25 else None
+        if "acr_streak" in needs:
+            values["acr_streak"] = float(streak)
+        if "acr_ema" in needs:
+            values["acr_ema"] = ema
+        if "reward_drop" in needs:
+            values["reward_drop"] = reward_drop(list(rewards), run.reward_min)
+        out[step] = values
+    return out
+
+
+def _streak_before(session: Session, before: tuple, has_acr: Any) -> int:
+    """How many of the latest ACRs before the batch are above the streak threshold."""
+    streak, offset, chunk = 0, 0, 200
+    while True:
+        q = select(Step.acr).where(*before, has_acr).order_by(Step.step.desc())
+        values = list(session.scalars(q.offset(offset).limit(chunk)))
+        for v in values:
+            if v <= DEFAULT_STREAK_THRESHOLD:
+                return streak
+            streak += 1
+        if len(values) < chunk:
+            return streak
+        offset += chunk
 
 
 def stale_value(run: Run, now: datetime) -> float:

@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import and_, false, func, or_, select, text, true, update
 from sqlalchemy.orm import Session
 
-from .alert_metrics import StepValues, stale_value
+from .alert_metrics import series_values, stale_value, step_value
 from .alert_models import AlertEpisode, AlertRule, AlertState, Silence
 from .commands import create_command
 from .models import Run, Step, utcnow
@@ -232,17 +232,18 @@ def evaluate_run(
         now = utcnow()
         ctx = _Context(session, run, settings, now)
         step_rules = [r for r in ctx.rules if r.metric != "stale"]
-        for row in _evaluable_steps(session, run, splits, now, settings.step_complete_after_s):
-            values = StepValues(session, run, row)
+        rows = _evaluable_steps(session, run, splits, now, settings.step_complete_after_s)
+        series = {}
+        for split in {r.split for r in rows}:
+            needs = {r.metric for r in step_rules if r.split == split}
+            steps = [r.step for r in rows if r.split == split]
+            series[split] = series_values(session, run, split, steps, needs)
+        for row in rows:
             for rule in step_rules:
                 if rule.split == row.split:
-                    _evaluate_step(ctx, rule, row, values.get(rule.metric))
-            session.execute(
-                update(Step)
-                .where(Step.id == row.id, Step.attempt == row.attempt)
-                .values(evaluated=True)
-                .execution_options(synchronize_session=False)
-            )
+                    value = step_value(row, rule.metric, series[row.split])
+                    _evaluate_step(ctx, rule, row, value)
+        _mark_evaluated(session, rows)
         for rule in ctx.rules:
             if rule.metric == "stale":
                 st = ctx.states.get(rule.id)
@@ -250,6 +251,22 @@ def evaluate_run(
                     _evaluate_stale(ctx, rule)
         session.commit()
         return ctx.queued
+
+
+def _mark_evaluated(session: Session, rows: list[Step]) -> None:
+    """Flag evaluated rows, unless a newer attempt took one over meanwhile (then it is
+    evaluated again with the new attempt's data)."""
+    by_attempt: dict[int, list[int]] = {}
+    for row in rows:
+        by_attempt.setdefault(row.attempt, []).append(row.id)
+    for attempt, ids in by_attempt.items():
+        for i in range(0, len(ids), 500):
+            session.execute(
+                update(Step)
+                .where(Step.id.in_(ids[i : i + 500]), Step.attempt == attempt)
+                .values(evaluated=True)
+                .execution_options(synchronize_session=False)
+            )
 
 
 def _evaluable_steps(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -84,8 +83,15 @@ def alerts_of(api, run_id: str, rule: str, **params) -> list[dict]:
 
 def test_default_rules_exist_and_are_editable(api):
     rules = {r["name"]: r for r in api.get("/api/v1/alert-rules").json()["rules"]}
-    for name in ("acr_stall", "acr_early", "acr_volatility", "reward_drop",
-                 "non_finite_rewards", "reward_broken", "stale"):  # fmt: skip
+    for name in (
+        "acr_stall",
+        "acr_early",
+        "acr_volatility",
+        "reward_drop",
+        "non_finite_rewards",
+        "reward_broken",
+        "stale",
+    ):
         assert rules[name]["builtin"] and rules[name]["mitigation"] is None
     assert (rules["acr_stall"]["metric"], rules["acr_stall"]["op"]) == ("acr", ">")
     assert (rules["acr_stall"]["threshold"], rules["acr_stall"]["for_steps"]) == (0.35, 51)
@@ -102,13 +108,24 @@ def test_rule_crud_defaults_and_scopes(server, api):
     assert rule["cooldown_steps"] == 0 and rule["severity"] == "warning"
     assert rule["clear_threshold"] is None and rule["notify"] == [] and rule["mitigation"] is None
     with server.client("read") as reader:
-        assert reader.post("/api/v1/alert-rules", json={"name": "x", "metric": "acr", "op": ">",
-                                                        "threshold": 1}).status_code == 403  # fmt: skip
+        assert (
+            reader.post(
+                "/api/v1/alert-rules",
+                json={"name": "x", "metric": "acr", "op": ">", "threshold": 1},
+            ).status_code
+            == 403
+        )
         assert any(r["id"] == rule["id"] for r in reader.get("/api/v1/alert-rules").json()["rules"])
-    for bad in ({"metric": "nope"}, {"op": "=="}, {"for_steps": 0},
-                {"mitigation": {"type": "set_mitigation", "params": {"mode": "magic"}}}):  # fmt: skip
-        r = api.post("/api/v1/alert-rules",
-                     json={"name": "bad", "metric": "acr", "op": ">", "threshold": 1, **bad})  # fmt: skip
+    for bad in (
+        {"metric": "nope"},
+        {"op": "=="},
+        {"for_steps": 0},
+        {"mitigation": {"type": "set_mitigation", "params": {"mode": "magic"}}},
+    ):
+        r = api.post(
+            "/api/v1/alert-rules",
+            json={"name": "bad", "metric": "acr", "op": ">", "threshold": 1, **bad},
+        )
         assert r.status_code == 422, (bad, r.text)
     r = api.put(f"/api/v1/alert-rules/{rule['id']}", json={"threshold": 0.7, "for_steps": 3})
     assert (r.json()["threshold"], r.json()["for_steps"]) == (0.7, 3)
@@ -116,12 +133,21 @@ def test_rule_crud_defaults_and_scopes(server, api):
     assert api.get(f"/api/v1/alert-rules/{rule['id']}").status_code == 404
 
 
-@pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data",
-                                 "http://[fe80::1]/hook", "http://metadata.google.internal/x",
-                                 "http://100.100.100.200/", "ftp://example.com/x"])  # fmt: skip
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data",
+        "http://[fe80::1]/hook",
+        "http://metadata.google.internal/x",
+        "http://100.100.100.200/",
+        "ftp://example.com/x",
+    ],
+)
 def test_link_local_and_metadata_targets_are_refused(api, url):
-    r = api.post("/api/v1/alert-rules",
-                 json={"name": "r", "metric": "acr", "op": ">", "threshold": 1, "notify": [url]})  # fmt: skip
+    r = api.post(
+        "/api/v1/alert-rules",
+        json={"name": "r", "metric": "acr", "op": ">", "threshold": 1, "notify": [url]},
+    )
     assert r.status_code == 422 and "webhook" in r.text
 
 
@@ -130,9 +156,18 @@ def test_reward_crash_fires_once_and_resolves_once(api, receiver):
     `acr >= 0.9 for 2 steps`: firing at the second 1.0 step, resolved at recovery, one webhook
     each, and the rule's mitigation in the answer to the very request that fired it."""
     run = new_run(api, name="crash")
-    rule = make_rule(api, name="crash", run_id=run["run_id"], metric="acr", op=">=",
-                     threshold=0.9, for_steps=2, notify=[receiver.url], severity="critical",
-                     mitigation={"type": "set_mitigation", "params": {"mode": "avspo"}})  # fmt: skip
+    rule = make_rule(
+        api,
+        name="crash",
+        run_id=run["run_id"],
+        metric="acr",
+        op=">=",
+        threshold=0.9,
+        for_steps=2,
+        notify=[receiver.url],
+        severity="critical",
+        mitigation={"type": "set_mitigation", "params": {"mode": "avspo"}},
+    )
     answers = []
     for step, acr in enumerate([0.25, 0.5, 0.75, 1.0, 1.0, 0.25, 0.0, 1.0], start=1):
         answers.append(post_steps(api, run, [{"step": step, "groups": groups_with_acr(acr)}]))
@@ -148,7 +183,11 @@ def test_reward_crash_fires_once_and_resolves_once(api, receiver):
     assert len(firing_or_resolved) == 1
     ep = firing_or_resolved[0]
     assert (ep["state"], ep["pending_step"], ep["fired_step"], ep["resolved_step"]) == (
-        "resolved", 4, 5, 6)  # fmt: skip
+        "resolved",
+        4,
+        5,
+        6,
+    )
     assert ep["rule_id"] == rule["id"] and ep["severity"] == "critical"
     assert ep["fired_at"] and ep["resolved_at"]
     log = api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"]
@@ -170,8 +209,15 @@ def test_reward_crash_fires_once_and_resolves_once(api, receiver):
 
 def test_min_valid_groups_blocks_small_steps(api):
     run = new_run(api)
-    make_rule(api, name="needs8", run_id=run["run_id"], metric="acr", op=">=", threshold=0.5,
-              min_valid_groups=8)  # fmt: skip
+    make_rule(
+        api,
+        name="needs8",
+        run_id=run["run_id"],
+        metric="acr",
+        op=">=",
+        threshold=0.5,
+        min_valid_groups=8,
+    )
     for step in range(1, 6):
         post_steps(api, run, [{"step": step, "groups": ALL_FAIL}])
     assert alerts_of(api, run["run_id"], "needs8") == []
@@ -181,11 +227,19 @@ def test_two_rank_step_is_evaluated_once_after_both_ranks(api):
     """Rank 0 alone has ACR 1/3; pooled with rank 1 it is 0.5. The rule only fires if the step
     was evaluated after both ranks reported."""
     run = new_run(api, world_size=2)
-    make_rule(api, name="pooled", run_id=run["run_id"], metric="acr", op=">=", threshold=0.5,
-              mitigation={"type": "checkpoint", "params": {}})  # fmt: skip
+    make_rule(
+        api,
+        name="pooled",
+        run_id=run["run_id"],
+        metric="acr",
+        op=">=",
+        threshold=0.5,
+        mitigation={"type": "checkpoint", "params": {}},
+    )
     make_rule(api, name="whole", run_id=run["run_id"], metric="n_groups", op=">=", threshold=4)
-    ans = post_steps(api, run, [{"step": 1, "rank": 0, "world_size": 2,
-                                 "groups": [[1, 1], [0, 1], [1, 0]]}])  # fmt: skip
+    ans = post_steps(
+        api, run, [{"step": 1, "rank": 0, "world_size": 2, "groups": [[1, 1], [0, 1], [1, 0]]}]
+    )
     assert ans["commands"] == [] and alerts_of(api, run["run_id"], "pooled") == []
     ans = post_steps(api, run, [{"step": 1, "rank": 1, "world_size": 2, "groups": [[0, 0]]}])
     assert ans["commands"] == []  # commands go to rank 0 only

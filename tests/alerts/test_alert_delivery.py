@@ -1,0 +1,270 @@
+"""Delivery and scale-out (DESIGN.md §6): webhooks that survive a receiver outage and a server
+restart, the periodic pass (incomplete steps, `stale`), and two server processes on one
+PostgreSQL database that never double-fire an alert, a webhook or a command."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from tests.conftest import (
+    create_key,
+    free_port,
+    new_postgres_database,
+    new_run,
+    post_steps,
+    run_cli,
+    start_server,
+)
+
+ALL_FAIL = [[0, 0, 0, 0]] * 4
+LIVE = [[0, 1, 0, 1]] * 4
+
+
+class Receiver:
+    """A webhook target on 127.0.0.1 recording every JSON body (a tiny http.server)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.messages: list[dict] = []
+        received = self.messages
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                received.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:  # noqa: ANN002
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def wait_for(self, n: int, timeout: float = 15.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while len(self.messages) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return list(self.messages)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def serve(database_url: str, log_dir, env: dict | None = None):  # noqa: ANN001, ANN201
+    srv = start_server(database_url, log_dir, env=env)
+    srv.keys["all"] = KEYS[database_url]
+    return srv
+
+
+KEYS: dict[str, str] = {}
+
+
+def prepare(database_url: str) -> None:
+    run_cli("db", "upgrade", "--database-url", database_url)
+    KEYS[database_url] = create_key(database_url, "ingest,read,control,admin", "all")
+
+
+FAST = {"VANTAGE_PERIODIC_PASS_S": "0.3", "VANTAGE_STEP_COMPLETE_AFTER_S": "1.5"}
+
+
+@pytest.fixture(scope="module")
+def fast_server(tmp_path_factory):  # noqa: ANN001, ANN201
+    """A server whose periodic pass runs every 0.3 s and completes steps after 1.5 s."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('fastdb') / 'v.db'}"
+    prepare(url)
+    srv = serve(url, tmp_path_factory.mktemp("fastlogs"), env=FAST)
+    yield srv
+    srv.stop()
+
+
+def make_rule(api: httpx.Client, **body) -> dict:
+    r = api.post("/api/v1/alert-rules", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def alerts_of(api: httpx.Client, run_id: str, rule: str) -> list[dict]:
+    return api.get("/api/v1/alerts", params={"run_id": run_id, "rule": rule}).json()["alerts"]
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_webhook_survives_receiver_outage_and_server_restart(tmp_path):
+    """The receiver is down for 30 s while an alert fires and resolves, and the server restarts
+    in between: once the receiver is back it gets each message exactly once, in order."""
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    prepare(url)
+    port = free_port()
+    srv = serve(url, tmp_path)
+    t0 = time.monotonic()
+    with srv.client("all") as api:
+        run = new_run(api, name="outage")
+        make_rule(
+            api,
+            name="outage",
+            run_id=run["run_id"],
+            metric="acr",
+            op=">=",
+            threshold=0.9,
+            notify=[f"http://127.0.0.1:{port}/hook"],
+        )
+        post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])
+        post_steps(api, run, [{"step": 2, "groups": LIVE}])
+        assert [a["state"] for a in alerts_of(api, run["run_id"], "outage")] == ["resolved"]
+    time.sleep(8)  # a few failed attempts
+    stop_started = time.monotonic()
+    srv.stop()
+    assert time.monotonic() - stop_started < 10  # SIGTERM stops the server within 10 s
+    srv = serve(url, tmp_path)
+    try:
+        time.sleep(max(0.0, 30 - (time.monotonic() - t0)))
+        receiver = Receiver(port)
+        try:
+            messages = receiver.wait_for(2, timeout=20)
+            time.sleep(2)
+            assert [(m["state"], m["step"]) for m in receiver.messages] == [
+                ("firing", 1),
+                ("resolved", 2),
+            ]
+            assert messages[0]["run_name"] == "outage"
+        finally:
+            receiver.close()
+    finally:
+        srv.stop()
+
+
+def test_incomplete_step_is_evaluated_by_the_periodic_pass(fast_server):
+    """Rank 1 never reports step 1 of a two-rank run: the step is evaluated after
+    `step_complete_after_s` (1.5 s here) from rank 0's groups alone."""
+    with fast_server.client("all") as api:
+        run = new_run(api, world_size=2)
+        make_rule(api, name="late", run_id=run["run_id"], metric="acr", op=">=", threshold=0.9)
+        post_steps(api, run, [{"step": 1, "rank": 0, "world_size": 2, "groups": ALL_FAIL}])
+        assert alerts_of(api, run["run_id"], "late") == []
+        assert wait_until(lambda: alerts_of(api, run["run_id"], "late"), timeout=10)
+        (ep,) = alerts_of(api, run["run_id"], "late")
+        assert (ep["state"], ep["fired_step"]) == ("firing", 1)
+
+
+def test_stale_fires_and_resolves_when_data_arrives(fast_server):
+    receiver = Receiver()
+    try:
+        with fast_server.client("all") as api:
+            run = new_run(api, name="quiet", heartbeat_s=0.5)
+            make_rule(
+                api,
+                name="stale-here",
+                run_id=run["run_id"],
+                metric="stale",
+                op=">",
+                threshold=3,
+                notify=[receiver.url],
+            )
+            post_steps(api, run, [{"step": 7, "groups": LIVE}])
+            assert wait_until(
+                lambda: (
+                    [a["state"] for a in alerts_of(api, run["run_id"], "stale-here")] == ["firing"]
+                ),
+                timeout=10,
+            )
+            assert alerts_of(api, run["run_id"], "stale-here")[0]["fired_step"] == 7
+            assert api.get(f"/api/v1/runs/{run['run_id']}").json()["status"] == "stale"
+            post_steps(api, run, [{"step": 8, "groups": LIVE}])
+            (ep,) = alerts_of(api, run["run_id"], "stale-here")
+            assert ep["state"] == "resolved"
+            messages = receiver.wait_for(2)
+            assert [m["state"] for m in messages] == ["firing", "resolved"]
+    finally:
+        receiver.close()
+
+
+@pytest.mark.postgres
+def test_two_replicas_never_double_fire(tmp_path):
+    """Two `vantage serve` processes on one PostgreSQL database; rank 0 posts to one and rank 1
+    to the other, in parallel. Four collapse bursts: exactly four episodes, eight webhooks (one
+    firing and one resolved each) and four commands."""
+    try:
+        database_url, drop = new_postgres_database()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"PostgreSQL not reachable: {exc}")
+    receiver = Receiver()
+    servers = []
+    try:
+        prepare(database_url)
+        servers = [serve(database_url, tmp_path), serve(database_url, tmp_path)]
+        with servers[0].client("all") as api:
+            run = new_run(api, name="replicas", world_size=2)
+            make_rule(
+                api,
+                name="burst",
+                run_id=run["run_id"],
+                metric="acr",
+                op=">=",
+                threshold=0.9,
+                notify=[receiver.url],
+                mitigation={"type": "set_mitigation", "params": {"mode": "avspo"}},
+            )
+        collapsed = {s: ((s - 1) // 2) % 2 == 0 for s in range(1, 17)}
+        errors: list[str] = []
+
+        def rank(r: int) -> None:
+            with servers[r].client("all") as c:
+                for s in range(1, 17):
+                    groups = [[0, 0], [1, 1]] if collapsed[s] else [[0, 1], [1, 0]]
+                    resp = c.post(
+                        f"/api/v1/runs/{run['run_id']}/steps",
+                        json={
+                            "attempt": 1,
+                            "records": [{"step": s, "rank": r, "world_size": 2, "groups": groups}],
+                        },
+                    )
+                    if resp.status_code != 200:
+                        errors.append(resp.text)
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors
+        with servers[1].client("all") as api:
+            episodes = alerts_of(api, run["run_id"], "burst")
+            assert sorted((e["fired_step"], e["resolved_step"]) for e in episodes) == [
+                (1, 3),
+                (5, 7),
+                (9, 11),
+                (13, 15),
+            ]
+            commands = api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"]
+            assert len(commands) == 4
+            assert {c["alert_id"] for c in commands} == {e["alert_id"] for e in episodes}
+        receiver.wait_for(8, timeout=20)
+        time.sleep(2)
+        sent = sorted((m["step"], m["state"]) for m in receiver.messages)
+        assert sent == sorted(
+            [(s, "firing") for s in (1, 5, 9, 13)] + [(s, "resolved") for s in (3, 7, 11, 15)]
+        )
+    finally:
+        for s in servers:
+            s.stop()
+        receiver.close()
+        drop()

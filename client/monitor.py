@@ -280,6 +280,7 @@ class Monitor:
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._force_drain = False
+        self._draining = False
         self._deadline = float("inf")
         self._finish_status: str | None = None
         self._closed = False
@@ -396,7 +397,8 @@ class Monitor:
         self._wake.set()
 
     def flush(self, timeout: float = 30.0) -> bool:
-        """Send everything queued so far and wait until the server has it; True when it has."""
+        """Send everything queued so far (retrying at once, not after the current backoff) and
+        wait until the server has it; True when it has."""
         end = time.monotonic() + timeout
         self._force_drain = True
         self._wake.set()
@@ -455,6 +457,7 @@ class Monitor:
             and not self._pending_acks
             and self._spool.pending_batches == 0
             and not self._force_drain
+            and not self._draining
             and (
                 self._transport is None or self._refused is not None or not self._spool.pending_acks
             )
@@ -642,6 +645,8 @@ class Monitor:
             closing = self._closing.is_set()
             if closing and not cancelled_backoff:
                 retry_at, cancelled_backoff = 0.0, True
+            if self._force_drain:  # flush(): try the server now rather than after the backoff
+                retry_at = 0.0
             try:
                 if (
                     closing
@@ -650,8 +655,12 @@ class Monitor:
                     or self._queued_groups >= self._batch_groups
                     or now - last_drain >= self._batch_interval
                 ):
+                    self._draining = True  # flush() must not see the queue empty mid-drain
                     self._force_drain = False
-                    self._drain()
+                    try:
+                        self._drain()
+                    finally:
+                        self._draining = False
                     last_drain = now
                 if self._transport is not None and self._refused is None and now >= retry_at:
                     failed = self._pump(now)

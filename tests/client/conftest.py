@@ -99,8 +99,19 @@ class Server:
             return r.json()["points"]
 
 
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server shared by the tests that never stop it (each test uses its own run)."""
+    srv = Server(tmp_path_factory.mktemp("server")).start()
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    srv = Server(tmp_path).start()
+def own_server(tmp_path: Path) -> Iterator[Server]:
+    """A server of the test's own, for tests that stop and restart it."""
+    folder = tmp_path / "own-server"
+    folder.mkdir()
+    srv = Server(folder).start()
     yield srv
     srv.stop()

@@ -39,7 +39,8 @@ def step_rewards(step: int, p: int = 8, g: int = 4) -> list[list[float]]:
     return [[float(rng.random() < 0.5) for _ in range(g)] for _ in range(p)]
 
 
-def test_stream_survives_sigterm_and_restart_every_group_once(server: Server, tmp_path: Path):
+def test_stream_survives_sigterm_and_restart_every_group_once(own_server: Server, tmp_path: Path):
+    server = own_server
     mon = monitor(server.url, tmp_path, batch_interval_s=0.2)
     expected = {}
     for step in range(200):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,13 @@ def _catchall(app: FastAPI, dash_app: Dash) -> None:
     async def index(request: Request, path: str = ""):
         token = set_current_request(request)
         try:
+            # Dash's first-request setup (callbacks, pages router, inline scripts) runs in its
+            # middleware, which only sees /dashboard/ and /_dash-* paths: run it here too, or a
+            # first visit straight to a page gets an index without the pages' scripts.
+            for setup in dash_app.backend._before_request_funcs:
+                result = setup()
+                if inspect.isawaitable(result):
+                    await result
             return Response(content=dash_app.index(), media_type="text/html")
         finally:
             reset_current_request(token)
@@ -105,6 +113,17 @@ def _catchall(app: FastAPI, dash_app: Dash) -> None:
     app.add_api_route(
         f"{auth.PREFIX}/{{path:path}}", index, methods=["GET"], include_in_schema=False
     )
+
+
+def _no_websocket(app: FastAPI, dash_app: Dash) -> None:
+    """Callbacks go over HTTP only, through the login gate.
+
+    Dash 4's FastAPI backend always opens a WebSocket for callbacks, even when none asks for
+    one; its connect handler also resets ``window.dash_clientside``, which loses the pages'
+    title callback. We use no WebSocket callbacks, so the route and the client config go."""
+    dash_app.backend.websocket_capability = False
+    ws_path = dash_app.config.routes_pathname_prefix + "_dash-ws-callback"
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != ws_path]
 
 
 def mount(app: FastAPI, settings: Any, session_factory) -> Dash:
@@ -147,6 +166,7 @@ def mount(app: FastAPI, settings: Any, session_factory) -> Dash:
         suppress_callback_exceptions=True,
         compress=False,
     )
+    _no_websocket(app, dash_app)
     dash_app.layout = _shell
     _register_shell_callbacks(dash_app)
     # Claim the pages' global callbacks for this app now, not at its first request (by then a

@@ -49,7 +49,7 @@ class DashboardGate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if (
-            scope["type"] != "http"
+            scope["type"] not in ("http", "websocket")
             or not path.startswith(PREFIX + "/")  # /dashboard itself only redirects
             or path.startswith(PUBLIC)
             or not context.auth_enabled()
@@ -59,6 +59,9 @@ class DashboardGate:
         info = await _run_sync(context.key_info, _cookie(scope))
         if context.can(info, "read"):
             await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})  # policy violation
             return
         if "/_dash-" in path or scope.get("method") != "GET":
             body = {"detail": "log in at /dashboard/login with an API key that has the read scope"}

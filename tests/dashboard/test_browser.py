@@ -116,3 +116,25 @@ def test_compare_page_overlays_chosen_runs(login_as, server):
         )
     finally:
         page.close()
+
+
+def test_pages_load_without_script_errors(login_as, server):
+    """Straight to each page, as a bookmark does, with no JavaScript error on the way."""
+    page = login_as("read")
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    try:
+        run_id = server.runs["qwen-aapo"]
+        for path, ready in (
+            (f"/dashboard/compare?runs={run_id}", "#compare-tbl"),
+            (f"/dashboard/runs/{run_id}", "#kpi-acr-value"),
+            ("/dashboard/", "#runs-table"),
+        ):
+            page.goto(server.url + path)
+            page.wait_for_selector(ready)
+            page.wait_for_timeout(500)
+        assert page.title() == "Vantage · runs"
+        assert errors == []
+    finally:
+        page.close()

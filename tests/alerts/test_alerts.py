@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -248,3 +249,142 @@ def test_two_rank_step_is_evaluated_once_after_both_ranks(api):
     assert alerts_of(api, run["run_id"], "whole")[0]["value"] == 4
     hb = api.post(f"/api/v1/runs/{run['run_id']}/heartbeat", json={"attempt": 1, "rank": 0})
     assert [c["type"] for c in hb.json()["commands"]] == ["checkpoint"]
+
+
+def flap(api, run: dict, pattern: str) -> list[dict]:
+    """Post one step per character: 'C' all groups failing (ACR 1), 'L' live groups (ACR 0)."""
+    return [
+        post_steps(api, run, [{"step": i, "groups": ALL_FAIL if c == "C" else LIVE}])
+        for i, c in enumerate(pattern, start=1)
+    ]
+
+
+def test_auto_mitigation_respects_cooldown_steps(api):
+    run = new_run(api)
+    make_rule(
+        api,
+        name="cool",
+        run_id=run["run_id"],
+        metric="acr",
+        op=">=",
+        threshold=0.9,
+        cooldown_steps=5,
+        mitigation={"type": "set_sampling", "params": {"temperature": 1.2}},
+    )
+    answers = flap(api, run, "CLCLLLCL")  # fires at 1, 3 and 7
+    fired = [e["fired_step"] for e in alerts_of(api, run["run_id"], "cool")]
+    assert sorted(fired) == [1, 3, 7]
+    issued = [
+        i
+        for i, a in enumerate(answers, start=1)
+        if any(c["type"] == "set_sampling" for c in a["commands"])
+    ]
+    assert issued[0] == 1  # in the answer to the request whose step fired
+    log = api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"]
+    assert len(log) == 2  # step 3 is within 5 steps of step 1; step 7 is not
+    by_step = {e["alert_id"]: e["fired_step"] for e in alerts_of(api, run["run_id"], "cool")}
+    assert sorted(by_step[c["alert_id"]] for c in log) == [1, 7]
+
+
+@pytest.mark.parametrize("mode", ["suggest", "off"])
+def test_suggest_and_off_modes_issue_no_command(api, mode):
+    run = new_run(api)
+    r = api.patch(f"/api/v1/runs/{run['run_id']}", json={"mitigation_mode": mode})
+    assert r.status_code == 200 and r.json()["mitigation_mode"] == mode
+    mitigation = {"type": "set_mitigation", "params": {"mode": "avspo"}}
+    make_rule(
+        api,
+        name="modes",
+        run_id=run["run_id"],
+        metric="acr",
+        op=">=",
+        threshold=0.9,
+        mitigation=mitigation,
+    )
+    answers = flap(api, run, "C")
+    assert answers[0]["commands"] == []
+    assert api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"] == []
+    (ep,) = alerts_of(api, run["run_id"], "modes")
+    assert ep["state"] == "firing"
+    assert ep["mitigation"] == (mitigation if mode == "suggest" else None)
+
+
+def test_silence_mutes_notifications_but_not_evaluation(api, receiver):
+    run = new_run(api)
+    until = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    r = api.post(
+        "/api/v1/silences",
+        json={
+            "matchers": {"run_id": run["run_id"], "rule": "hush"},
+            "until": until,
+            "reason": "maintenance",
+        },
+    )
+    assert r.status_code == 201, r.text
+    silence = r.json()
+    assert any(s["id"] == silence["id"] for s in api.get("/api/v1/silences").json()["silences"])
+    make_rule(
+        api,
+        name="hush",
+        run_id=run["run_id"],
+        metric="acr",
+        op=">=",
+        threshold=0.9,
+        notify=[receiver.url],
+    )
+    flap(api, run, "CL")
+    assert [a["state"] for a in alerts_of(api, run["run_id"], "hush")] == ["resolved"]
+    time.sleep(1.5)
+    assert receiver.messages == []
+    assert api.delete(f"/api/v1/silences/{silence['id']}").status_code == 204
+    post_steps(api, run, [{"step": 3, "groups": ALL_FAIL}])
+    assert [m["state"] for m in receiver.wait_for(1)] == ["firing"]
+
+
+def test_scalars_and_reward_drop_metrics(api):
+    run = new_run(api)
+    make_rule(api, name="loss", run_id=run["run_id"], metric="scalars.loss", op=">", threshold=5)
+    make_rule(api, name="drop", run_id=run["run_id"], metric="reward_drop", op=">=", threshold=0.5)
+    good = [[1, 1, 1, 0]] * 4  # reward_mean 0.75
+    bad = [[0, 0, 0, 1]] * 4  # reward_mean 0.25
+    records = [{"step": s, "groups": good, "scalars": {"loss": 1.0}} for s in range(1, 11)]
+    post_steps(api, run, records)
+    assert alerts_of(api, run["run_id"], "drop") == []
+    post_steps(api, run, [{"step": 11, "groups": bad, "scalars": {"loss": 9.0}}])
+    post_steps(api, run, [{"step": 12, "groups": bad}])  # no loss: neither advances nor resets
+    (loss,) = alerts_of(api, run["run_id"], "loss")
+    assert (loss["state"], loss["fired_step"], loss["value"]) == ("firing", 11, 9.0)
+    assert alerts_of(api, run["run_id"], "drop") == []  # 5-step mean 0.55: drop 0.27
+    post_steps(api, run, [{"step": 13, "groups": bad}])  # mean 0.45: drop 0.4
+    assert alerts_of(api, run["run_id"], "drop") == []
+    post_steps(api, run, [{"step": 14, "groups": bad}])  # mean 0.35: (0.75 − 0.35) / 0.75
+    (drop,) = alerts_of(api, run["run_id"], "drop")
+    assert drop["fired_step"] == 14 and drop["value"] == pytest.approx(0.4 / 0.75)
+
+
+def test_resumed_run_replaying_steps_does_not_notify_again(api, receiver):
+    """A new launch re-sends steps 1–2: the episode that already notified at step 1 is not
+    announced again; a new collapse after the replay is."""
+    run = new_run(api, launch_id="first")
+    make_rule(
+        api,
+        name="replay",
+        run_id=run["run_id"],
+        metric="acr",
+        op=">=",
+        threshold=0.9,
+        notify=[receiver.url],
+    )
+    flap(api, run, "CL")
+    receiver.wait_for(2)
+    resumed = new_run(api, run_id=run["run_id"], launch_id="second")
+    assert resumed["attempt"] == 2
+    flap(api, resumed, "CLC")
+    messages = receiver.wait_for(3, timeout=10)
+    time.sleep(1.5)
+    assert [(m["state"], m["step"]) for m in receiver.messages] == [
+        ("firing", 1),
+        ("resolved", 2),
+        ("firing", 3),
+    ]
+    assert messages

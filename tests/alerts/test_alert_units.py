@@ -1,0 +1,99 @@
+"""Pure parts of alerting, without a server: window metrics against the client's reference
+implementation, reward_drop by hand, webhook target checks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from sqlalchemy.orm import Session
+from vantage.client.acr import window_metrics
+from vantage.server.alert_metrics import reward_drop, series_values
+from vantage.server.db import make_engine
+from vantage.server.migrate import upgrade
+from vantage.server.models import Run, Step
+from vantage.server.notify import RefusedTarget, check_target
+
+
+def test_reward_drop_by_hand():
+    assert reward_drop([0.8] * 5, 0.0) is None  # no earlier 5-step mean yet
+    # best 5-step mean 0.8, latest 5-step mean (0.8·2 + 0.2·3)/5 = 0.44 → (0.8−0.44)/0.8 = 0.45
+    assert reward_drop([0.8] * 10 + [0.2] * 3, 0.0) == pytest.approx(0.45)
+    assert reward_drop([0.8] * 10 + [0.2] * 5, 0.0) == pytest.approx(0.75)
+    assert reward_drop([0.8] * 10 + [0.2] * 5, 0.2) == pytest.approx(1.0)  # down to reward_min
+    assert reward_drop([0.0] * 10, 0.0) is None  # nothing to drop from
+
+
+def test_series_values_match_window_metrics(tmp_path):
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    rng = random.Random(7)
+    rows = []
+    with Session(engine) as s:
+        s.add(Run(id="r", name="r", tags=[], client_health={}))
+        for step in range(1, 161):
+            valid = rng.randint(0, 8)
+            collapsed = rng.randint(0, valid)
+            acr = collapsed / valid if valid else None
+            rows.append({"acr": acr, "n_collapsed": collapsed, "n_valid": valid})
+            s.add(
+                Step(
+                    run_id="r",
+                    split="train",
+                    step=step,
+                    attempt=1,
+                    ranks=[0],
+                    acc={},
+                    effective_by_rank={},
+                    scalars={},
+                    n_valid=valid,
+                    n_collapsed=collapsed,
+                    acr=acr,
+                    reward_mean=rng.random(),
+                )
+            )
+        s.commit()
+        run = s.get(Run, "r")
+        needs = {"acr_pooled", "acr_100", "acr_ema", "acr_volatility", "acr_streak"}
+        # One batch from step 90 to 160, and single steps: both match the reference.
+        batch = series_values(s, run, "train", list(range(90, 161)), needs)
+        for step in (90, 100, 120, 160):
+            expected = window_metrics(rows[:step])
+            for got in (batch[step], series_values(s, run, "train", [step], needs)[step]):
+                for name, value in expected.items():
+                    assert got[name] == pytest.approx(value), (step, name)
+    engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[fe80::1]:8080/",
+        "http://[::ffff:169.254.1.1]/",
+        "http://metadata.google.internal/",
+        "http://100.100.100.200/",
+        "http://[fd00:ec2::254]/",
+        "file:///etc/passwd",
+        "http:///nohost",
+    ],
+)
+def test_refused_webhook_targets(url):
+    with pytest.raises(RefusedTarget):
+        check_target(url, None)
+
+
+def test_webhook_allow_list():
+    assert check_target("http://127.0.0.1:9/hook", None)
+    allow = "https://hooks.slack.com/,10.0.0.0/8,*.example.com,127.0.0.1"
+    for ok in (
+        "https://hooks.slack.com/services/T/B/X",
+        "http://10.1.2.3/x",
+        "https://alerts.example.com/x",
+        "http://127.0.0.1:9/hook",
+    ):
+        assert check_target(ok, allow) == ok
+    for bad in ("https://evil.test/x", "http://192.168.1.1/x", "http://hooks.slack.com.evil.test/"):
+        with pytest.raises(RefusedTarget, match="VANTAGE_WEBHOOK_ALLOW"):
+            check_target(bad, allow)

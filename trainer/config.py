@@ -45,7 +45,7 @@ class TrainConfig:
     data_path: str | None = None  # "jsonl": a file of {"question", "answer" ending "#### N"}
     eval_data_path: str | None = None  # "jsonl": held-out file; else the last eval_size rows
     reasoning_gym_task: str = "basic_arithmetic"  # "reasoning_gym": dataset name
-    prompt_template: str = "{question}"  # how a question becomes a prompt; arithmetic ignores it
+    prompt_template: str = "{question}"  # a question's prompt; arithmetic also has {expression}
     eval_size: int = 128  # held-out problems for greedy accuracy
 
     # ---- rewards

@@ -34,8 +34,9 @@ class Task:
 class ArithmeticTask(Task):
     """``a+b=`` style problems; ``max_operand`` is the difficulty knob.
 
-    The held-out set comes from its own seed and is excluded from training when the problem space
-    is at least twice its size.
+    ``template`` may use ``{question}`` ("12+7=") or ``{expression}`` ("12+7"). The held-out
+    set comes from its own seed and is excluded from training when the problem space is at least
+    twice its size.
     """
 
     def __init__(
@@ -45,10 +46,12 @@ class ArithmeticTask(Task):
         operators: str = "+",
         seed: int = 0,
         eval_size: int = 128,
+        template: str = "{question}",
     ) -> None:
         if max_operand < 1 or terms < 2 or not operators or set(operators) - set("+-*"):
             raise ValueError("arithmetic needs max_operand ≥ 1, terms ≥ 2 and operators from '+-*'")
         self.max_operand, self.terms, self.operators = max_operand, terms, operators
+        self.template = template
         space = (max_operand + 1) ** terms * len(operators) ** (terms - 1)
         eval_rng = random.Random(f"arith-eval-{seed}")
         unique: dict[str, Problem] = {}
@@ -64,7 +67,8 @@ class ArithmeticTask(Task):
             parts += [rng.choice(self.operators), str(rng.randint(0, self.max_operand))]
         expression = "".join(parts)
         value = eval(expression, {"__builtins__": {}})  # noqa: S307 - digits and +-* only
-        return Problem(prompt_id=expression, question=f"{expression}=", answer=str(value))
+        question = self.template.format(question=f"{expression}=", expression=expression)
+        return Problem(prompt_id=expression, question=question, answer=str(value))
 
     def sample(self, n: int, rng: random.Random) -> list[Problem]:
         out: list[Problem] = []
@@ -141,6 +145,7 @@ def load_task(config: TrainConfig) -> Task:
             config.arith_operators,
             config.seed,
             config.eval_size,
+            config.prompt_template,
         )
     if config.task == "jsonl":
         rows = read_gsm8k_jsonl(config.data_path, config.prompt_template)  # type: ignore[arg-type]

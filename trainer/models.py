@@ -5,6 +5,7 @@ Nothing here downloads: every loader passes ``local_files_only=True``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 from pathlib import Path
@@ -88,6 +89,16 @@ def smollm2_gguf_path() -> Path:
     return files[0]
 
 
+def _forget_gguf_quantization(model: PreTrainedModel) -> None:
+    """transformers dequantises GGUF weights on load but keeps the quantizer attached, so
+    ``save_pretrained`` (checkpoints, the reference) refuses; the weights are plain tensors."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    with contextlib.suppress(AttributeError):  # a read-only property in some versions
+        model.is_quantized = False
+
+
 def _dtype(config: TrainConfig) -> torch.dtype:
     return torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
 
@@ -122,6 +133,7 @@ def load_policy(config: TrainConfig) -> tuple[PreTrainedModel, PreTrainedTokeniz
         model = AutoModelForCausalLM.from_pretrained(
             path.parent, gguf_file=path.name, local_files_only=True, dtype=dtype
         )
+        _forget_gguf_quantization(model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

@@ -6,6 +6,7 @@ and keeps every call, so the tests can check what the trainer sent and feed it c
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from trainer_helpers import RecordingMonitor, small_config  # noqa: E402
 from vantage.trainer.run import setup  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow (over a minute: SmolLM2, the collapse run) run only when asked for, with
+    ``-m slow`` or VANTAGE_RUN_SLOW=1, so the default suite stays within a few minutes."""
+    if config.getoption("-m") or os.environ.get("VANTAGE_RUN_SLOW"):
+        return
+    here = Path(__file__).parent
+    skip = pytest.mark.skip(reason="slow: run with -m slow or VANTAGE_RUN_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords and here in Path(str(item.fspath)).parents:
+            item.add_marker(skip)
 
 
 @pytest.fixture

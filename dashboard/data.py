@@ -109,7 +109,9 @@ def commands(info, run_id: str) -> list[dict] | None:
     return out
 
 
-def issue_command(info, run_id: str, type_: str, params: dict, reason: str | None) -> dict:
+def issue_command(
+    info, run_id: str, type_: str, params: dict, reason: str | None, alert_id: int | None = None
+) -> dict:
     """Create a command as the caller; raises PermissionError or ValueError with a message."""
     from vantage.server import commands as server_commands
 
@@ -120,7 +122,13 @@ def issue_command(info, run_id: str, type_: str, params: dict, reason: str | Non
         if not context.can_see(info, q.get_run(s, run_id)):
             raise PermissionError("run not found or not visible to this key")
         cmd = server_commands.create_command(
-            s, run_id, type_, params, reason=reason, issued_by=f"dashboard:{info.name}"
+            s,
+            run_id,
+            type_,
+            params,
+            reason=reason,
+            issued_by=f"dashboard:{info.name}",
+            alert_id=alert_id,
         )
         s.commit()
     return cmd

@@ -52,24 +52,35 @@ def header(run: dict) -> list:
 def suggestions(run: dict, alerts: list[dict], state: dict) -> list[dict]:
     """Mitigations to offer for one click: those of firing alerts whose rule carries one (the
     run's mode is 'suggest'), else AVSPO when the run looks stalled and has none applied."""
+    requested = run.get("mitigation_requested") or {}
+    requested_mode = requested.get("mode") if isinstance(requested, dict) else requested
+
+    def wanted(kind: str, params: dict) -> bool:
+        # Nothing to suggest when that mitigation is already requested or on.
+        return not (kind == "set_mitigation" and params.get("mode") == requested_mode)
+
     out = []
     for a in alerts:
-        mit = a.get("mitigation") or a.get("suggested_mitigation")
+        mit = a.get("mitigation")
         if a.get("state") == "firing" and isinstance(mit, dict) and mit.get("type"):
-            out.append(
-                {
-                    "type": mit["type"],
-                    "params": mit.get("params") or {},
-                    "why": f"alert {a.get('rule')} is firing (value {explain.fmt(a.get('value'))})",
-                }
-            )
-    applied = run.get("mitigation_applied") or {}
-    applied_mode = applied.get("mode") if isinstance(applied, dict) else applied
-    if not out and (state.get("streak") or 0) > 50 and applied_mode in (None, "none"):
+            params = mit.get("params") or {}
+            if wanted(mit["type"], params):
+                out.append(
+                    {
+                        "type": mit["type"],
+                        "params": params,
+                        "alert_id": a.get("alert_id"),
+                        "why": f"alert {a.get('rule')} is firing "
+                        f"(value {explain.fmt(a.get('value'))})",
+                    }
+                )
+    avspo = {"mode": "avspo", "threshold": "fixed", "alpha": 0.5}
+    if not out and (state.get("streak") or 0) > 50 and requested_mode in (None, "none"):
         out.append(
             {
                 "type": "set_mitigation",
-                "params": {"mode": "avspo", "threshold": "fixed", "alpha": 0.5},
+                "params": avspo,
+                "alert_id": None,
                 "why": f"ACR has been above 0.35 for {state['streak']} steps",
             }
         )
@@ -107,7 +118,13 @@ def banner(run: dict, alerts: list[dict], state: dict, can_control: bool) -> lis
                         # The command rides in the id, so the click callback needs no lookup.
                         id={
                             "type": "suggest",
-                            "command": json.dumps({"type": s["type"], "params": s["params"]}),
+                            "command": json.dumps(
+                                {
+                                    "type": s["type"],
+                                    "params": s["params"],
+                                    "alert_id": s["alert_id"],
+                                }
+                            ),
                         },
                         className="action",
                         disabled=not can_control,

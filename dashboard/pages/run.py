@@ -158,10 +158,12 @@ def ask_confirmation(_cmd, _suggest, threshold, alpha, d_low, d_high, temp):
     trigger = ctx.triggered_id
     if not trigger or not ctx.triggered or not ctx.triggered[0].get("value"):
         return no_update, no_update, no_update, no_update
+    alert_id = None
     try:
         if trigger["type"] == "suggest":
             cmd = json.loads(trigger["command"])
             kind, params = cmd["type"], cmd.get("params") or {}
+            alert_id = cmd.get("alert_id")
         else:
             values = {
                 "avspo_threshold": threshold,
@@ -173,7 +175,7 @@ def ask_confirmation(_cmd, _suggest, threshold, alpha, d_low, d_high, temp):
             kind, params = commands_ui.build_command(trigger["action"], values)
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         return False, no_update, None, html.Span(str(exc), className="result-error")
-    pending = {"type": kind, "params": params}
+    pending = {"type": kind, "params": params, "alert_id": alert_id}
     return True, commands_ui.describe(kind, params), pending, ""
 
 
@@ -192,7 +194,12 @@ def send_command(_submit, pending, run_id, reason):
     info = context.current_key()
     try:
         cmd = data.issue_command(
-            info, run_id, pending["type"], pending["params"], reason or "from the dashboard"
+            info,
+            run_id,
+            pending["type"],
+            pending["params"],
+            reason or "from the dashboard",
+            alert_id=pending.get("alert_id"),
         )
     except (PermissionError, ValueError, LookupError) as exc:
         return html.Span(f"Not sent: {exc}", className="result-error", id="cmd-error"), None

@@ -138,3 +138,45 @@ def test_pages_load_without_script_errors(login_as, server):
         assert errors == []
     finally:
         page.close()
+
+
+def test_a_suggested_mitigation_is_one_click_away(control_page, server):
+    """A firing rule with a mitigation, on a run in 'suggest' mode, offers it on the run page;
+    accepting it creates the command, linked to the alert."""
+    lead = server.api("control")
+    with server.api() as api, lead:
+        run_id, attempt = sample_data.create_run(api, "suggest-run", tags=("suggest",))
+        lead.patch(f"/api/v1/runs/{run_id}", json={"mitigation_mode": "suggest"}).raise_for_status()
+        lead.post(
+            "/api/v1/alert-rules",
+            json={"name": "any_collapse", "run_id": run_id, "metric": "acr", "op": ">",
+                  "threshold": 0.0, "for_steps": 1,
+                  "mitigation": {"type": "set_mitigation", "params": {"mode": "aapo"}}},
+        ).raise_for_status()  # fmt: skip
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 5, seed=3))
+        alerts = lead.get("/api/v1/alerts", params={"run_id": run_id, "state": "firing"}).json()
+    assert alerts["alerts"], "the rule should fire on the seeded steps"
+    page = control_page
+    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.wait_for_selector("#run-alerts")
+    assert "any_collapse" in page.inner_text("#run-alerts")
+    button = page.locator("button.action", has_text="Apply AAPO")
+    button.click()
+    page.wait_for_selector("#cmd-sent")
+    with server.api() as api:
+        command = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"][0]
+    assert command["params"]["mode"] == "aapo"
+    assert command["alert_id"] == alerts["alerts"][0]["alert_id"]
+
+
+def test_prompts_tab_lists_prompts_that_keep_collapsing(control_page, server):
+    run_id = server.runs["qwen-grpo"]
+    page = control_page
+    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.locator("#run-tabs").get_by_text("Prompts").click()
+    page.wait_for_selector("#prompts-table")
+    assert "prompt-" in page.inner_text("#prompts-table")
+    page.locator("#prompts-side").get_by_text("all-fail").click()
+    page.wait_for_function(
+        "document.querySelector('#prompts-csv').getAttribute('href').endsWith('side=all_fail')"
+    )

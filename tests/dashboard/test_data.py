@@ -1,0 +1,93 @@
+"""The dashboard's data layer and callbacks' logic against the test server's database, in
+process: scopes and projects, filters, live updates."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from dash import Patch, no_update
+from vantage.dashboard import context, data, run_view, sample_data
+from vantage.server.db import make_engine, session_factory
+from vantage.server.keys import KeyInfo
+
+
+@pytest.fixture
+def dashboard(server):
+    settings = SimpleNamespace(auth_enabled=True, public_url=None, dashboard_refresh_s=2.0)
+    engine = make_engine(server.db_url)
+    context.configure(settings, session_factory(engine))
+    yield server
+    engine.dispose()
+
+
+READ = KeyInfo("viewer", frozenset({"read"}))
+CONTROL = KeyInfo("lead", frozenset({"read", "control"}))
+
+
+def test_actions_need_the_control_scope(dashboard):
+    run_id = dashboard.runs["qwen-aapo"]
+    with pytest.raises(PermissionError, match="control scope"):
+        data.issue_command(READ, run_id, "stop", {}, None)
+    with pytest.raises(PermissionError):
+        data.issue_command(None, run_id, "stop", {}, None)
+    with pytest.raises(ValueError, match="temperature"):
+        data.issue_command(CONTROL, run_id, "set_sampling", {"temperature": 99}, None)
+    other_project = KeyInfo("other", frozenset({"read", "control"}), project="elsewhere")
+    with pytest.raises(PermissionError, match="not visible"):
+        data.issue_command(other_project, run_id, "stop", {}, None)
+
+
+def test_keys_limited_to_a_project_see_only_its_runs(dashboard):
+    assert {r["name"] for r in data.runs_overview(READ)} >= set(dashboard.runs)
+    limited = KeyInfo("other", frozenset({"read"}), project="elsewhere")
+    assert data.runs_overview(limited) == []
+    assert run_view.first_load(limited, dashboard.runs["qwen-grpo"]) is None
+    assert data.metrics_csv(limited, dashboard.runs["qwen-grpo"]) is None
+
+
+def test_runs_filters_and_sparklines(dashboard):
+    runs = data.runs_overview(READ, tag="avspo")
+    assert [r["name"] for r in runs] == ["qwen-avspo"]
+    assert 0 < len(runs[0]["spark"]) <= data.SPARK_POINTS
+    assert data.runs_overview(READ, project="no-such-project") == []
+    projects, tags = data.filter_options(READ)
+    assert "demo" in projects and {"grpo", "avspo", "aapo", "math"} <= set(tags)
+
+
+def test_live_update_appends_only_new_steps(dashboard):
+    with dashboard.api() as api:
+        run_id, attempt = sample_data.create_run(api, "live-logic")
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 10))
+        first = run_view.first_load(READ, run_id)
+        state = first[run_view.OUTPUTS.index("state")]
+        assert state["last_step"] == 9 and first[-1] is False  # interval on: still running
+        quiet = run_view.live_update(READ, run_id, state)
+        assert quiet[run_view.OUTPUTS.index("acr_figure")] is no_update
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(10, 3))
+        update = run_view.live_update(READ, run_id, state)
+        patch = update[run_view.OUTPUTS.index("acr_figure")]
+        assert isinstance(patch, Patch)
+        steps = [op for op in patch.to_plotly_json()["operations"]
+                 if op["location"] == ["data", 6, "x"]]  # fmt: skip
+        assert steps[0]["params"]["value"] == [10, 11, 12]
+        assert update[run_view.OUTPUTS.index("state")]["last_step"] == 12
+        # A finished run turns the interval off.
+        api.post(f"/api/v1/runs/{run_id}/finish", json={"status": "finished"})
+        done = run_view.live_update(READ, run_id, update[run_view.OUTPUTS.index("state")])
+        assert done[-1] is True
+
+
+def test_a_new_attempt_reloads_the_page_data(dashboard):
+    with dashboard.api() as api:
+        run_id, attempt = sample_data.create_run(api, "resumed")
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 10))
+        state = run_view.first_load(READ, run_id)[run_view.OUTPUTS.index("state")]
+        r = api.post("/api/v1/runs", json={"run_id": run_id, "name": "resumed"})
+        new_attempt = r.json()["attempt"]
+        assert new_attempt == attempt + 1
+        sample_data.send_steps(api, run_id, new_attempt, sample_data.step_records(5, 2, seed=9))
+        out = run_view.live_update(READ, run_id, state)
+        fig = out[run_view.OUTPUTS.index("acr_figure")]
+        assert isinstance(fig, dict) and fig["data"][6]["x"] == list(range(10))
+        assert out[run_view.OUTPUTS.index("state")]["attempt"] == new_attempt

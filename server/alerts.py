@@ -187,29 +187,42 @@ class Evaluator:
 
 
 def _stale_candidates(session: Session, now: datetime) -> set[str]:
-    """Runs a `stale` rule may change: open stale episodes, and running runs silent for longer
-    than the lowest stale threshold allows."""
-    stale_rules = list(
+    """Runs where a `stale` rule would change state: silent running runs without an open stale
+    episode, and open stale episodes whose run spoke again or finished. A run that stays silent
+    costs nothing per pass."""
+    rules = list(
         session.scalars(
             select(AlertRule).where(AlertRule.metric == "stale", AlertRule.enabled.is_(True))
         )
     )
-    if not stale_rules:
+    if not rules:
         return set()
-    out = set(
-        session.scalars(
-            select(AlertEpisode.run_id).where(
-                AlertEpisode.rule_id.in_([r.id for r in stale_rules]),
+    open_pairs = set(
+        session.execute(
+            select(AlertEpisode.rule_id, AlertEpisode.run_id).where(
+                AlertEpisode.rule_id.in_([r.id for r in rules]),
                 AlertEpisode.state.in_(("pending", "firing")),
             )
-        )
+        ).tuples()
     )
-    lowest = min(r.threshold for r in stale_rules)
-    q = select(Run.id, Run.last_seen_at, Run.heartbeat_s).where(Run.status == "running")
-    for run_id, seen, heartbeat in session.execute(q):
+    out: set[str] = set()
+    q = select(Run.id, Run.project, Run.status, Run.last_seen_at, Run.heartbeat_s)
+    running = {rid for rid, *_ in session.execute(q.where(Run.status == "running"))}
+    out |= {run_id for _, run_id in open_pairs if run_id not in running}
+    for run_id, project, _status, seen, heartbeat in session.execute(
+        q.where(Run.status == "running")
+    ):
         period = heartbeat if heartbeat and heartbeat > 0 else 10.0
-        if (now - _aware(seen)).total_seconds() / period >= lowest:
-            out.add(run_id)
+        value = max(0.0, (now - _aware(seen)).total_seconds() / period)
+        for rule in rules:
+            if rule.run_id not in (None, run_id) or rule.project not in (None, project):
+                continue
+            is_open = (rule.id, run_id) in open_pairs
+            if (not is_open and OPS[rule.op](value, rule.threshold)) or (
+                is_open and past_clear(rule, value)
+            ):
+                out.add(run_id)
+                break
     return out
 
 
@@ -272,6 +285,12 @@ def _mark_evaluated(session: Session, rows: list[Step]) -> None:
 def _evaluable_steps(
     session: Session, run: Run, splits: set[str] | None, now: datetime, complete_after_s: float
 ) -> list[Step]:
+    """Unevaluated steps that may be evaluated now, in step order, stopping at the first that
+    may not. A step may be evaluated when every rank of its world_size reported it; when a later
+    step of its attempt arrived and every rank known to the attempt reported it or a later step
+    (ranks send in step order, and an integration that gathers groups to rank 0 has one known
+    rank); when its first record is older than ``complete_after_s``; or when a later step was
+    already evaluated (it arrived late)."""
     q = select(Step).where(Step.run_id == run.id, Step.evaluated == false())
     if splits is not None:
         q = q.where(Step.split.in_(sorted(splits)))
@@ -281,22 +300,54 @@ def _evaluable_steps(
     by_split: dict[str, list[Step]] = {}
     for row in rows:
         by_split.setdefault(row.split, []).append(row)
-    for split_rows in by_split.values():
+    for split, split_rows in by_split.items():
         # Ranks that reported a later step of the same attempt, walking from the newest step.
-        later: list[set[int]] = [set() for _ in split_rows]
+        later: list[set[int] | None] = [None] * len(split_rows)
         seen: dict[int, set[int]] = {}
         for i in range(len(split_rows) - 1, -1, -1):
             row = split_rows[i]
-            later[i] = set(seen.get(row.attempt, set()))
-            seen.setdefault(row.attempt, set()).update(int(r) for r in row.ranks or [])
+            if row.attempt in seen:
+                later[i] = set(seen[row.attempt])
+            seen.setdefault(row.attempt, set()).update(_ranks(row))
+        known: dict[int, set[int]] = {}
         for i, row in enumerate(split_rows):
-            reported = {int(r) for r in row.ranks or []} | later[i]
-            complete = set(range(row.world_size or 1)) <= reported
-            if complete or _aware(row.first_seen_at) < cutoff or _passed(session, row):
+            own = _ranks(row)
+            if set(range(row.world_size or 1)) <= own or _aware(row.first_seen_at) < cutoff:
                 out.append(row)
-            else:
-                break  # step order: nothing after an incomplete step is evaluated before it
+                continue
+            if later[i] is not None:
+                if row.attempt not in known:
+                    known[row.attempt] = seen[row.attempt] | _evaluated_ranks(
+                        session, run.id, split, row.attempt
+                    )
+                if known[row.attempt] <= own | later[i]:
+                    out.append(row)
+                    continue
+            if _passed(session, row):
+                out.append(row)
+                continue
+            break  # step order: nothing after a step that waits is evaluated before it
     return sorted(out, key=lambda r: (r.step, r.split))
+
+
+def _ranks(row: Step) -> set[int]:
+    return {int(r) for r in row.ranks or []}
+
+
+def _evaluated_ranks(session: Session, run_id: str, split: str, attempt: int) -> set[int]:
+    """The ranks of the attempt's newest evaluated step (ranks known to the attempt)."""
+    ranks = session.scalar(
+        select(Step.ranks)
+        .where(
+            Step.run_id == run_id,
+            Step.split == split,
+            Step.attempt == attempt,
+            Step.evaluated == true(),
+        )
+        .order_by(Step.step.desc())
+        .limit(1)
+    )
+    return {int(r) for r in ranks or []}
 
 
 def _passed(session: Session, row: Step) -> bool:

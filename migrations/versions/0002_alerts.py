@@ -210,6 +210,9 @@ def upgrade() -> None:
         )
 
     # ### end Alembic commands ###
+    # Steps stored before alerting existed are history: no rule fires on them.
+    steps = sa.table("steps", sa.column("evaluated", sa.Boolean))
+    op.execute(steps.update().values(evaluated=True))
     rules = sa.table(
         "alert_rules",
         sa.column("name", sa.String),

@@ -193,6 +193,15 @@ def test_reward_crash_fires_once_and_resolves_once(api, receiver):
     assert ep["fired_at"] and ep["resolved_at"]
     log = api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"]
     assert [(c["issued_by"], c["alert_id"]) for c in log] == [("alert:crash", ep["alert_id"])]
+    # Re-delivered to rank 0 until acked.
+    command_id = fired_cmds[0]["command_id"]
+    assert [c["command_id"] for c in answers[5]["commands"]] == [command_id]
+    ack = api.post(
+        f"/api/v1/runs/{run['run_id']}/commands/{command_id}/ack",
+        json={"status": "applied", "step": 6},
+    )
+    assert ack.status_code == 200
+    assert post_steps(api, run, [{"step": 9, "groups": LIVE}])["commands"] == []
     messages = receiver.wait_for(2, timeout=10)
     time.sleep(1.5)  # nothing more arrives
     assert [(m["state"], m["step"]) for m in receiver.messages] == [("firing", 5), ("resolved", 6)]
@@ -249,6 +258,39 @@ def test_two_rank_step_is_evaluated_once_after_both_ranks(api):
     assert alerts_of(api, run["run_id"], "whole")[0]["value"] == 4
     hb = api.post(f"/api/v1/runs/{run['run_id']}/heartbeat", json={"attempt": 1, "rank": 0})
     assert [c["type"] for c in hb.json()["commands"]] == ["checkpoint"]
+    # Rank 0 runs ahead: step 2 waits for rank 1 (a known rank) although step 3 arrived.
+    post_steps(
+        api,
+        run,
+        [
+            {"step": 2, "rank": 0, "world_size": 2, "groups": [[1, 1], [0, 1], [1, 0]]},
+            {"step": 3, "rank": 0, "world_size": 2, "groups": [[1, 1], [0, 1], [1, 0]]},
+        ],
+    )
+    post_steps(api, run, [{"step": 2, "rank": 1, "world_size": 2, "groups": [[0, 0]]}])
+    (whole,) = alerts_of(api, run["run_id"], "whole")
+    assert (whole["state"], whole["value"]) == ("firing", 4)  # never evaluated with 3 groups
+
+
+def test_groups_gathered_to_rank_0_are_evaluated_when_the_next_step_arrives(api):
+    """An integration that gathers groups to rank 0 sends world_size 2 from rank 0 only: a step
+    is evaluated when the next one arrives, and its command is in that answer."""
+    run = new_run(api, world_size=2)
+    make_rule(
+        api,
+        name="gathered",
+        run_id=run["run_id"],
+        metric="acr",
+        op=">=",
+        threshold=0.9,
+        mitigation={"type": "stop", "params": {}},
+    )
+    first = post_steps(api, run, [{"step": 1, "world_size": 2, "groups": ALL_FAIL}])
+    assert first["commands"] == [] and alerts_of(api, run["run_id"], "gathered") == []
+    second = post_steps(api, run, [{"step": 2, "world_size": 2, "groups": LIVE}])
+    assert [c["type"] for c in second["commands"]] == ["stop"]
+    (ep,) = alerts_of(api, run["run_id"], "gathered")
+    assert (ep["state"], ep["fired_step"]) == ("firing", 1)
 
 
 def flap(api, run: dict, pattern: str) -> list[dict]:

@@ -52,6 +52,7 @@ def _shell() -> html.Div:
 
 def _register_shell_callbacks(app: Dash) -> None:
     @app.callback(Output("whoami", "children"), Input("url", "pathname"))
+    @context.in_thread
     def whoami(_pathname: str | None) -> Any:
         if not context.auth_enabled():
             return html.Span("auth off (loopback only)", title="vantage serve --insecure-no-auth")

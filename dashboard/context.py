@@ -6,6 +6,8 @@ Dash keeps one app per process (``dash.get_app``), so this module does too: ``mo
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -47,6 +49,20 @@ def state() -> DashboardState:
 def session() -> Iterator[Any]:
     with state().session_factory() as s:
         yield s
+
+
+def in_thread(func: Callable) -> Callable:
+    """Run a callback's database work in a worker thread.
+
+    Dash's FastAPI backend runs a plain callback on the event loop, so a 1 s first load of a
+    100,000-step run would stall every API request of the process, ingest included. An async
+    callback is awaited instead; ``asyncio.to_thread`` carries the callback context (cookies)."""
+
+    @functools.wraps(func)
+    async def run(*args, **kwargs):
+        return await asyncio.to_thread(func, *args, **kwargs)
+
+    return run
 
 
 def auth_enabled() -> bool:

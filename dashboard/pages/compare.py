@@ -53,6 +53,7 @@ def layout(runs: str | None = None, **_query) -> html.Div:
     Output("compare-table", "children"),
     Input("compare-runs", "value"),
 )
+@context.in_thread
 def show_comparison(run_ids):
     result = data.compare(context.current_key(), list(run_ids or []))
     fig = figures.compare_figure(result["runs"], result["metrics"])

@@ -125,6 +125,7 @@ def _prompts_tab(run_id: str | None) -> html.Div:
     Input("run-interval", "n_intervals"),
     State("run-state", "data"),
 )
+@context.in_thread
 def update_run(run_id, _n, state):
     info = context.current_key()
     if ctx.triggered_id == "run-interval" and state:
@@ -188,6 +189,7 @@ def ask_confirmation(_cmd, _suggest, threshold, alpha, d_low, d_high, temp):
     State("cmd-reason", "value"),
     prevent_initial_call=True,
 )
+@context.in_thread
 def send_command(_submit, pending, run_id, reason):
     if not pending:
         return no_update, no_update
@@ -213,6 +215,7 @@ def send_command(_submit, pending, run_id, reason):
     Input("run-interval", "n_intervals"),
     Input("run-command-sent", "data"),
 )
+@context.in_thread
 def refresh_command_log(run_id, _n, _sent):
     commands = data.commands(context.current_key(), run_id)
     return commands_ui.log_table(commands or [])
@@ -225,6 +228,7 @@ def refresh_command_log(run_id, _n, _sent):
     Input("prompts-side", "value"),
     State("run-id", "data"),
 )
+@context.in_thread
 def show_prompts(tab, side, run_id):
     href = f"/dashboard/export/{run_id}/prompts.csv" + (f"?side={side}" if side else "")
     if tab != "prompts":

@@ -42,6 +42,7 @@ def layout(**_query) -> html.Div:
     Input("runs-project", "value"),
     Input("runs-tag", "value"),
 )
+@context.in_thread
 def refresh_runs(_n, project, tag):
     info = context.current_key()
     runs = data.runs_overview(info, project, tag)

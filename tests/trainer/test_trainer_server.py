@@ -1,0 +1,113 @@
+"""The trainer against a real `vantage serve` process: groups, effective statistics and scalars
+arrive per step, and a command issued over HTTP is applied at a step boundary and acked."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from trainer_helpers import small_config
+from vantage.client.acr import summarize_rewards
+from vantage.trainer.run import fit, setup
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi", reason="the server extra is not installed")
+
+VANTAGE = str(Path(sys.executable).with_name("vantage"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server_url(tmp_path):
+    port = free_port()
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen(
+        [
+            VANTAGE,
+            "serve",
+            "--insecure-no-auth",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--database-url",
+            f"sqlite:///{tmp_path / 'vantage.db'}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited: {(tmp_path / 'server.log').read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    yield url
+    proc.terminate()
+    proc.wait(15)
+
+
+def test_trainer_streams_to_a_real_server_and_obeys_its_commands(warm_policy, tmp_path, server_url):
+    cfg = small_config(
+        tmp_path / "run",
+        init_checkpoint=warm_policy,
+        steps=5,
+        server=server_url,
+        run_name="trainer-e2e",
+    )
+    trainer = setup(cfg)
+    run_id = trainer.run_id
+    api = httpx.Client(base_url=server_url, timeout=30)
+    issued = {}
+    received = []
+    trainer.monitor.monitor.on_command(received.append)
+
+    def hook(t, record):
+        if record["step"] == 2:
+            r = api.post(
+                f"/api/v1/runs/{run_id}/commands",
+                json={"type": "set_mitigation", "params": {"mode": "avspo"}, "reason": "test"},
+            )
+            assert r.status_code == 201, r.text
+            issued["id"] = r.json()["command_id"]
+            # commands ride on ingest answers (the sender is asynchronous): send something and
+            # wait for the answer, so the command is in hand at this boundary
+            deadline = time.monotonic() + 30
+            while not received and time.monotonic() < deadline:
+                t.monitor.log_scalars(2, {"probe": 1.0})
+                t.monitor.monitor.flush(timeout=5)
+
+    summary = fit(trainer, hooks=[hook])
+    history = {r["step"]: r for r in summary["history"]}
+    assert [history[s]["mitigation"] for s in range(1, 6)] == ["none"] * 2 + ["avspo"] * 3
+
+    commands = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
+    (command,) = [c for c in commands if c["command_id"] == issued["id"]]
+    assert command["status"] == "applied" and command["acked_step"] == 2
+
+    points = api.get(f"/api/v1/runs/{run_id}/metrics").json()["points"]
+    assert [p["step"] for p in points] == [1, 2, 3, 4, 5]
+    for p in points:
+        assert p["acr"] == pytest.approx(history[p["step"]]["acr"])
+        assert p["n_valid"] == 4
+        assert "loss" in p["scalars"] and "avspo_tau" in p["scalars"]
+        if p["step"] >= 3:
+            assert p["acr_effective"] == 0.0
+        else:
+            assert p["acr_effective"] == pytest.approx(p["acr"])
+    run = api.get(f"/api/v1/runs/{run_id}").json()
+    assert run["status"] == "finished"
+    assert summarize_rewards([1.0, 1.0]).cls == "collapsed"  # the engine the trainer shares

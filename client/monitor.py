@@ -104,28 +104,27 @@ def derive_launch_id(explicit: str | None = None) -> str:
     return str(uuid.uuid4())
 
 
-def _rows(value: Any, what: str) -> tuple[list[list[Any]], bool]:
-    """[P, G] input → (a fresh list of lists, whether every value is already a plain float or
-    int). Copied, so later in-place edits by the trainer do not change what is sent; tensors and
-    arrays go through one ``tolist`` call (bool tensors are turned into floats first)."""
-    plain = False
+def _capture(value: Any, what: str) -> tuple[Any, int]:
+    """Take a private copy of a [P, G] input on the training thread, as cheaply as possible:
+    a 2-D tensor or array is copied whole (one C call; ``tolist`` happens on the sender
+    thread), anything else becomes a fresh list of lists. Returns (copy, P). Later in-place
+    edits by the trainer never change what is sent."""
+    one_d = f"{what} must be [P, G], got a 1-D input; wrap one group as [[...]]"
+    ndim = getattr(value, "ndim", None)
     if hasattr(value, "detach"):  # torch.Tensor, without importing torch
+        if ndim != 2:
+            raise TypeError(f"{what} must be [P, G], got a tensor with {ndim} dimensions")
         value = value.detach()
-        if getattr(value, "is_floating_point", None) and not value.is_floating_point():
-            value = value.double()
-        if getattr(value.device, "type", "cpu") != "cpu":
-            value = value.cpu()
-        value, plain = value.tolist(), True
-    elif hasattr(value, "tolist") and hasattr(value, "dtype"):  # numpy, without importing it
-        if getattr(value.dtype, "kind", "f") == "b":
-            value = value.astype("float64")
-        value, plain = value.tolist(), getattr(value.dtype, "kind", "O") in "fiub"
+        on_cpu = getattr(value.device, "type", "cpu") == "cpu"
+        return (value.clone() if on_cpu else value.to("cpu")), int(value.shape[0])
+    if ndim is not None and hasattr(value, "dtype") and hasattr(value, "copy"):  # numpy
+        if value.dtype.kind != "O":
+            if ndim != 2:
+                raise TypeError(f"{what} must be [P, G], got an array with {ndim} dimensions")
+            return value.copy(), int(value.shape[0])
+        value = value.tolist()  # an object array of ragged rows
     if not isinstance(value, list | tuple):
         raise TypeError(f"{what} must be [P, G]: a tensor, an array or a list of lists")
-    if plain:
-        if value and not isinstance(value[0], list):
-            raise TypeError(f"{what} must be [P, G], got a 1-D input; wrap one group as [[...]]")
-        return value, True
     out = []
     for row in value:
         if isinstance(row, list):
@@ -135,13 +134,25 @@ def _rows(value: Any, what: str) -> tuple[list[list[Any]], bool]:
         elif hasattr(row, "tolist"):  # ragged input: a list of tensors or arrays
             r = row.detach().cpu().tolist() if hasattr(row, "detach") else row.tolist()
             if not isinstance(r, list):
-                raise TypeError(
-                    f"{what} must be [P, G], got a 1-D input; wrap one group as [[...]]"
-                )
+                raise TypeError(one_d)
             out.append(r)
         else:
-            raise TypeError(f"{what} must be [P, G], got a 1-D input; wrap one group as [[...]]")
-    return out, False
+            raise TypeError(one_d)
+    return out, len(out)
+
+
+def _materialize(value: Any) -> tuple[list[list[Any]], bool]:
+    """On the sender thread: a captured input → (rows, whether every value is already a plain
+    float or int). Bool and integer tensors become floats."""
+    if isinstance(value, list):
+        return value, False
+    if hasattr(value, "detach"):
+        if not value.is_floating_point():
+            value = value.double()
+        return value.tolist(), True
+    if value.dtype.kind == "b":
+        value = value.astype("float64")
+    return value.tolist(), value.dtype.kind in "fiu"
 
 
 def _plain_rewards(row: list[Any]) -> list[Any]:
@@ -241,8 +252,9 @@ class Monitor:
         self._batch_interval = float(batch_interval_s)
         self._max_queue_groups = int(max_queue_groups)
         self._queue: deque[tuple[Any, ...]] = deque()
-        self._queued_groups = 0
-        self._queue_lock = threading.Lock()
+        self._enqueued = 0
+        self._dequeued = 0
+        self._final_lock = threading.Lock()
         self._queue_dropped = 0
         self._group_counters: dict[tuple[int, str, int], int] = {}
 
@@ -293,14 +305,16 @@ class Monitor:
 
     # ------------------------------------------------------------------ training-thread API
     def _enqueue(self, item: tuple[Any, ...], n_groups: int) -> bool:
-        with self._queue_lock:
-            if self._queued_groups + n_groups > self._max_queue_groups:
-                self._queue_dropped += n_groups
-                return False
-            self._queue.append(item)
-            self._queued_groups += n_groups
-            wake = self._queued_groups >= self._batch_groups
-        if wake:
+        # No lock: deque.append is atomic, and each counter has one writer (this thread writes
+        # _enqueued and _queue_dropped, the sender _dequeued), so the training thread never
+        # waits on the sender.
+        queued = self._enqueued - self._dequeued
+        if queued + n_groups > self._max_queue_groups:
+            self._queue_dropped += n_groups
+            return False
+        self._queue.append(item)
+        self._enqueued += n_groups
+        if queued + n_groups >= self._batch_groups and not self._wake.is_set():
             self._wake.set()
         return True
 
@@ -318,8 +332,7 @@ class Monitor:
         nested lists; ragged rows allowed). Without ``group_ids`` the groups are numbered by a
         counter per (step, split, rank) that continues across calls. Never blocks; when the queue
         is full the groups are dropped and counted."""
-        rows, plain = _rows(rewards, "rewards")
-        p = len(rows)
+        rows, p = _capture(rewards, "rewards")
         if p == 0:
             return
         rank = self.rank if rank is None else int(rank)
@@ -336,14 +349,16 @@ class Monitor:
             if len(self._group_counters) > 4096:  # keep the recent steps only
                 for old in list(self._group_counters)[:2048]:
                     del self._group_counters[old]
-        masks = None if mask is None else _rows(mask, "mask")[0]
-        if masks is not None and len(masks) != p:
-            raise ValueError(f"mask has {len(masks)} rows for {p} groups")
+        masks = None
+        if mask is not None:
+            masks, n_mask = _capture(mask, "mask")
+            if n_mask != p:
+                raise ValueError(f"mask has {n_mask} rows for {p} groups")
         prompts = None if prompt_ids is None else [str(x) for x in prompt_ids]
         if prompts is not None and len(prompts) != p:
             raise ValueError(f"{len(prompts)} prompt_ids for {p} groups; send one per group")
         self._enqueue(
-            ("g", int(step), split, rank, time.time(), rows, start, ids, masks, prompts, plain), p
+            ("g", int(step), split, rank, time.time(), p, rows, start, ids, masks, prompts), p
         )
 
     def log_effective(
@@ -362,14 +377,14 @@ class Monitor:
             "n_virtual": int(n_virtual),
         }
         rank = self.rank if rank is None else int(rank)
-        self._enqueue(("e", int(step), split, rank, time.time(), eff), 0)
+        self._enqueue(("e", int(step), split, rank, time.time(), 0, eff), 0)
 
     def log_scalars(
         self, step: int, scalars: Mapping[str, Any], split: str = "train", rank: int | None = None
     ) -> None:
         """Queue named numbers for ``step`` (loss, kl, ...); tensors are converted off-thread."""
         rank = self.rank if rank is None else int(rank)
-        self._enqueue(("s", int(step), split, rank, time.time(), dict(scalars)), 0)
+        self._enqueue(("s", int(step), split, rank, time.time(), 0, dict(scalars)), 0)
 
     def poll_commands(self) -> list[Command]:
         """Commands received since the last poll, each once (de-duplicated by ``command_id``)."""
@@ -422,15 +437,17 @@ class Monitor:
         self._finish_status = status if self.rank == 0 else None
         self._closing.set()
         self._wake.set()
-        self._thread.join(max(0.0, timeout))
-        if self._thread.is_alive():
-            # The sender is stuck in a request that started before close(): move what is still
-            # in memory to the spool ourselves, so that it survives the process.
+        self._thread.join(max(0.0, timeout - 0.2))
+        # If the sender is stuck in a request that started before close(), move what is still
+        # in memory to the spool ourselves, so that it survives the process.
+        if self._thread.is_alive() and self._final_lock.acquire(timeout=0.15):
             try:
                 if not self._spool.closed:
                     self._drain()
             except Exception:
                 log.exception("vantage: could not spool the queue at close")
+            finally:
+                self._final_lock.release()
 
     def __enter__(self) -> Monitor:
         return self
@@ -439,6 +456,10 @@ class Monitor:
         self.close(status="failed" if exc_type is not None else "finished")
 
     # ------------------------------------------------------------------ counters
+    @property
+    def _queued(self) -> int:
+        return max(0, self._enqueued - self._dequeued)
+
     @property
     def dropped_groups(self) -> int:
         return self._queue_dropped + self._spool.dropped_groups
@@ -470,10 +491,13 @@ class Monitor:
         Runs on the sender thread; it yields the GIL between queue items so that a training
         thread calling ``log_*`` never waits long for it."""
         items = []
-        with self._queue_lock:
-            while self._queue:
-                items.append(self._queue.popleft())
-            self._queued_groups = 0
+        while True:
+            try:
+                item = self._queue.popleft()
+            except IndexError:
+                break
+            items.append(item)
+            self._dequeued += item[5]
         while self._pending_acks:
             command_id, body = self._pending_acks.popleft()
             self._spool.add_ack(command_id, body)
@@ -495,7 +519,10 @@ class Monitor:
                 rec = records[(step, split, rank)] = (header, [])
             header, chunks = rec
             if kind == "g":
-                rows, start, ids, masks, prompts, plain = item[5:]
+                captured, start, ids, masks, prompts = item[6:]
+                rows, plain = _materialize(captured)
+                if masks is not None:
+                    masks = _materialize(masks)[0]
                 groups = []
                 for i, row in enumerate(rows):
                     g: dict[str, Any] = {
@@ -513,10 +540,10 @@ class Monitor:
                     log.warning("vantage: step %d: %s; dropped", step, exc)
                     dropped += len(groups)
             elif kind == "e":
-                header["effective"] = item[5]
+                header["effective"] = item[6]
             else:
                 scalars = header.setdefault("scalars", {})
-                for name, value in item[5].items():
+                for name, value in item[6].items():
                     try:
                         scalars[str(name)] = float(value)
                     except (TypeError, ValueError):
@@ -601,7 +628,7 @@ class Monitor:
                 {
                     "attempt": self.attempt,
                     "rank": self.rank,
-                    "spooled_groups": self._spool.pending_groups + self._queued_groups,
+                    "spooled_groups": self._spool.pending_groups + self._queued,
                     "dropped_groups": self.dropped_groups,
                     "dead_letter_batches": self._spool.dead_letter_batches,
                 }
@@ -652,7 +679,7 @@ class Monitor:
                     closing
                     or self._force_drain
                     or self._pending_acks
-                    or self._queued_groups >= self._batch_groups
+                    or self._queued >= self._batch_groups
                     or now - last_drain >= self._batch_interval
                 ):
                     self._draining = True  # flush() must not see the queue empty mid-drain
@@ -695,4 +722,6 @@ class Monitor:
             log.exception("vantage: finish failed")
         if self._transport is not None:
             self._transport.close()
-        self._spool.close(remove_if_clean=True)
+        with self._final_lock:  # not while close() is moving the queue to the spool
+            self._drain()
+            self._spool.close(remove_if_clean=True)

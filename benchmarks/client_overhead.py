@@ -29,7 +29,6 @@ from pathlib import Path
 
 import httpx
 import torch
-
 from vantage.client import Monitor
 
 

@@ -172,3 +172,16 @@ def kpi_cards(cards: list[dict]) -> list[html.Div]:
         )
         for c in cards
     ]
+
+
+def primer(open_: bool = False) -> html.Details:
+    """A short, plain-language explanation of the page for someone new to ACR."""
+    items = []
+    for question, answer in explain.PRIMER:
+        items += [html.B(question), html.P(answer)]
+    return html.Details(
+        [html.Summary("New here? What these charts mean and what to do"), *items],
+        open=open_,
+        className="card primer",
+        id="primer",
+    )

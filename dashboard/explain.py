@@ -104,3 +104,34 @@ def fmt(value, digits: int = 2) -> str:
         return f"{float(value):.{digits}f}"
     except (TypeError, ValueError):
         return str(value)
+
+
+PRIMER = (
+    (
+        "What is advantage collapse?",
+        "GRPO samples several completions per prompt (a group) and learns from how their rewards "
+        "differ. When every completion of a group gets the same reward, all right or all wrong, "
+        "the group's advantages are zero and it teaches the model nothing: that rollout compute "
+        "is wasted. ACR is the share of a step's groups where this happened.",
+    ),
+    (
+        "How do I read the ACR chart?",
+        "The black line is ACR per step. The shaded area splits it: green groups were all right "
+        "(prompts too easy), red all wrong (too hard), grey a constant reward (check the reward "
+        "function). The dotted blue line is what chance alone would give at the current pass "
+        "rate; ACR far above it means the prompt mix no longer fits the policy. Shaded bands "
+        "show when a mitigation was on; red triangles show alerts.",
+    ),
+    (
+        "What should I do when it is high?",
+        "Above 0.35 for 50+ steps a run has usually stalled. Switch on AVSPO (no extra rollouts) "
+        "or AAPO below, raise the sampling temperature for more diverse completions, or change "
+        "the data: drop prompts that are always solved, move always-failed ones later. Watch "
+        "the effective ACR (orange) fall and the reward keep rising.",
+    ),
+    (
+        "What these numbers do not say",
+        "Published work found early ACR related to final accuracy for one model family on one "
+        "benchmark. That finding does not transfer to your run: nothing here predicts accuracy.",
+    ),
+)

@@ -296,7 +296,7 @@ def _grid_layout(rows: int, cols: int, titles: tuple[str, ...], shared_x: bool) 
         cols=cols,
         subplot_titles=list(titles),
         shared_xaxes=shared_x,
-        vertical_spacing=0.1,
+        vertical_spacing=0.18 if rows > 1 and not shared_x else 0.1,
     )
     return json.dumps(fig.layout.to_plotly_json())
 

@@ -70,7 +70,7 @@ def seed(base_url: str, key: str | None = None, steps: int = 120) -> dict[str, s
     out = {}
     with httpx.Client(base_url=base_url, headers=headers, timeout=60) as c:
         for i, (name, drift) in enumerate(
-            (("qwen-grpo", 0.006), ("qwen-avspo", 0.003), ("qwen-aapo", 0.002))
+            (("qwen-grpo", 0.006), ("qwen-avspo", 0.0015), ("qwen-aapo", 0.002))
         ):
             run_id, attempt = create_run(c, name, tags=("math", name.split("-")[1]))
             for start in range(0, steps, 50):

@@ -7,7 +7,7 @@ import json
 
 import dash
 from dash import ALL, Input, Output, State, callback, ctx, dash_table, dcc, html, no_update
-from vantage.dashboard import commands_ui, context, data, explain, run_view
+from vantage.dashboard import commands_ui, components, context, data, explain, run_view
 
 dash.register_page(
     __name__, path_template="/runs/<run_id>", name="Run", title="Vantage · run", order=1
@@ -38,6 +38,7 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
             html.Div(id="run-header"),
             html.Div(id="run-banner"),
             html.Div(id="run-kpis", className="kpis"),
+            components.primer(),
             _graph("run-acr-graph", explain.ACR),
             html.Div(
                 [

@@ -21,6 +21,7 @@ def layout(**_query) -> html.Div:
                 "means above 0.35, where runs tend to stall. Hover over any column title.",
                 className="muted",
             ),
+            components.primer(),
             html.Div(
                 [
                     dcc.Dropdown(id="runs-project", placeholder="all projects", clearable=True),

@@ -163,10 +163,12 @@ def test_kpi_cards_explain_each_number():
 def test_texts_never_promise_an_accuracy_prediction():
     texts = [v for k, v in vars(explain).items() if isinstance(v, str) and k.isupper()]
     texts += list(explain.KPI_HELP.values()) + list(explain.COMMAND_HELP.values())
+    texts += [answer for _question, answer in explain.PRIMER]
     for text in texts:
         assert "51.4" not in text and "29.6" not in text
-        assert "will reach" not in text.lower() and "predicts" not in text.lower()
+        assert "will reach" not in text.lower() and "expected accuracy" not in text.lower()
     assert "not a forecast" in explain.ACR_100
+    assert "nothing here predicts accuracy" in explain.PRIMER[-1][1]
 
 
 def test_command_forms():

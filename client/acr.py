@@ -54,7 +54,7 @@ class InconsistentStatsError(ValueError):
 class ACRSettings:
     """Per-run constants of the classification.
 
-    reward_min, reward_max: the reward bounds that name a collapsed group's side (all_fail, all_pass).
+    reward_min, reward_max: the bounds that name a collapsed group's side (all_fail, all_pass).
     trainer_eps: the eps of the trainer's advantage denominator (TRL and our ``grpo``: 1e-4).
     tol: a group is near-collapsed when every |A_i| is below this.
     """
@@ -70,7 +70,7 @@ class GroupSummary:
     """One group after masking, classified.
 
     n: completions that remain after the mask. mean/std (sample std, n-1)/min/max: None when not
-    finite or undefined. n_pass: completions equal to reward_max when the group is binary, else None.
+    finite or undefined. n_pass: completions equal to reward_max if the group is binary, else None.
     """
 
     cls: GroupClass
@@ -114,14 +114,12 @@ def _classify(
     return GroupClass.LIVE, None
 
 
-def _binary_passes(values: Sequence[float], settings: ACRSettings) -> int | None:
-    n_pass = 0
-    for v in values:
-        if v == settings.reward_max:
-            n_pass += 1
-        elif v != settings.reward_min:
-            return None
-    return n_pass
+def _binary_passes(values: Sequence[float], n: int, settings: ACRSettings) -> int | None:
+    """Completions equal to reward_max when every value is reward_min or reward_max, else None."""
+    n_pass = values.count(settings.reward_max)  # type: ignore[attr-defined]
+    if n_pass + values.count(settings.reward_min) == n:  # type: ignore[attr-defined]
+        return n_pass
+    return None
 
 
 def summarize_rewards(
@@ -139,33 +137,41 @@ def summarize_rewards(
             raise ValueError(f"mask has {len(mask)} entries for {len(rewards)} rewards")
         rewards = [r for r, m in zip(rewards, mask, strict=True) if m]
     n = len(rewards)
-    if any(r is None or not math.isfinite(r) for r in rewards):
+    # One fsum checks every value at C speed: None raises TypeError, ±inf or NaN give a
+    # non-finite total (inf + -inf raises ValueError), and only finite values too large to add
+    # raise OverflowError.
+    try:
+        total = math.fsum(rewards)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
         return GroupSummary(GroupClass.INVALID, None, n, None, None, None, None, None)
-    values: list[float] = [float(r) for r in rewards]  # type: ignore[arg-type]
-    if n < 2:
-        v = values[0] if values else None
-        return GroupSummary(GroupClass.DEGENERATE, None, n, v, None, v, v, None)
-    lo, hi = min(values), max(values)
-    s = max(abs(lo), abs(hi))
-    if s == 0.0:
-        mean_x = std_x = 0.0
-        s = 1.0
+    except OverflowError:  # finite values too large to add, or a null/non-finite value after them
+        if any(r is None or not math.isfinite(r) for r in rewards):
+            return GroupSummary(GroupClass.INVALID, None, n, None, None, None, None, None)
+        total = 0.0  # finite but huge: the scaled path below does not use it
     else:
-        xs = [v / s for v in values]
+        if not math.isfinite(total):
+            return GroupSummary(GroupClass.INVALID, None, n, None, None, None, None, None)
+    values = rewards if isinstance(rewards, list | tuple) else list(rewards)
+    if n < 2:
+        v = float(values[0]) if values else None
+        return GroupSummary(GroupClass.DEGENERATE, None, n, v, None, v, v, None)
+    lo, hi = float(min(values)), float(max(values))
+    n_pass = _binary_passes(values, n, settings)
+    if lo == hi:
+        return GroupSummary(GroupClass.COLLAPSED, _side(lo, settings), n, lo, 0.0, lo, hi, n_pass)
+    s = max(abs(lo), abs(hi))
+    if s == 1.0:  # rewards in [-1, 1], the common case: no scaling needed
+        mean_x = total / n
+        std_x = math.sqrt(math.fsum([(x - mean_x) ** 2 for x in values]) / (n - 1))
+    else:
+        xs = [x / s for x in values]
         mean_x = math.fsum(xs) / n
-        std_x = math.sqrt(math.fsum((x - mean_x) ** 2 for x in xs) / (n - 1))
-        # Round-off can put the mean a hair outside [min, max] for near-constant groups.
-        mean_x = min(max(mean_x, lo / s), hi / s)
+        std_x = math.sqrt(math.fsum([(x - mean_x) ** 2 for x in xs]) / (n - 1))
+    # Round-off can put the mean a hair outside [min, max] for near-constant groups.
+    mean_x = min(max(mean_x, lo / s), hi / s)
     cls, side = _classify(n, lo, hi, mean_x, std_x, s, settings)
     return GroupSummary(
-        cls,
-        side,
-        n,
-        _finite_or_none(mean_x * s),
-        _finite_or_none(std_x * s),
-        lo,
-        hi,
-        _binary_passes(values, settings),
+        cls, side, n, _finite_or_none(mean_x * s), _finite_or_none(std_x * s), lo, hi, n_pass
     )
 
 
@@ -255,7 +261,9 @@ class StepAccumulator:
     n_constant: int = 0
     wasted_rollouts: int = 0
     n_completions: int = 0  # completions of valid groups
-    reward_sum: float = 0.0  # sum of the rewards of valid groups
+    # Σ n_j·mean_j over valid groups, exactly, in units of 2^-1074 (the smallest double), so that
+    # reward_mean does not depend on the order groups and ranks arrive in.
+    reward_sum: int = 0
     n_pass: int = 0  # completions equal to reward_max, binary valid groups
     n_nonbinary: int = 0
     group_sizes: dict[int, int] = field(default_factory=dict)
@@ -275,9 +283,8 @@ class StepAccumulator:
         self.n_valid += 1
         self.n_completions += g.n
         if g.mean is not None:
-            self.reward_sum += g.mean * g.n
-        else:  # only when mean * n overflows; poison the sum so reward_mean becomes null
-            self.reward_sum = math.inf
+            num, den = g.mean.as_integer_ratio()  # den is a power of two, at most 2^1074
+            self.reward_sum += (num * g.n) << (EXACT_SHIFT - den.bit_length() + 1)
         self.group_sizes[g.n] = self.group_sizes.get(g.n, 0) + 1
         if g.n_pass is None:
             self.n_nonbinary += 1
@@ -311,7 +318,7 @@ class StepAccumulator:
                 setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def metrics(self) -> dict[str, float | int | None]:
-        """Every step metric of DESIGN.md §3 by its field name; ratios are None on a 0 denominator."""
+        """Every step metric of DESIGN.md §3 by name; ratios are None on a 0 denominator."""
         return step_metrics(self)
 
 
@@ -349,8 +356,20 @@ def step_metrics(acc: StepAccumulator) -> dict[str, float | int | None]:
         "excess_acr": (
             _finite_or_none(acr - expected) if acr is not None and expected is not None else None
         ),
-        "reward_mean": _ratio(acc.reward_sum, acc.n_completions),
+        "reward_mean": _exact_mean(acc.reward_sum, acc.n_completions),
     }
+
+
+EXACT_SHIFT = 1074
+
+
+def _exact_mean(total: int, n: int) -> float | None:
+    if n == 0:
+        return None
+    try:
+        return _finite_or_none(total / (n << EXACT_SHIFT))  # int / int is correctly rounded
+    except OverflowError:
+        return None
 
 
 def summarize_step(

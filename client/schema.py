@@ -8,6 +8,7 @@ group that failed, so a 422 says what to fix.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -90,7 +91,8 @@ class StatsGroup(_Strict):
 GroupIn = Annotated[list[Reward], Field(max_length=MAX_GROUP_SIZE)] | RawGroup | StatsGroup
 
 
-class NormalGroup(BaseModel):
+@dataclass(slots=True)
+class NormalGroup:
     """A group after the record's input form has been resolved: always has an id."""
 
     group_id: str
@@ -112,7 +114,9 @@ class GroupsForm(_Strict):
     def _one_form(self) -> Any:
         if self.groups is not None:
             if self.rewards is not None or self.group_ids is not None or self.group_size:
-                raise ValueError("send either groups or rewards with group_ids/group_size, not both")
+                raise ValueError(
+                    "send either groups or rewards with group_ids/group_size, not both"
+                )
             return self
         if self.rewards is None:
             raise ValueError("send groups, or flat rewards with group_ids or group_size")
@@ -136,12 +140,14 @@ class GroupsForm(_Strict):
             out = []
             for index, g in enumerate(self.groups):
                 if isinstance(g, list):
-                    out.append(NormalGroup(group_id=str(index), rewards=g))
+                    out.append(NormalGroup(str(index), None, g))
                 elif isinstance(g, RawGroup):
                     mask = None if g.mask is None else [int(m) for m in g.mask]
                     gid = g.group_id if g.group_id is not None else str(index)
                     out.append(
-                        NormalGroup(group_id=gid, prompt_id=g.prompt_id, rewards=g.rewards, mask=mask)
+                        NormalGroup(
+                            group_id=gid, prompt_id=g.prompt_id, rewards=g.rewards, mask=mask
+                        )
                     )
                 else:
                     gid = g.group_id if g.group_id is not None else str(index)
@@ -256,7 +262,9 @@ class RunCreate(_Strict):
     @model_validator(mode="after")
     def _bounds(self) -> RunCreate:
         if self.reward_min >= self.reward_max:
-            raise ValueError(f"reward_min {self.reward_min} must be below reward_max {self.reward_max}")
+            raise ValueError(
+                f"reward_min {self.reward_min} must be below reward_max {self.reward_max}"
+            )
         return self
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import text
-
 from vantage.server.db import is_sqlite, make_engine
 from vantage.server.models import Base
 
@@ -14,8 +13,12 @@ ADVISORY_LOCK_ID = 0x56414E54  # "VANT": serialises simultaneous upgrades of rep
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata,
-                      literal_binds=True, render_as_batch=True)
+    context.configure(
+        url=config.get_main_option("sqlalchemy.url"),
+        target_metadata=target_metadata,
+        literal_binds=True,
+        render_as_batch=True,
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -29,8 +32,12 @@ def run_migrations_online() -> None:
             connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": ADVISORY_LOCK_ID})
             connection.commit()
         try:
-            context.configure(connection=connection, target_metadata=target_metadata,
-                              render_as_batch=sqlite, compare_type=True)
+            context.configure(
+                connection=connection,
+                target_metadata=target_metadata,
+                render_as_batch=sqlite,
+                compare_type=True,
+            )
             with context.begin_transaction():
                 context.run_migrations()
         finally:

@@ -50,8 +50,10 @@ def _is_loopback(host: str) -> bool:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.insecure_no_auth and not _is_loopback(args.host):
-        print(f"error: --insecure-no-auth only binds a loopback host, not {args.host}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: --insecure-no-auth only binds a loopback host, not {args.host}",
+            file=sys.stderr,
+        )
         return 2
     settings = _settings(args, auth_enabled=False if args.insecure_no_auth else None)
     import uvicorn
@@ -62,10 +64,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.no_upgrade:
         upgrade(settings.database_url)
     app = create_app(settings)
-    print(f"Vantage API on http://{args.host}:{args.port} (dashboard at /dashboard/)",
-          file=sys.stderr)  # fmt: skip
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5)  # fmt: skip
+    print(
+        f"Vantage API on http://{args.host}:{args.port} (dashboard at /dashboard/)", file=sys.stderr
+    )
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
+    )
     return 0
 
 
@@ -98,8 +102,11 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     with _session(args) as session:
         key = create_key(session, args.name, scopes, args.project)
         session.commit()
-    print(f"created key '{args.name}' with scopes {','.join(sorted(scopes))}; "
-          "it is shown once, store it now:", file=sys.stderr)  # fmt: skip
+    print(
+        f"created key '{args.name}' with scopes {','.join(sorted(scopes))}; "
+        "it is shown once, store it now:",
+        file=sys.stderr,
+    )
     print(key)
     return 0
 
@@ -110,8 +117,10 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
     with _session(args) as session:
         for k in list_keys(session):
             state = "revoked" if k["revoked"] else "active"
-            print(f"{k['id']}\t{k['name']}\t{k['prefix']}…\t{k['scopes']}\t"
-                  f"{k['project'] or '*'}\t{state}\t{k['created_at']}")  # fmt: skip
+            print(
+                f"{k['id']}\t{k['name']}\t{k['prefix']}…\t{k['scopes']}\t"
+                f"{k['project'] or '*'}\t{state}\t{k['created_at']}"
+            )
     return 0
 
 
@@ -134,8 +143,11 @@ def cmd_runs_prune(args: argparse.Namespace) -> int:
     with _session(args) as session:
         n = prune_groups(session, args.older_than)
         session.commit()
-    print(f"deleted {n} group rows of runs idle for more than {args.older_than} days; "
-          "per-step metrics are kept", file=sys.stderr)  # fmt: skip
+    print(
+        f"deleted {n} group rows of runs idle for more than {args.older_than} days; "
+        "per-step metrics are kept",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -163,8 +175,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _db_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--database-url", help="SQLAlchemy URL (default: VANTAGE_DATABASE_URL or "
-                   "a SQLite file in the user data folder)")  # fmt: skip
+    p.add_argument(
+        "--database-url",
+        help="SQLAlchemy URL (default: VANTAGE_DATABASE_URL or "
+        "a SQLite file in the user data folder)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,8 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve the API and dashboard")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--insecure-no-auth", action="store_true",
-                   help="no API keys (loopback hosts only)")  # fmt: skip
+    p.add_argument(
+        "--insecure-no-auth", action="store_true", help="no API keys (loopback hosts only)"
+    )
     p.add_argument("--no-upgrade", action="store_true", help="skip the schema upgrade on start")
     p.add_argument("--log-level", default="warning")
     _db_arg(p)
@@ -201,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     _db_arg(p)
     p.set_defaults(func=cmd_keys_revoke)
 
-    runs = sub.add_parser("runs", help="run maintenance").add_subparsers(dest="runs_cmd",
-                                                                         required=True)  # fmt: skip
+    runs = sub.add_parser("runs", help="run maintenance").add_subparsers(
+        dest="runs_cmd", required=True
+    )
     p = runs.add_parser("prune", help="delete per-group rows, keep per-step metrics")
     p.add_argument("--older-than", type=float, required=True, metavar="DAYS")
     _db_arg(p)

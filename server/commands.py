@@ -11,7 +11,6 @@ from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
-
 from vantage.client.schema import CommandCreate
 
 from .models import Command, Run, utcnow
@@ -86,7 +85,7 @@ def expire_commands(session: Session, run_id: str | None = None) -> None:
 
 
 def deliver_commands(session: Session, run_id: str) -> list[dict[str, Any]]:
-    """The run's open commands, oldest first, marking pending ones delivered (the caller commits)."""
+    """The run's open commands, oldest first; pending ones become delivered (caller commits)."""
     expire_commands(session, run_id)
     rows = session.scalars(
         select(Command)
@@ -99,13 +98,17 @@ def deliver_commands(session: Session, run_id: str) -> list[dict[str, Any]]:
             c.status = "delivered"
             c.delivered_at = now
     return [
-        {"command_id": c.id, "type": c.type, "params": c.params, "reason": c.reason}
-        for c in rows
+        {"command_id": c.id, "type": c.type, "params": c.params, "reason": c.reason} for c in rows
     ]
 
 
 def ack_command(
-    session: Session, run_id: str, command_id: str, status: str, step: int | None, detail: str | None
+    session: Session,
+    run_id: str,
+    command_id: str,
+    status: str,
+    step: int | None,
+    detail: str | None,
 ) -> dict[str, Any]:
     """Record the trainer's ack; acking twice keeps the first. Raises LookupError if unknown."""
     c = session.get(Command, command_id)
@@ -129,7 +132,7 @@ def list_commands(session: Session, run_id: str) -> list[dict[str, Any]]:
 
 
 def mitigation_state(session: Session, run_ids: list[str]) -> dict[str, dict[str, Any]]:
-    """Per run: the newest requested set_mitigation (not rejected/expired) and the newest applied."""
+    """Per run: the newest requested set_mitigation (not rejected/expired), the newest applied."""
     out: dict[str, dict[str, Any]] = {rid: {"requested": None, "applied": None} for rid in run_ids}
     if not run_ids:
         return out

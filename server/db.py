@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import orjson
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -27,7 +28,12 @@ def make_engine(url: str) -> Engine:
     """An engine for a SQLAlchemy URL; SQLite gets WAL and foreign keys."""
     url = normalize_url(url)
     if is_sqlite(url):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            json_serializer=_dumps,
+            json_deserializer=orjson.loads,
+        )
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001
@@ -38,7 +44,19 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    return create_engine(
+        url,
+        pool_size=10,
+        max_overflow=20,
+        pool_pre_ping=True,
+        json_serializer=_dumps,
+        json_deserializer=orjson.loads,
+    )
+
+
+def _dumps(value: object) -> str:
+    # orjson writes NaN and ±inf as null, so JSON columns never hold a non-finite number.
+    return orjson.dumps(value).decode()
 
 
 def session_factory(engine: Engine) -> Callable[[], Session]:

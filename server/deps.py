@@ -42,12 +42,16 @@ def require(scope: str) -> Callable[..., KeyInfo]:
             return ALL_ACCESS
         token = _bearer(request)
         if token is None:
-            raise HTTPException(401, "missing API key: send 'Authorization: Bearer vtg_...'",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                401,
+                "missing API key: send 'Authorization: Bearer vtg_...'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         key = authenticate(session, token)
         if key is None:
-            raise HTTPException(401, "unknown or revoked API key",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                401, "unknown or revoked API key", headers={"WWW-Authenticate": "Bearer"}
+            )
         if scope not in key.scopes:
             raise HTTPException(403, f"this key lacks the '{scope}' scope")
         return key

@@ -9,6 +9,7 @@ identical re-send is a duplicate, a different one a conflict. The newest attempt
 from __future__ import annotations
 
 import hashlib
+import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,6 @@ from typing import Any
 from sqlalchemy import and_, insert, or_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
-
 from vantage.client.acr import (
     ACRSettings,
     GroupClass,
@@ -39,9 +39,23 @@ CLASS_CODES = {
 }
 CLASS_NAMES = {code: cls.value for cls, code in CLASS_CODES.items()}
 GROUP_COLUMNS = (
-    "run_id", "attempt", "step", "split", "rank", "group_id", "prompt_id", "cls", "side", "n",
-    "mean", "std", "min", "max", "n_pass", "content_hash",
-)  # fmt: skip
+    "run_id",
+    "attempt",
+    "step",
+    "split",
+    "rank",
+    "group_id",
+    "prompt_id",
+    "cls",
+    "side",
+    "n",
+    "mean",
+    "std",
+    "min",
+    "max",
+    "n_pass",
+    "content_hash",
+)
 # SQLite has one writer at a time; serialising ingest in-process avoids lock errors.
 _SQLITE_LOCK = threading.Lock()
 
@@ -80,13 +94,21 @@ class IngestResult:
 
 def content_hash(group: NormalGroup) -> int:
     """A stable 64-bit digest of a group's content, to tell duplicates from conflicts."""
+    h = hashlib.blake2b(digest_size=8)
     if group.stats is not None:
         s = group.stats
-        text = repr(("s", s.n, s.mean, s.std, s.min, s.max, s.n_pass, group.prompt_id))
+        h.update(repr(("s", s.n, s.mean, s.std, s.min, s.max, s.n_pass)).encode())
     else:
-        text = repr(("r", group.rewards, group.mask, group.prompt_id))
-    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
+        rewards = group.rewards or []
+        try:
+            h.update(struct.pack(f"<{len(rewards)}d", *rewards))
+        except struct.error:  # a null reward: repr tells null from NaN
+            h.update(repr(rewards).encode())
+        if group.mask is not None:
+            h.update(b"m" + bytes(group.mask))
+    if group.prompt_id is not None:
+        h.update(b"p" + group.prompt_id.encode())
+    return int.from_bytes(h.digest(), "little", signed=True)
 
 
 def summarize_group(group: NormalGroup, settings: ACRSettings) -> GroupSummary:
@@ -126,10 +148,23 @@ def _classify_batch(
             if summary.cls is GroupClass.INVALID:
                 result.invalid_groups += 1
             rows[key] = (
-                run.id, batch.attempt, rec.step, rec.split, rec.rank, g.group_id, g.prompt_id,
-                CLASS_CODES[summary.cls], summary.side, summary.n, summary.mean, summary.std,
-                summary.min, summary.max, summary.n_pass, h,
-            )  # fmt: skip
+                run.id,
+                batch.attempt,
+                rec.step,
+                rec.split,
+                rec.rank,
+                g.group_id,
+                g.prompt_id,
+                CLASS_CODES[summary.cls],
+                summary.side,
+                summary.n,
+                summary.mean,
+                summary.std,
+                summary.min,
+                summary.max,
+                summary.n_pass,
+                h,
+            )
             summaries[key] = summary
     return rows, summaries
 
@@ -146,14 +181,30 @@ def _insert_sqlite(session: Session, run_id: str, attempt: int, rows: dict[tuple
                 existing[(s, sp, r, g)] = h
     new = [k for k in rows if k not in existing]
     if new:
-        session.execute(insert(Group), [dict(zip(GROUP_COLUMNS, rows[k], strict=True)) for k in new])
+        session.execute(
+            insert(Group), [dict(zip(GROUP_COLUMNS, rows[k], strict=True)) for k in new]
+        )
     return set(new), existing
 
 
 PG_TYPES = [
-    "text", "int4", "int8", "text", "int4", "text", "text", "int2", "text", "int4",
-    "float8", "float8", "float8", "float8", "int4", "int8",
-]  # fmt: skip
+    "text",
+    "int4",
+    "int8",
+    "text",
+    "int4",
+    "text",
+    "text",
+    "int2",
+    "text",
+    "int4",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "int4",
+    "int8",
+]
 
 
 def _insert_postgres(session: Session, rows: dict[tuple, tuple]) -> tuple[set, dict]:
@@ -183,8 +234,11 @@ def _insert_postgres(session: Session, rows: dict[tuple, tuple]) -> tuple[set, d
                 "AND g.step = i.step AND g.split = i.split AND g.rank = i.rank "
                 "AND g.group_id = i.group_id"
             )
-            existing = {(s, sp, r, g): h for s, sp, r, g, h in cur.fetchall() if (s, sp, r, g)
-                        not in inserted}  # fmt: skip
+            existing = {
+                (s, sp, r, g): h
+                for s, sp, r, g, h in cur.fetchall()
+                if (s, sp, r, g) not in inserted
+            }
     return inserted, existing
 
 
@@ -220,13 +274,26 @@ def _lock_step_rows(
     session: Session, run: Run, attempt: int, keys: list[tuple[str, int]], postgres: bool
 ) -> dict[tuple[str, int], Step]:
     if postgres:
-        stmt = pg_insert(Step).values(
-            [
-                dict(run_id=run.id, split=sp, step=st, attempt=attempt, ranks=[], acc={},
-                     effective_by_rank={}, scalars={}, world_size=run.world_size)
-                for sp, st in keys
-            ]
-        ).on_conflict_do_nothing()  # fmt: skip
+        stmt = (
+            pg_insert(Step)
+            .values(
+                [
+                    dict(
+                        run_id=run.id,
+                        split=sp,
+                        step=st,
+                        attempt=attempt,
+                        ranks=[],
+                        acc={},
+                        effective_by_rank={},
+                        scalars={},
+                        world_size=run.world_size,
+                    )
+                    for sp, st in keys
+                ]
+            )
+            .on_conflict_do_nothing()
+        )
         session.execute(stmt)
     conds = [and_(Step.split == sp, Step.step == st) for sp, st in keys]
     out: dict[tuple[str, int], Step] = {}
@@ -244,6 +311,8 @@ def _accumulator(data: dict[str, Any]) -> StepAccumulator:
     for k, v in data.items():
         if k == "group_sizes":
             acc.group_sizes = {int(size): count for size, count in v.items()}
+        elif k == "reward_sum":
+            acc.reward_sum = int(v)
         elif hasattr(acc, k):
             setattr(acc, k, v)
     return acc
@@ -252,6 +321,7 @@ def _accumulator(data: dict[str, Any]) -> StepAccumulator:
 def _dump_accumulator(acc: StepAccumulator) -> dict[str, Any]:
     out = {k: getattr(acc, k) for k in acc.__slots__}  # type: ignore[attr-defined]
     out["group_sizes"] = {str(k): v for k, v in acc.group_sizes.items()}
+    out["reward_sum"] = str(acc.reward_sum)  # an exact big integer; JSON numbers would round it
     return out
 
 
@@ -323,9 +393,17 @@ def ingest_batch(session: Session, run: Run, batch: StepsBatch) -> IngestResult:
         for key in keys:
             row = step_rows.get(key)
             if row is None:
-                row = Step(run_id=run.id, split=key[0], step=key[1], attempt=batch.attempt,
-                           ranks=[], acc={}, effective_by_rank={}, scalars={},
-                           world_size=run.world_size)  # fmt: skip
+                row = Step(
+                    run_id=run.id,
+                    split=key[0],
+                    step=key[1],
+                    attempt=batch.attempt,
+                    ranks=[],
+                    acc={},
+                    effective_by_rank={},
+                    scalars={},
+                    world_size=run.world_size,
+                )
                 session.add(row)
             if _apply_delta(row, batch.attempt, deltas[key], run):
                 touched_rows.append(row)
@@ -353,10 +431,24 @@ def _update_run_state(run: Run, rows: list[Step], batch: StepsBatch) -> None:
 
 
 STEP_ANSWER_FIELDS = (
-    "n_groups", "n_valid", "n_collapsed", "n_near_collapsed", "n_invalid", "n_degenerate", "acr",
-    "acr_eps", "acr_all_pass", "acr_all_fail", "acr_constant", "acr_effective", "wasted_rollouts",
-    "pass_rate", "expected_acr", "excess_acr", "reward_mean",
-)  # fmt: skip
+    "n_groups",
+    "n_valid",
+    "n_collapsed",
+    "n_near_collapsed",
+    "n_invalid",
+    "n_degenerate",
+    "acr",
+    "acr_eps",
+    "acr_all_pass",
+    "acr_all_fail",
+    "acr_constant",
+    "acr_effective",
+    "wasted_rollouts",
+    "pass_rate",
+    "expected_acr",
+    "excess_acr",
+    "reward_mean",
+)
 
 
 def step_answer(row: Step) -> dict[str, Any]:

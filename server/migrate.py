@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import vantage.migrations
 from alembic import command
 from alembic.config import Config
-
-import vantage.migrations
 
 from .db import make_engine, normalize_url, wait_for_database
 

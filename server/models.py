@@ -107,7 +107,6 @@ class Group(Base):
     __tablename__ = "groups"
     __table_args__ = (
         UniqueConstraint("run_id", "attempt", "step", "split", "rank", "group_id"),
-        Index("ix_groups_run_prompt", "run_id", "prompt_id"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

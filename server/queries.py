@@ -12,7 +12,6 @@ from typing import Any
 
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
-
 from vantage.client.acr import STEP_METRIC_FIELDS, window_metrics
 
 from .commands import list_commands as list_commands  # re-exported for the dashboard
@@ -99,27 +98,36 @@ def get_run(session: Session, run_id: str) -> dict[str, Any] | None:
     return run_dict(run, mitigation_state(session, [run_id])[run_id])
 
 
-def _downsample(rows: list[tuple], max_points: int, acr_index: int) -> list[tuple]:
-    """Keep each bucket's lowest and highest acr (in step order) so spikes survive."""
+def _downsample(rows: list[tuple[int, float | None]], max_points: int) -> list[int]:
+    """Steps to keep from (step, acr) rows in step order: each bucket's lowest and highest acr,
+    so spikes survive; at most ``max_points``."""
     if len(rows) <= max_points:
-        return rows
+        return [r[0] for r in rows]
     if max_points == 1:
-        return [max(rows, key=lambda r: -1.0 if r[acr_index] is None else r[acr_index])]
+        return [max(rows, key=lambda r: -1.0 if r[1] is None else r[1])[0]]
     buckets = max_points // 2
     size = len(rows) / buckets
-    out: list[tuple] = []
+    kept: list[int] = []
     for b in range(buckets):
         chunk = rows[int(b * size) : int((b + 1) * size)]
-        if not chunk:
-            continue
-        scored = [r for r in chunk if r[acr_index] is not None]
+        scored = [r for r in chunk if r[1] is not None]
         if not scored:
-            out.append(chunk[0])
+            if chunk:
+                kept.append(chunk[0][0])
             continue
-        lo = min(scored, key=lambda r: r[acr_index])
-        hi = max(scored, key=lambda r: r[acr_index])
-        out.extend(sorted((lo, hi), key=lambda r: r[0]) if lo is not hi else [lo])
-    return out
+        lo = min(scored, key=lambda r: r[1])[0]
+        hi = max(scored, key=lambda r: r[1])[0]
+        kept.extend(sorted({lo, hi}))
+    return kept
+
+
+def _step_filter(q, run_id: str, split: str, from_step: int | None, to_step: int | None):  # noqa: ANN001, ANN202
+    q = q.where(Step.run_id == run_id, Step.split == split)
+    if from_step is not None:
+        q = q.where(Step.step >= from_step)
+    if to_step is not None:
+        q = q.where(Step.step <= to_step)
+    return q.order_by(Step.step)
 
 
 def run_metrics(
@@ -130,28 +138,47 @@ def run_metrics(
     to_step: int | None = None,
     max_points: int = DEFAULT_MAX_POINTS,
 ) -> dict[str, Any]:
-    """Per-step metrics in step order; at most ``max_points`` points (downsampled)."""
-    cols = [getattr(Step, c) for c in POINT_COLUMNS] + [Step.scalars]
-    q = select(*cols).where(Step.run_id == run_id, Step.split == split).order_by(Step.step)
-    if from_step is not None:
-        q = q.where(Step.step >= from_step)
-    if to_step is not None:
-        q = q.where(Step.step <= to_step)
-    rows = [tuple(r) for r in session.execute(q)]
+    """Per-step metrics in step order; at most ``max_points`` points (downsampled).
+
+    Two reads: (step, acr) of the whole range to choose the points, then full rows of the
+    chosen steps only, so a 100,000-step run costs one narrow scan."""
     max_points = max(1, max_points)
-    kept = _downsample(rows, max_points, POINT_COLUMNS.index("acr"))
+    cols = [getattr(Step, c) for c in POINT_COLUMNS] + [Step.scalars]
+    count = session.scalar(
+        _step_filter(select(func.count()), run_id, split, from_step, to_step).order_by(None)
+    )
+    downsampled = bool(count and count > max_points)
+    if downsampled:
+        pairs = [
+            tuple(r)
+            for r in session.execute(
+                _step_filter(select(Step.step, Step.acr), run_id, split, from_step, to_step)
+            )
+        ]
+        kept = _downsample(pairs, max_points)
+        rows = []
+        for i in range(0, len(kept), 900):
+            q = select(*cols).where(
+                Step.run_id == run_id, Step.split == split, Step.step.in_(kept[i : i + 900])
+            )
+            rows.extend(session.execute(q.order_by(Step.step)))
+    else:
+        rows = list(session.execute(_step_filter(select(*cols), run_id, split, from_step, to_step)))
     points = []
-    for r in kept:
+    for r in rows:
         p = dict(zip(POINT_COLUMNS, r[:-1], strict=True))
         p["scalars"] = r[-1] or {}
         points.append(p)
-    return {"run_id": run_id, "downsampled": len(kept) < len(rows), "points": points}
+    return {"run_id": run_id, "downsampled": downsampled, "points": points}
 
 
 def run_window(
-    session: Session, run_id: str, split: str = "train", from_step: int | None = None,
+    session: Session,
+    run_id: str,
+    split: str = "train",
+    from_step: int | None = None,
     to_step: int | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Window metrics (DESIGN.md §3) over the newest-attempt view."""
     q = (
         select(Step.acr, Step.n_collapsed, Step.n_valid)

@@ -6,7 +6,6 @@ import uuid
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
-
 from vantage.client.schema import RunCreate
 
 from .models import Launch, Run, utcnow
@@ -58,7 +57,9 @@ def create_or_resume_run(
         return run, 1, True
     if body.launch_id is not None:
         known = session.scalar(
-            select(Launch.attempt).where(Launch.run_id == run_id, Launch.launch_id == body.launch_id)
+            select(Launch.attempt).where(
+                Launch.run_id == run_id, Launch.launch_id == body.launch_id
+            )
         )
         if known is not None:
             run.last_seen_at = utcnow()
@@ -68,5 +69,3 @@ def create_or_resume_run(
         run.world_size = body.world_size
     session.flush()
     return run, attempt, False
-
-

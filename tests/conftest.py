@@ -81,16 +81,29 @@ def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
 
 
 def run_cli(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([VANTAGE, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+    proc = subprocess.run(
+        [VANTAGE, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"vantage {' '.join(args)} failed: {proc.stderr}")
     return proc
 
 
 def create_key(database_url: str, scopes: str, name: str | None = None) -> str:
-    out = run_cli("keys", "create", "--name", name or f"k-{scopes}", "--scopes", scopes,
-                  "--database-url", database_url)  # fmt: skip
+    out = run_cli(
+        "keys",
+        "create",
+        "--name",
+        name or f"k-{scopes}",
+        "--scopes",
+        scopes,
+        "--database-url",
+        database_url,
+    )
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -117,16 +130,28 @@ class ServerProcess:
                 self.proc.kill()
 
 
-def start_server(database_url: str, log_dir: Path, *extra: str, port: int | None = None,
-                 env: dict | None = None) -> ServerProcess:  # fmt: skip
+def start_server(
+    database_url: str, log_dir: Path, *extra: str, port: int | None = None, env: dict | None = None
+) -> ServerProcess:
     """Start `vantage serve` and wait until /readyz answers (schema upgraded)."""
     port = port or free_port()
     log = log_dir / f"server-{port}.log"
     proc = subprocess.Popen(
-        [VANTAGE, "serve", "--host", "127.0.0.1", "--port", str(port), "--database-url",
-         database_url, *extra],
-        stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+        [
+            VANTAGE,
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--database-url",
+            database_url,
+            *extra,
+        ],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -166,9 +191,16 @@ def new_run(client: httpx.Client, **body) -> dict:
     return r.json()
 
 
-def post_steps(client: httpx.Client, run: dict, records: list[dict], attempt: int | None = None,
-               expect: int = 200) -> dict:  # fmt: skip
-    r = client.post(f"/api/v1/runs/{run['run_id']}/steps",
-                    json={"attempt": attempt or run["attempt"], "records": records})  # fmt: skip
+def post_steps(
+    client: httpx.Client,
+    run: dict,
+    records: list[dict],
+    attempt: int | None = None,
+    expect: int = 200,
+) -> dict:
+    r = client.post(
+        f"/api/v1/runs/{run['run_id']}/steps",
+        json={"attempt": attempt or run["attempt"], "records": records},
+    )
     assert r.status_code == expect, r.text
     return r.json()

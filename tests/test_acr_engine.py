@@ -9,7 +9,6 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from vantage.client.acr import (
     ACRSettings,
     GroupClass,
@@ -135,8 +134,9 @@ def test_window_metrics_100_and_volatility():
 # ------------------------------------------------------------------ properties (hypothesis)
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
-reward = st.one_of(finite, st.sampled_from([0.0, 1.0, 0.5]), st.none(), st.just(NAN),
-                   st.just(INF), st.just(-INF))  # fmt: skip
+reward = st.one_of(
+    finite, st.sampled_from([0.0, 1.0, 0.5]), st.none(), st.just(NAN), st.just(INF), st.just(-INF)
+)
 binaryish = st.sampled_from([0.0, 1.0])
 group = st.lists(st.one_of(reward, binaryish, binaryish), min_size=0, max_size=12)
 step = st.lists(group, min_size=0, max_size=12)

@@ -33,7 +33,11 @@ def test_design_examples_through_http(api):
     ans = post_steps(api, run, [{"step": s, "groups": g} for s, g in examples.items()])
     s1 = step_of(ans, 1)
     assert (s1["acr"], s1["acr_all_fail"], s1["acr_all_pass"], s1["acr_constant"]) == (
-        0.75, 0.25, 0.25, 0.25)  # fmt: skip
+        0.75,
+        0.25,
+        0.25,
+        0.25,
+    )
     assert step_of(ans, 2)["acr"] is None and step_of(ans, 2)["n_degenerate"] == 3
     assert step_of(ans, 3)["acr"] == 0.0 and step_of(ans, 3)["n_valid"] == 1
     assert step_of(ans, 4)["acr"] == 0.5
@@ -44,10 +48,15 @@ def test_design_examples_through_http(api):
 
 def test_non_finite_tokens_are_accepted_and_classed_invalid(api):
     run = new_run(api)
-    body = ('{"attempt": 1, "records": [{"step": 5, "groups": '
-            '[[1, 0, null, 1], [0, 0, 0, 0], [1, NaN, 1, 1], [Infinity, 1], [-Infinity, 0]]}]}')  # fmt: skip
-    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", content=body,
-                 headers={"content-type": "application/json"})  # fmt: skip
+    body = (
+        '{"attempt": 1, "records": [{"step": 5, "groups": '
+        "[[1, 0, null, 1], [0, 0, 0, 0], [1, NaN, 1, 1], [Infinity, 1], [-Infinity, 0]]}]}"
+    )
+    r = api.post(
+        f"/api/v1/runs/{run['run_id']}/steps",
+        content=body,
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 200, r.text
     s = r.json()["steps"][0]
     assert s["n_invalid"] == 4 and s["acr"] == 1.0 and r.json()["invalid_groups"] == 4
@@ -66,14 +75,20 @@ def test_bad_groups_are_rejected_and_batch_is_atomic(api, bad):
 
 def test_flat_rewards_forms(api):
     run = new_run(api)
-    ans = post_steps(api, run, [
-        {"step": 1, "rewards": [1, 1, 0, 1, 0, 0], "group_size": 2},
-        {"step": 2, "rewards": [1, 0, 1, 1], "group_ids": ["a", "b", "a", "b"]},
-    ])  # fmt: skip
+    ans = post_steps(
+        api,
+        run,
+        [
+            {"step": 1, "rewards": [1, 1, 0, 1, 0, 0], "group_size": 2},
+            {"step": 2, "rewards": [1, 0, 1, 1], "group_ids": ["a", "b", "a", "b"]},
+        ],
+    )
     assert step_of(ans, 1)["n_groups"] == 3 and step_of(ans, 1)["acr"] == pytest.approx(2 / 3)
     assert step_of(ans, 2)["acr"] == 0.5
-    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", json={"attempt": 1, "records": [
-        {"step": 3, "rewards": [1] * 11, "group_size": 4}]})  # fmt: skip
+    r = api.post(
+        f"/api/v1/runs/{run['run_id']}/steps",
+        json={"attempt": 1, "records": [{"step": 3, "rewards": [1] * 11, "group_size": 4}]},
+    )
     assert r.status_code == 422 and "do not divide into groups of 4" in r.text
 
 
@@ -83,8 +98,10 @@ def test_stats_form_and_inconsistent_stats(api):
     ans = post_steps(api, run, [{"step": 1, "groups": [good, [0, 1, 0, 1]]}])
     assert step_of(ans, 1)["acr_all_pass"] == 0.5 and step_of(ans, 1)["pass_rate"] == 0.75
     bad = {"group_id": "g7", "stats": {"n": 4, "mean": 0.5, "std": 0.1, "min": 1, "max": 0}}
-    r = api.post(f"/api/v1/runs/{run['run_id']}/steps",
-                 json={"attempt": 1, "records": [{"step": 2, "groups": [bad]}]})  # fmt: skip
+    r = api.post(
+        f"/api/v1/runs/{run['run_id']}/steps",
+        json={"attempt": 1, "records": [{"step": 2, "groups": [bad]}]},
+    )
     assert r.status_code == 422 and "g7" in r.text and "min" in r.text
 
 
@@ -97,9 +114,20 @@ def test_duplicates_and_conflicts(api):
     again = post_steps(api, run, [{"step": 1, "groups": changed}])
     assert (again["accepted"], again["duplicates"], again["conflicts"]) == (0, 1, 1)
     assert step_of(again, 1)["acr"] == 0.5  # the first write won
-    within = post_steps(api, run, [{"step": 2, "groups": [
-        {"group_id": "x", "rewards": [1, 0]}, {"group_id": "x", "rewards": [1, 0]},
-        {"group_id": "x", "rewards": [1, 1]}]}])  # fmt: skip
+    within = post_steps(
+        api,
+        run,
+        [
+            {
+                "step": 2,
+                "groups": [
+                    {"group_id": "x", "rewards": [1, 0]},
+                    {"group_id": "x", "rewards": [1, 0]},
+                    {"group_id": "x", "rewards": [1, 1]},
+                ],
+            }
+        ],
+    )
     assert (within["accepted"], within["duplicates"], within["conflicts"]) == (1, 1, 1)
 
 
@@ -112,10 +140,14 @@ def test_default_group_ids_do_not_collide_across_ranks(api):
 
 def test_window_pooled_over_steps(api):
     run = new_run(api)
-    post_steps(api, run, [
-        {"step": 1, "groups": [[1] * 8, [0, 1]]},
-        {"step": 2, "groups": [[0, 0]] * 7 + [[0, 1]] * 3},
-    ])  # fmt: skip
+    post_steps(
+        api,
+        run,
+        [
+            {"step": 1, "groups": [[1] * 8, [0, 1]]},
+            {"step": 2, "groups": [[0, 0]] * 7 + [[0, 1]] * 3},
+        ],
+    )
     w = api.get(f"/api/v1/runs/{run['run_id']}/summary").json()["window"]
     assert w["acr_pooled"] == pytest.approx(8 / 12)
 
@@ -147,12 +179,19 @@ def test_unknown_attempt_is_refused(api):
 def test_effective_scalars_and_split(api):
     run = new_run(api)
     records = [
-        {"step": 1, "groups": [[1, 1], [0, 1]], "effective": {"n_valid": 2, "n_zero_advantage": 0,
-         "n_virtual": 3}, "scalars": {"loss": 0.5, "kl": float("nan")}},
+        {
+            "step": 1,
+            "groups": [[1, 1], [0, 1]],
+            "effective": {"n_valid": 2, "n_zero_advantage": 0, "n_virtual": 3},
+            "scalars": {"loss": 0.5, "kl": float("nan")},
+        },
         {"step": 1, "split": "eval", "groups": [[1, 1], [1, 1]]},
-    ]  # fmt: skip
-    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", headers={"content-type": "application/json"},
-                 content=json.dumps({"attempt": 1, "records": records}))  # NaN token, as Python writes it
+    ]
+    r = api.post(
+        f"/api/v1/runs/{run['run_id']}/steps",
+        headers={"content-type": "application/json"},
+        content=json.dumps({"attempt": 1, "records": records}),
+    )  # NaN token, as Python writes it
     assert r.status_code == 200, r.text
     ans = r.json()
     assert step_of(ans, 1)["acr"] == 0.5 and step_of(ans, 1)["acr_effective"] == 0.0
@@ -166,8 +205,10 @@ def test_effective_scalars_and_split(api):
 
 def test_downsampling_keeps_extremes(api):
     run = new_run(api)
-    records = [{"step": s, "groups": [[1, 1], [0, 1]] if s != 777 else [[1, 1], [1, 1]]}
-               for s in range(1, 2001)]  # fmt: skip
+    records = [
+        {"step": s, "groups": [[1, 1], [0, 1]] if s != 777 else [[1, 1], [1, 1]]}
+        for s in range(1, 2001)
+    ]
     post_steps(api, run, records)
     body = api.get(f"/api/v1/runs/{run['run_id']}/metrics?max_points=100").json()
     assert body["downsampled"] and len(body["points"]) <= 100
@@ -179,12 +220,21 @@ def test_downsampling_keeps_extremes(api):
 
 def test_prompts_by_collapse(api):
     run = new_run(api)
-    post_steps(api, run, [
-        {"step": s, "groups": [{"prompt_id": "easy", "rewards": [1, 1]},
-                               {"prompt_id": "hard", "rewards": [0, 0]},
-                               {"prompt_id": "ok", "rewards": [0, 1]}]}
-        for s in (1, 2, 3)
-    ])  # fmt: skip
+    post_steps(
+        api,
+        run,
+        [
+            {
+                "step": s,
+                "groups": [
+                    {"prompt_id": "easy", "rewards": [1, 1]},
+                    {"prompt_id": "hard", "rewards": [0, 0]},
+                    {"prompt_id": "ok", "rewards": [0, 1]},
+                ],
+            }
+            for s in (1, 2, 3)
+        ],
+    )
     prompts = api.get(f"/api/v1/runs/{run['run_id']}/prompts").json()["prompts"]
     by_id = {p["prompt_id"]: p for p in prompts}
     assert by_id["easy"]["all_pass"] == 3 and by_id["hard"]["all_fail"] == 3
@@ -197,8 +247,10 @@ def test_prompts_by_collapse(api):
 def test_commands_delivered_to_rank0_until_acked(api):
     run = new_run(api)
     rid = run["run_id"]
-    cmd = api.post(f"/api/v1/runs/{rid}/commands",
-                   json={"type": "set_mitigation", "params": {"mode": "avspo"}, "reason": "test"})  # fmt: skip
+    cmd = api.post(
+        f"/api/v1/runs/{rid}/commands",
+        json={"type": "set_mitigation", "params": {"mode": "avspo"}, "reason": "test"},
+    )
     assert cmd.status_code == 201 and cmd.json()["status"] == "pending"
     cid = cmd.json()["command_id"]
     rank1 = post_steps(api, run, [{"step": 1, "rank": 1, "groups": [[0, 1]]}])
@@ -206,8 +258,10 @@ def test_commands_delivered_to_rank0_until_acked(api):
     for _ in range(2):  # at-least-once: re-delivered until acked
         got = post_steps(api, run, [{"step": 1, "groups": [[0, 1]]}])["commands"]
         assert [c["command_id"] for c in got] == [cid]
-    hb = api.post(f"/api/v1/runs/{rid}/heartbeat", json={"attempt": 1, "rank": 0,
-                  "spooled_groups": 3, "dropped_groups": 1})  # fmt: skip
+    hb = api.post(
+        f"/api/v1/runs/{rid}/heartbeat",
+        json={"attempt": 1, "rank": 0, "spooled_groups": 3, "dropped_groups": 1},
+    )
     assert [c["command_id"] for c in hb.json()["commands"]] == [cid]
     ack = api.post(f"/api/v1/runs/{rid}/commands/{cid}/ack", json={"status": "applied", "step": 2})
     assert ack.status_code == 200 and ack.json()["status"] == "applied"
@@ -230,7 +284,8 @@ def test_run_settings_finish_and_delete(api):
     assert api.patch(f"/api/v1/runs/{rid}", json={"mitigation_mode": "bogus"}).status_code == 422
     assert any(x["run_id"] == rid for x in api.get("/api/v1/runs?tag=a").json()["runs"])
     assert api.post(f"/api/v1/runs/{rid}/finish", json={"status": "finished"}).json()["status"] == (
-        "finished")  # fmt: skip
+        "finished"
+    )
     assert api.delete(f"/api/v1/runs/{rid}").status_code == 204
     assert api.get(f"/api/v1/runs/{rid}").status_code == 404
 
@@ -249,13 +304,22 @@ def test_stateless_acr_endpoint(api):
 
 def test_limits_answer_413(api):
     run = new_run(api)
-    r = api.post(f"/api/v1/runs/{run['run_id']}/steps",
-                 json={"attempt": 1, "records": [{"step": 1, "groups": [[0, 1]] * 10_001}]})  # fmt: skip
+    r = api.post(
+        f"/api/v1/runs/{run['run_id']}/steps",
+        json={"attempt": 1, "records": [{"step": 1, "groups": [[0, 1]] * 10_001}]},
+    )
     assert r.status_code == 413 and "10000" in r.text
-    big = json.dumps({"attempt": 1, "records": [{"step": 1, "rewards": [0.123456789] * 900_000,
-                                                 "group_size": 100}]})  # fmt: skip
-    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", content=big,
-                 headers={"content-type": "application/json"})  # fmt: skip
+    big = json.dumps(
+        {
+            "attempt": 1,
+            "records": [{"step": 1, "rewards": [0.123456789] * 900_000, "group_size": 100}],
+        }
+    )
+    r = api.post(
+        f"/api/v1/runs/{run['run_id']}/steps",
+        content=big,
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 413 and "limit" in r.text
     assert api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"] == []
 

@@ -14,14 +14,17 @@ from .conftest import VANTAGE, create_key, new_run, post_steps, run_cli, start_s
 
 def test_keys_create_prints_key_alone_on_last_line(tmp_path):
     url = f"sqlite:///{tmp_path}/k.db"
-    out = run_cli("keys", "create", "--name", "ci", "--scopes", "read,ingest", "--database-url", url)
+    out = run_cli(
+        "keys", "create", "--name", "ci", "--scopes", "read,ingest", "--database-url", url
+    )
     last = out.stdout.rstrip("\n").splitlines()[-1]
     assert re.fullmatch(r"vtg_[A-Za-z0-9_-]{32,}", last)
     assert last not in out.stderr
     listed = run_cli("keys", "list", "--database-url", url).stdout
     assert "ci" in listed and last not in listed  # only a prefix is ever shown again
-    bad = run_cli("keys", "create", "--name", "x", "--scopes", "read,root", "--database-url", url,
-                  check=False)  # fmt: skip
+    bad = run_cli(
+        "keys", "create", "--name", "x", "--scopes", "read,root", "--database-url", url, check=False
+    )
     assert bad.returncode == 2 and "root" in bad.stderr
     assert run_cli("keys", "revoke", "ci", "--database-url", url).returncode == 0
 
@@ -86,12 +89,24 @@ def test_schemathesis_finds_no_server_error(server, tmp_path):
     port = server.url.rsplit(":", 1)[1]
     st = VANTAGE.replace("/vantage", "/st")
     proc = subprocess.run(
-        [st, "run", f"http://127.0.0.1:{port}/openapi.json", "--checks", "not_a_server_error",
-         "-H", f"Authorization: Bearer {server.keys['all']}", "--max-examples", "25",
-         "--generation-deterministic", "--request-timeout", "30", "--exclude-checks",
-         "use_after_free,ensure_resource_availability"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            st,
+            "run",
+            f"http://127.0.0.1:{port}/openapi.json",
+            "--checks",
+            "not_a_server_error",
+            "-H",
+            f"Authorization: Bearer {server.keys['all']}",
+            "--max-examples",
+            "25",
+            "--generation-deterministic",
+            "--request-timeout",
+            "30",
+            "--exclude-checks",
+            "use_after_free,ensure_resource_availability",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-6000:]
-
-

@@ -25,16 +25,29 @@ sys.meta_path.insert(0, _Block())
 
 def _run_blocked(blocked: set[str], code: str) -> subprocess.CompletedProcess:
     script = f"BLOCKED = {sorted(blocked)!r}\n{BLOCKER}\n{code}"
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, cwd="/")  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd="/"
+    )
 
 
 def test_wheel_contains_every_module(tmp_path: Path):
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(ROOT)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     wheel = next(tmp_path.glob("vantage_rl-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = set()
@@ -45,7 +58,9 @@ def test_wheel_contains_every_module(tmp_path: Path):
             if path.suffix in (".py", ".yaml", ".mako", ".ini") or path.parent.name == "assets":
                 expected.add(f"vantage/{path.relative_to(ROOT).as_posix()}")
     missing = sorted(expected - names)
-    assert not missing, f"modules left out of the wheel (list the subpackage in pyproject): {missing}"
+    assert not missing, (
+        f"modules left out of the wheel (list the subpackage in pyproject): {missing}"
+    )
 
 
 def test_client_imports_without_torch_dash_or_database_driver():
@@ -109,8 +124,12 @@ def test_import_rules(pkg: str):
             rel = path.relative_to(ROOT).as_posix()
             if pkg == "server" and target == "dashboard" and rel == "server/main.py":
                 continue
-            if pkg == "server" and target == "trainer" and not top_level and rel in (
-                "server/cli.py", "server/demo.py"):  # fmt: skip
+            if (
+                pkg == "server"
+                and target == "trainer"
+                and not top_level
+                and rel in ("server/cli.py", "server/demo.py")
+            ):
                 continue
             bad.append(f"{rel} imports {mod}")
     assert not bad, bad

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import ValidationError
-
 from vantage.client.acr import ACRSettings, InconsistentStatsError, StepAccumulator
 from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, ACRRequest
 
@@ -22,8 +21,9 @@ async def acr(request: Request, key: ReadKey) -> Response:
     try:
         body = ACRRequest.model_validate_json(raw)
     except ValidationError as exc:
-        raise HTTPException(422, exc.errors(include_url=False, include_context=False,
-                                            include_input=False)) from exc  # fmt: skip
+        raise HTTPException(
+            422, exc.errors(include_url=False, include_context=False, include_input=False)
+        ) from exc
     if body.group_count() > MAX_GROUPS_PER_REQUEST:
         raise HTTPException(413, f"more than {MAX_GROUPS_PER_REQUEST} groups in one request")
     settings = ACRSettings(body.reward_min, body.reward_max, body.trainer_eps, body.tol)
@@ -35,6 +35,12 @@ async def acr(request: Request, key: ReadKey) -> Response:
         except InconsistentStatsError as exc:
             raise HTTPException(422, f"group {index} ('{g.group_id}'): {exc}") from exc
         acc.add(summary)
-        groups.append({"index": index, "group_id": g.group_id, "class": summary.cls.value,
-                       "side": summary.side})  # fmt: skip
+        groups.append(
+            {
+                "index": index,
+                "group_id": g.group_id,
+                "class": summary.cls.value,
+                "side": summary.side,
+            }
+        )
     return json_response({"step": acc.metrics(), "groups": groups})

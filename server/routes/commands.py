@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
-
 from vantage.client.schema import CommandAck, CommandCreate
 
 from ..commands import ack_command, create_command, list_commands
@@ -15,8 +14,9 @@ router = APIRouter(prefix="/api/v1/runs", tags=["commands"])
 @router.post("/{run_id}/commands", status_code=201)
 def issue(run_id: str, body: CommandCreate, key: ControlKey, session: SessionDep) -> dict:
     load_run(session, run_id, key)
-    cmd = create_command(session, run_id, body.type, body.params, body.reason,
-                         issued_by=f"key:{key.name}")  # fmt: skip
+    cmd = create_command(
+        session, run_id, body.type, body.params, body.reason, issued_by=f"key:{key.name}"
+    )
     session.commit()
     return cmd
 
@@ -30,8 +30,9 @@ def log(run_id: str, key: ReadKey, session: SessionDep) -> dict:
 
 
 @router.post("/{run_id}/commands/{command_id}/ack")
-def ack(run_id: str, command_id: str, body: CommandAck, key: IngestKey,
-        session: SessionDep) -> dict:  # fmt: skip
+def ack(
+    run_id: str, command_id: str, body: CommandAck, key: IngestKey, session: SessionDep
+) -> dict:
     load_run(session, run_id, key)
     try:
         cmd = ack_command(session, run_id, command_id, body.status, body.step, body.detail)

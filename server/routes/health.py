@@ -34,5 +34,7 @@ def metrics(request: Request, session: SessionDep, settings: SettingsDep) -> Pla
         token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         if not secrets.compare_digest(token, settings.metrics_token):
             raise HTTPException(401, "this /metrics needs 'Authorization: Bearer <metrics token>'")
-    return PlainTextResponse(prometheus_text(session, dict(request.app.state.counters)),
-                             media_type="text/plain; version=0.0.4")  # fmt: skip
+    return PlainTextResponse(
+        prometheus_text(session, dict(request.app.state.counters)),
+        media_type="text/plain; version=0.0.4",
+    )

@@ -6,7 +6,6 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
-
 from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, StepsBatch
 
 from ..commands import deliver_commands
@@ -26,7 +25,9 @@ async def post_steps(run_id: str, request: Request, key: IngestKey) -> Response:
     try:
         batch = StepsBatch.model_validate_json(raw)
     except ValidationError as exc:
-        raise HTTPException(422, exc.errors(include_url=False, include_context=False, include_input=False)) from exc
+        raise HTTPException(
+            422, exc.errors(include_url=False, include_context=False, include_input=False)
+        ) from exc
     n_groups = batch.group_count()
     if n_groups > MAX_GROUPS_PER_REQUEST:
         raise HTTPException(

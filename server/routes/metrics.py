@@ -8,8 +8,8 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import PlainTextResponse
 
 from ..deps import ReadKey, SessionDep, load_run
-from . import json_response
 from ..queries import DEFAULT_MAX_POINTS, export_csv, run_metrics, run_prompts, run_summary, to_csv
+from . import json_response
 
 router = APIRouter(prefix="/api/v1/runs", tags=["metrics"])
 Split = Annotated[str, Query(min_length=1, max_length=64)]
@@ -38,8 +38,17 @@ def summary(run_id: str, key: ReadKey, session: SessionDep) -> dict:
     return run_summary(session, run_id) or {}
 
 
-PROMPT_COLUMNS = ["prompt_id", "groups", "steps", "collapsed", "all_pass", "all_fail", "constant",
-                  "collapse_rate", "last_seen_step"]  # fmt: skip
+PROMPT_COLUMNS = [
+    "prompt_id",
+    "groups",
+    "steps",
+    "collapsed",
+    "all_pass",
+    "all_fail",
+    "constant",
+    "collapse_rate",
+    "last_seen_step",
+]
 
 
 @router.get("/{run_id}/prompts", response_model=None)
@@ -60,7 +69,9 @@ def prompts(
 
 
 @router.get("/{run_id}/export.csv", response_class=PlainTextResponse)
-def export(run_id: str, key: ReadKey, session: SessionDep, split: Split = "train") -> PlainTextResponse:
+def export(
+    run_id: str, key: ReadKey, session: SessionDep, split: Split = "train"
+) -> PlainTextResponse:
     load_run(session, run_id, key)
     return PlainTextResponse(
         export_csv(session, run_id, split),

@@ -6,7 +6,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response
 from sqlalchemy.exc import IntegrityError
-
 from vantage.client.schema import Finish, Heartbeat, RunCreate, RunPatch
 
 from ..commands import deliver_commands
@@ -19,8 +18,9 @@ router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 
 
 @router.post("", status_code=201)
-def create_run(body: RunCreate, key: IngestKey, session: SessionDep, settings: SettingsDep,
-               response: Response) -> dict:  # fmt: skip
+def create_run(
+    body: RunCreate, key: IngestKey, session: SessionDep, settings: SettingsDep, response: Response
+) -> dict:
     """Create a run (201, attempt 1) or register a launch of a known run (200)."""
     project = body.project
     if key.project is not None:
@@ -46,8 +46,9 @@ def create_run(body: RunCreate, key: IngestKey, session: SessionDep, settings: S
 
 
 @router.get("")
-def runs_index(key: ReadKey, session: SessionDep, project: str | None = None,
-               tag: str | None = None) -> dict:  # fmt: skip
+def runs_index(
+    key: ReadKey, session: SessionDep, project: str | None = None, tag: str | None = None
+) -> dict:
     runs = list_runs(session, project=key.project or project, tag=tag)
     return {"runs": runs}
 
@@ -85,8 +86,9 @@ def heartbeat(run_id: str, body: Heartbeat, key: IngestKey, session: SessionDep)
         raise HTTPException(409, f"attempt {body.attempt} is unknown for run {run_id}")
     run.last_seen_at = utcnow()
     health = dict(run.client_health or {})
-    counters = body.model_dump(include={"spooled_groups", "dropped_groups", "dead_letter_batches"},
-                               exclude_none=True)  # fmt: skip
+    counters = body.model_dump(
+        include={"spooled_groups", "dropped_groups", "dead_letter_batches"}, exclude_none=True
+    )
     health[str(body.rank)] = {**health.get(str(body.rank), {}), **counters}
     run.client_health = health
     commands = deliver_commands(session, run_id) if body.rank == 0 else []

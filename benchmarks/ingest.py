@@ -1,0 +1,288 @@
+"""Ingest throughput: Vantage vs an MLflow tracking server, side by side on one PostgreSQL.
+
+Both servers run as their own processes on this machine, each on a fresh database of the same
+PostgreSQL. One client process sends the same groups to each, in the same batch sizes:
+- Vantage: ``POST /api/v1/runs/{id}/steps`` with ``--batch`` groups of G rewards per request.
+- MLflow: ``log_batch`` with two metric points per group (``group_mean``, ``group_std``; step = the
+  training step; a distinct millisecond timestamp per group), ``--batch`` groups = 2·batch points
+  per call (MLflow allows 1,000 metrics per call, so --batch is at most 500).
+The two are measured in alternating rounds (these machines are noisy) after a warm-up, and the
+ratio of their steady-state rates is printed. MLflow's stored point count is checked in its
+database. Also measured for Vantage: latency of 1,000-group batches and the read time of the
+metrics of a 20,000-step run.
+
+    python benchmarks/ingest.py --quick      # under 5 minutes
+
+The last line is JSON: {"vantage_groups_per_s", "mlflow_groups_per_s", "ratio", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import orjson
+import psycopg
+
+PG_ADMIN = os.environ.get(
+    "VANTAGE_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_db(admin: psycopg.Connection, prefix: str) -> str:
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    return name
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def make_groups(rng: random.Random, n: int, g: int) -> list[list[float]]:
+    """Binary rewards with a realistic share of collapsed groups."""
+    out = []
+    for _ in range(n):
+        p = rng.random()
+        out.append([1.0 if rng.random() < p else 0.0 for _ in range(g)])
+    return out
+
+
+class VantageSender:
+    def __init__(self, url: str, group_size: int):
+        self.client = httpx.Client(base_url=url, timeout=60)
+        body = {"name": "bench", "group_size": group_size}
+        run = self.client.post("/api/v1/runs", json=body).json()
+        self.run_id, self.attempt = run["run_id"], run["attempt"]
+        self.step = 0
+        self.latencies: list[float] = []
+
+    def send(self, groups: list[list[float]]) -> int:
+        self.step += 1
+        body = orjson.dumps(
+            {"attempt": self.attempt, "records": [{"step": self.step, "groups": groups}]}
+        )
+        t0 = time.perf_counter()
+        r = self.client.post(
+            f"/api/v1/runs/{self.run_id}/steps",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+        self.latencies.append(time.perf_counter() - t0)
+        r.raise_for_status()
+        accepted = r.json()["accepted"]
+        assert accepted == len(groups), r.text[:300]
+        return accepted
+
+
+class MlflowSender:
+    def __init__(self, url: str):
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=url)
+        exp = self.client.create_experiment(f"bench-{uuid.uuid4().hex[:6]}")
+        self.run_id = self.client.create_run(exp).info.run_id
+        self.step = 0
+        self.ts = int(time.time() * 1000)
+        self.sent_points = 0
+
+    def send(self, groups: list[list[float]]) -> int:
+        from mlflow.entities import Metric
+
+        self.step += 1
+        metrics = []
+        for rewards in groups:
+            self.ts += 1  # a distinct millisecond timestamp per group
+            mean = sum(rewards) / len(rewards)
+            std = statistics.stdev(rewards) if len(rewards) > 1 else 0.0
+            metrics.append(Metric("group_mean", mean, self.ts, self.step))
+            metrics.append(Metric("group_std", std, self.ts, self.step))
+        self.client.log_batch(self.run_id, metrics=metrics)
+        self.sent_points += len(metrics)
+        return len(groups)
+
+
+def timed_round(sender, batches: list[list[list[float]]]) -> float:
+    t0 = time.perf_counter()
+    n = sum(sender.send(b) for b in batches)
+    return n / (time.perf_counter() - t0)
+
+
+def metrics_read_time(url: str, steps: int, repeats: int = 15) -> dict:
+    """Seed a run of `steps` steps, then time GET /metrics (default max_points 5,000)."""
+    client = httpx.Client(base_url=url, timeout=120)
+    run = client.post("/api/v1/runs", json={"name": f"read-{steps}"}).json()
+    rng = random.Random(1)
+    for start in range(0, steps, 1000):
+        recs = [{"step": s, "groups": make_groups(rng, 4, 8)} for s in range(start, start + 1000)]
+        client.post(
+            f"/api/v1/runs/{run['run_id']}/steps", json={"attempt": 1, "records": recs}
+        ).raise_for_status()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        r = client.get(f"/api/v1/runs/{run['run_id']}/metrics")
+        times.append(time.perf_counter() - t0)
+        r.raise_for_status()
+    times.sort()
+    return {
+        "p50_ms": 1000 * times[len(times) // 2],
+        "p99_ms": 1000 * times[-1],
+        "points": len(r.json()["points"]),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer rounds (under 5 minutes)")
+    ap.add_argument("--batch", type=int, default=500, help="groups per request (≤ 500)")
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=None)
+    args = ap.parse_args()
+    rounds = args.rounds or (3 if args.quick else 6)
+    v_batches, m_batches = (40, 4) if args.quick else (100, 8)
+
+    admin = psycopg.connect(PG_ADMIN, autocommit=True)
+    base = PG_ADMIN.rsplit("/", 1)[0]
+    vdb, mdb = make_db(admin, "vantage_bench"), make_db(admin, "mlflow_bench")
+    tmp = Path(tempfile.mkdtemp(prefix="vantage-bench-"))
+    procs: list[subprocess.Popen] = []
+    try:
+        vport, mport = free_port(), free_port()
+        vurl, murl = f"http://127.0.0.1:{vport}", f"http://127.0.0.1:{mport}"
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(BIN / "vantage"),
+                    "serve",
+                    "--insecure-no-auth",
+                    "--port",
+                    str(vport),
+                    "--database-url",
+                    f"{base}/{vdb}",
+                ],
+                stdout=(tmp / "vantage.log").open("w"),
+                stderr=subprocess.STDOUT,
+            )
+        )
+        murl_db = f"{base.replace('postgresql://', 'postgresql+psycopg://')}/{mdb}"
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(BIN / "mlflow"),
+                    "server",
+                    "--backend-store-uri",
+                    murl_db,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(mport),
+                    "--workers",
+                    "1",
+                    "--default-artifact-root",
+                    str(tmp / "art"),
+                ],
+                stdout=(tmp / "mlflow.log").open("w"),
+                stderr=subprocess.STDOUT,
+            )
+        )
+        wait_http(f"{vurl}/readyz", procs[0])
+        wait_http(f"{murl}/health", procs[1], timeout=240)
+        print(f"servers up: vantage {vurl}, mlflow {murl}", flush=True)
+
+        rng = random.Random(0)
+        vantage, mlflow_ = VantageSender(vurl, args.group_size), MlflowSender(murl)
+        warm = [make_groups(rng, args.batch, args.group_size) for _ in range(3)]
+        for b in warm:  # warm-up: connections, caches, first inserts
+            vantage.send(b)
+            mlflow_.send(b)
+        v_rates, m_rates = [], []
+        for r in range(rounds):  # alternating rounds, same batches for both
+            vb = [make_groups(rng, args.batch, args.group_size) for _ in range(v_batches)]
+            v_rates.append(timed_round(vantage, vb))
+            m_rates.append(timed_round(mlflow_, vb[:m_batches]))
+            print(
+                f"round {r + 1}/{rounds}: vantage {v_rates[-1]:,.0f} groups/s, "
+                f"mlflow {m_rates[-1]:,.0f} groups/s, ratio {v_rates[-1] / m_rates[-1]:.1f}",
+                flush=True,
+            )
+
+        with psycopg.connect(f"{base}/{mdb}") as conn:
+            stored = conn.execute(
+                "SELECT count(*) FROM metrics WHERE run_uuid = %s", (mlflow_.run_id,)
+            ).fetchone()[0]
+        assert stored == mlflow_.sent_points, f"mlflow stored {stored} of {mlflow_.sent_points}"
+        print(f"mlflow stored all {stored} points sent", flush=True)
+
+        # 1,000-group batch latency (Vantage), steady state
+        lat = VantageSender(vurl, args.group_size)
+        for _ in range(10 if args.quick else 40):
+            lat.send(make_groups(rng, 1000, args.group_size))
+        ls = sorted(lat.latencies[3:])
+        p50, p99 = ls[len(ls) // 2] * 1000, ls[min(len(ls) - 1, int(0.99 * len(ls)))] * 1000
+        print(f"vantage 1,000-group batch: p50 {p50:.1f} ms, p99 {p99:.1f} ms", flush=True)
+        read = metrics_read_time(vurl, 20_000)
+        print(
+            f"metrics of a 20,000-step run: p50 {read['p50_ms']:.1f} ms, "
+            f"p99 {read['p99_ms']:.1f} ms ({read['points']} points)",
+            flush=True,
+        )
+
+        v, m = statistics.median(v_rates), statistics.median(m_rates)
+        print(
+            json.dumps(
+                {
+                    "vantage_groups_per_s": round(v),
+                    "mlflow_groups_per_s": round(m),
+                    "ratio": round(v / m, 1),
+                    "batch_1000_p50_ms": round(p50, 1),
+                    "batch_1000_p99_ms": round(p99, 1),
+                    "metrics_20k_p50_ms": round(read["p50_ms"], 1),
+                }
+            )
+        )
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for db in (vdb, mdb):
+            admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

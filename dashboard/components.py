@@ -96,8 +96,8 @@ def health_cell(client: dict | None) -> Any:
     )
 
 
-def sparkline(values: list) -> html.Img:
-    svg = figures.sparkline_svg(values)
+def sparkline(values: list, latest: float | None = None) -> html.Img:
+    svg = figures.sparkline_svg(values, latest=latest)
     src = "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
     return html.Img(src=src, alt="ACR sparkline", title="ACR over the latest steps (dotted: 0.35)")
 
@@ -145,7 +145,7 @@ def runs_table(runs: list[dict]) -> html.Table | html.P:
                         className=acr_class(r.get("latest_acr")),
                         title=explain.ACR,
                     ),
-                    html.Td(sparkline(r.get("spark") or [])),
+                    html.Td(sparkline(r.get("spark") or [], r.get("latest_acr"))),
                     html.Td(mit, title=mit_help),
                     html.Td(alert_chips(r.get("alerts") or []) or "—"),
                     html.Td(health_cell(r.get("client"))),

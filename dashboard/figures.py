@@ -418,7 +418,9 @@ def compare_figure(runs: Sequence[dict], metrics: dict[str, Sequence[Point]]) ->
     return {"data": data, "layout": layout}
 
 
-def sparkline_svg(values: Sequence[float | None], width: int = 120, height: int = 28) -> str:
+def sparkline_svg(
+    values: Sequence[float | None], width: int = 120, height: int = 28, latest: float | None = None
+) -> str:
     """A tiny inline SVG line of ACR values in [0, 1] (gaps skipped), with the 0.35 threshold.
 
     Drawn as an <img> data URI so a runs table with hundreds of rows stays light.
@@ -431,7 +433,7 @@ def sparkline_svg(values: Sequence[float | None], width: int = 120, height: int 
 
     poly = " ".join(f"{round(i * (width - 2) / n + 1, 1)},{y(v)}" for i, v in pts)
     t = y(explain.STALL_THRESHOLD)
-    last = pts[-1][1] if pts else None
+    last = latest if latest is not None else (pts[-1][1] if pts else None)
     color = COLORS["alert"] if last is not None and last > explain.STALL_THRESHOLD else "#1f2937"
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'

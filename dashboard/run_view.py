@@ -14,6 +14,8 @@ from dash import Patch, html, no_update
 
 from . import components, data, explain, figures, kpis
 
+APPEND_LIMIT = 5000
+
 # Output order of the run page's data callback (pages/run.py).
 OUTPUTS = (
     "header",
@@ -187,7 +189,11 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
     if update is None:
         return None
     run, points = update["run"], update["points"]
-    if run.get("attempt") != state.get("attempt") and state.get("attempt") is not None:
+    new_attempt = run.get("attempt") != state.get("attempt") and state.get("attempt") is not None
+    # A page left open for days would grow its figures without bound: past APPEND_LIMIT appended
+    # steps, reload them downsampled.
+    too_long = state.get("appended", 0) + len(points) > APPEND_LIMIT
+    if new_attempt or too_long:
         return first_load(info, run_id, state.get("can_control", False))
     finished = _finished(run)
     if not points:
@@ -195,6 +201,7 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
         return (header(run), no_update, no_update, no_update, no_update, no_update, no_update,
                 no_update, finished)  # fmt: skip
     new_state = kpis.advance(state, points)
+    new_state["appended"] = state.get("appended", 0) + len(points)
     acr, reward, scalars = Patch(), Patch(), Patch()
     figures.extend_patch(acr, points, figures.ACR_SERIES)
     figures.extend_patch(reward, points, figures.REWARD_SERIES)

@@ -91,3 +91,18 @@ def test_a_new_attempt_reloads_the_page_data(dashboard):
         fig = out[run_view.OUTPUTS.index("acr_figure")]
         assert isinstance(fig, dict) and fig["data"][6]["x"] == list(range(10))
         assert out[run_view.OUTPUTS.index("state")]["attempt"] == new_attempt
+
+
+def test_a_long_open_page_reloads_downsampled(dashboard, monkeypatch):
+    monkeypatch.setattr(run_view, "APPEND_LIMIT", 4)
+    with dashboard.api() as api:
+        run_id, attempt = sample_data.create_run(api, "long-open")
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 3))
+        state = run_view.first_load(READ, run_id)[run_view.OUTPUTS.index("state")]
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(3, 3))
+        state = run_view.live_update(READ, run_id, state)[run_view.OUTPUTS.index("state")]
+        assert state["appended"] == 3
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(6, 2))
+        out = run_view.live_update(READ, run_id, state)
+        assert isinstance(out[run_view.OUTPUTS.index("acr_figure")], dict)  # a fresh figure
+        assert out[run_view.OUTPUTS.index("state")].get("appended", 0) == 0

@@ -111,6 +111,7 @@ class GRPOTrainer:
         self.run_id: str | None = None
         self.sft_stats: dict[str, Any] = {}
         self.owns_process_group = False
+        self.last_checkpoint: tuple[int, str] | None = None
 
     # ------------------------------------------------------------------ the step
 
@@ -372,7 +373,7 @@ class GRPOTrainer:
             try:
                 detail = self._apply(command)
                 status = "applied"
-            except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+            except (ValueError, TypeError, KeyError, RuntimeError, OSError) as exc:
                 status, detail = "rejected", str(exc)
             log.info("command %s %s at step %d: %s", command.type, status, self.step, detail)
             if self.dist.is_main:
@@ -460,9 +461,12 @@ class GRPOTrainer:
         self.history = list(state.get("history", []))
 
     def save_checkpoint(self) -> str:
+        """Save (once per step: a checkpoint command and the end of training share one)."""
         from .checkpoint import save_checkpoint
 
-        return str(save_checkpoint(self))
+        if self.last_checkpoint is None or self.last_checkpoint[0] != self.step:
+            self.last_checkpoint = (self.step, str(save_checkpoint(self)))
+        return self.last_checkpoint[1]
 
 
 def _is_number(value: Any) -> bool:

@@ -210,7 +210,7 @@ def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
         if not evals or evals[-1][0] != trainer.step:
             evals.append((trainer.step, trainer.evaluate()))
             trainer.monitor.log_scalars(trainer.step, {"eval_accuracy": evals[-1][1]})
-        checkpoint = trainer.save_checkpoint()
+        checkpoint = Path(trainer.save_checkpoint())
         failed = False
     finally:
         trainer.monitor.close(failed=failed)

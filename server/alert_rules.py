@@ -7,6 +7,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -48,6 +49,10 @@ class Mitigation(BaseModel):
     @model_validator(mode="after")
     def _params(self) -> Mitigation:
         validate_command_params(self.type, self.params)
+        try:  # what the database's JSON columns can hold (no integers beyond 64 bits)
+            orjson.dumps(self.params)
+        except TypeError as exc:
+            raise ValueError(f"mitigation params cannot be stored: {exc}") from exc
         return self
 
 
@@ -214,6 +219,8 @@ class SilenceCreate(BaseModel):
     @field_validator("until")
     @classmethod
     def _aware(cls, v: datetime) -> datetime:
+        if not 1970 <= v.year <= 9000:  # the database cannot store far-off dates everywhere
+            raise ValueError("until must be a date between 1970 and 9000")
         return v if v.tzinfo else v.replace(tzinfo=UTC)
 
 

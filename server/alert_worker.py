@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from sqlalchemy.orm import Session
@@ -36,10 +37,13 @@ class AlertWorker:
             self.threads.append(t)
 
     def stop(self, timeout: float = 3.0) -> None:
+        """Stop both loops, waiting at most ``timeout`` seconds in all (a webhook in flight is
+        abandoned: its message stays pending and is sent again after the restart)."""
         self.stopping.set()
         self.sender.wake.set()
+        deadline = time.monotonic() + timeout
         for t in self.threads:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
         self.sender.close()
 
     def _periodic(self) -> None:

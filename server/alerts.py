@@ -551,7 +551,7 @@ def list_alerts(
     if rule is not None:
         q = (
             q.where(AlertRule.id == int(rule))
-            if rule.isdigit()
+            if rule.isdigit() and len(rule) <= 9
             else q.where(AlertRule.name == rule)
         )
     if state is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
 
 from ..alert_models import AlertRule, Silence
 from ..alert_rules import (
@@ -36,6 +36,9 @@ def _read_or_control(request: Request, session: SessionDep, settings: SettingsDe
 
 
 RulesReader = Annotated[KeyInfo, Depends(_read_or_control)]
+# Ids are 32-bit integers in the database: larger ones are a 422, not a database error.
+RuleId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+SilenceId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 
 def _rule(session: SessionDep, rule_id: int, key: KeyInfo) -> AlertRule:
@@ -75,13 +78,13 @@ def rules_create(
 
 
 @router.get("/alert-rules/{rule_id}")
-def rules_read(rule_id: int, key: RulesReader, session: SessionDep) -> dict:
+def rules_read(rule_id: RuleId, key: RulesReader, session: SessionDep) -> dict:
     return rule_dict(_rule(session, rule_id, key))
 
 
 @router.put("/alert-rules/{rule_id}")
 def rules_update(
-    rule_id: int, body: RulePatch, key: ControlKey, session: SessionDep, settings: SettingsDep
+    rule_id: RuleId, body: RulePatch, key: ControlKey, session: SessionDep, settings: SettingsDep
 ) -> dict:
     """Change a rule (built-in ones too); fields left out keep their value."""
     rule = _rule(session, rule_id, key)
@@ -96,7 +99,7 @@ def rules_update(
 
 
 @router.delete("/alert-rules/{rule_id}", status_code=204)
-def rules_delete(rule_id: int, key: ControlKey, session: SessionDep) -> Response:
+def rules_delete(rule_id: RuleId, key: ControlKey, session: SessionDep) -> Response:
     """Delete a rule and its episodes."""
     session.delete(_rule(session, rule_id, key))
     session.commit()
@@ -115,8 +118,10 @@ def alerts_index(
     """Alert episodes newest first, resolved ones included unless `state` filters them."""
     if run_id is not None:
         load_run(session, run_id, key)
-    if since is not None and since.tzinfo is None:
-        since = since.replace(tzinfo=UTC)
+    if since is not None:
+        if not 1970 <= since.year <= 9000:  # the database cannot compare far-off dates
+            raise HTTPException(422, "since must be a date between 1970 and 9000")
+        since = since if since.tzinfo else since.replace(tzinfo=UTC)
     alerts = list_alerts(
         session, run_id=run_id, rule=rule, state=state, since=since, project=key.project
     )
@@ -137,7 +142,7 @@ def silences_index(key: RulesReader, session: SessionDep, active: bool = False) 
 
 
 @router.delete("/silences/{silence_id}", status_code=204)
-def silences_delete(silence_id: int, key: ControlKey, session: SessionDep) -> Response:
+def silences_delete(silence_id: SilenceId, key: ControlKey, session: SessionDep) -> Response:
     silence = session.get(Silence, silence_id)
     if silence is None:
         raise HTTPException(404, f"silence {silence_id} not found")

@@ -13,6 +13,7 @@ a share of GRPO's step time. The last line is JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 from vantage.trainer.advantages import avspo, grpo
+from vantage.trainer.config import load_config
 from vantage.trainer.run import setup, train
 
 METHODS: dict[str, dict[str, Any]] = {
@@ -59,21 +61,19 @@ class RewardRecorder:
 
 
 def base_config(workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "run_name": "bench",
-        "device": "cpu",
-        "torch_threads": args.threads,
-        "arith_max_operand": 20,
-        "eval_size": 128,
-        "prompts_per_step": 16,
-        "group_size": 8,
-        "max_new_tokens": 6,
-        "lr": args.lr,
-        "eval_every": 0,
-        "progress": False,
-        "resume": False,
-        "output_dir": str(workdir / "warm"),
-    }
+    """The bundled arith-tiny config (16 prompts x 8 completions), unmonitored and quiet."""
+    config = dataclasses.asdict(load_config("arith-tiny"))
+    config.update(
+        run_name="bench",
+        torch_threads=args.threads,
+        lr=args.lr,
+        eval_every=0,
+        progress=False,
+        resume=False,
+        server=None,
+        output_dir=str(workdir / "warm"),
+    )
+    return config
 
 
 def warm_start(workdir: Path, args: argparse.Namespace) -> tuple[str, float]:

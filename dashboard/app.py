@@ -76,13 +76,23 @@ def _csv_routes(app: FastAPI) -> None:
         headers = {"content-disposition": f'attachment; filename="{filename}"'}
         return Response(text, media_type="text/csv", headers=headers)
 
+    def as_caller(request: Request, build) -> Any:
+        # Bind this request as Dash's current one, so the data layer finds this app's database.
+        from dash.backends._fastapi import reset_current_request, set_current_request
+
+        token = set_current_request(request)
+        try:
+            return build(context.key_info(request.cookies.get(context.COOKIE_NAME), request.app))
+        finally:
+            reset_current_request(token)
+
     def metrics_csv(request: Request, run_id: str) -> Response:
-        info = context.key_info(request.cookies.get(context.COOKIE_NAME))
-        return csv_response(data.metrics_csv(info, run_id), f"{run_id}.csv")
+        text = as_caller(request, lambda info: data.metrics_csv(info, run_id))
+        return csv_response(text, f"{run_id}.csv")
 
     def prompts_csv(request: Request, run_id: str, side: str | None = None) -> Response:
-        info = context.key_info(request.cookies.get(context.COOKIE_NAME))
-        return csv_response(data.prompts_csv(info, run_id, side), f"{run_id}-prompts.csv")
+        text = as_caller(request, lambda info: data.prompts_csv(info, run_id, side))
+        return csv_response(text, f"{run_id}-prompts.csv")
 
     base = f"{auth.PREFIX}/export/{{run_id}}"
     app.add_api_route(f"{base}/metrics.csv", metrics_csv, include_in_schema=False)
@@ -131,7 +141,7 @@ def mount(app: FastAPI, settings: Any, session_factory) -> Dash:
     """Create the dashboard on ``app`` at /dashboard/ (see ``vantage.dashboard.mount``)."""
     from dash import _callback
 
-    context.configure(settings, session_factory)
+    context.configure(settings, session_factory, app)
     # Pages register their callbacks globally (dash.callback) each time a Dash app imports
     # them; drop any left from an earlier app in this process so none is registered twice.
     _callback.GLOBAL_CALLBACK_LIST.clear()

@@ -52,11 +52,11 @@ class DashboardGate:
             scope["type"] not in ("http", "websocket")
             or not path.startswith(PREFIX + "/")  # /dashboard itself only redirects
             or path.startswith(PUBLIC)
-            or not context.auth_enabled()
+            or not context.auth_enabled(scope.get("app"))
         ):
             await self.app(scope, receive, send)
             return
-        info = await _run_sync(context.key_info, _cookie(scope))
+        info = await _run_sync(context.key_info, _cookie(scope), scope.get("app"))
         if context.can(info, "read"):
             await self.app(scope, receive, send)
             return
@@ -130,13 +130,13 @@ async def login_post(request: Request):
     form = parse_qs((await request.body()).decode("utf-8", "replace"))
     key = (form.get("key") or [""])[0].strip()
     next_url = _safe_next((form.get("next") or [""])[0])
-    info = await _run_sync(context.key_info, key)
+    info = await _run_sync(context.key_info, key, request.app)
     if info is None:
         return login_page(next_url, "Unknown or revoked key.", 401)
     if not context.can(info, "read"):
         return login_page(next_url, "This key lacks the read scope the dashboard needs.", 403)
     response = RedirectResponse(next_url, status_code=303)
-    public_url = getattr(context.state().settings, "public_url", None) or ""
+    public_url = getattr(context.state(request.app).settings, "public_url", None) or ""
     secure = (
         request.url.scheme == "https"
         or request.headers.get("x-forwarded-proto") == "https"

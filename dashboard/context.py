@@ -1,7 +1,10 @@
 """What the dashboard's callbacks share: the server's session factory and settings, and the
 caller's API key (read from the login cookie, checked against the keys table).
 
-Dash keeps one app per process (``dash.get_app``), so this module does too: ``mount`` sets it.
+``mount`` stores them on the FastAPI app (``app.state.vantage_dashboard``); a callback finds
+them through its request's app, so several apps in one process (tests) each read their own
+database. Outside a request (tests and benchmarks calling functions directly) the most recently
+mounted app's state is used.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 COOKIE_NAME = "vantage_dashboard_key"
@@ -25,24 +28,40 @@ KEY_CACHE_S = 5.0
 class DashboardState:
     settings: Any
     session_factory: Callable[[], Any]
+    key_cache: dict[str, tuple[float, Any]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-_state: DashboardState | None = None
-_cache: dict[str, tuple[float, Any]] = {}
-_cache_lock = threading.Lock()
+_latest: DashboardState | None = None
 
 
-def configure(settings: Any, session_factory: Callable[[], Any]) -> None:
-    global _state
-    _state = DashboardState(settings, session_factory)
-    with _cache_lock:
-        _cache.clear()
+def configure(settings: Any, session_factory: Callable[[], Any], app: Any = None) -> DashboardState:
+    """Make the dashboard's state for ``app`` (and the default outside requests)."""
+    global _latest
+    _latest = DashboardState(settings, session_factory)
+    if app is not None:
+        app.state.vantage_dashboard = _latest
+    return _latest
 
 
-def state() -> DashboardState:
-    if _state is None:
+def _request_app() -> Any:
+    try:
+        from dash.backends._fastapi import get_current_request
+
+        return get_current_request().app
+    except Exception:  # no request in this context, or another Dash backend
+        return None
+
+
+def state(app: Any = None) -> DashboardState:
+    """The state of ``app``, else of the current request's app, else the latest mounted."""
+    app = app if app is not None else _request_app()
+    found = getattr(getattr(app, "state", None), "vantage_dashboard", None)
+    if found is not None:
+        return found
+    if _latest is None:
         raise RuntimeError("vantage.dashboard.mount() has not been called")
-    return _state
+    return _latest
 
 
 @contextmanager
@@ -65,34 +84,35 @@ def in_thread(func: Callable) -> Callable:
     return run
 
 
-def auth_enabled() -> bool:
-    return bool(getattr(state().settings, "auth_enabled", True))
+def auth_enabled(app: Any = None) -> bool:
+    return bool(getattr(state(app).settings, "auth_enabled", True))
 
 
 def refresh_ms() -> int:
     return int(1000 * float(getattr(state().settings, "dashboard_refresh_s", 2.0) or 2.0))
 
 
-def key_info(plaintext: str | None):
+def key_info(plaintext: str | None, app: Any = None):
     """The KeyInfo of a key (cached for KEY_CACHE_S), the all-access identity when auth is off,
     or None for a missing, unknown or revoked key."""
     from vantage.server import keys
 
-    if not auth_enabled():
+    st = state(app)
+    if not bool(getattr(st.settings, "auth_enabled", True)):
         return keys.ALL_ACCESS
     if not plaintext:
         return None
     now = time.monotonic()
-    with _cache_lock:
-        hit = _cache.get(plaintext)
+    with st.lock:
+        hit = st.key_cache.get(plaintext)
     if hit is not None and hit[0] > now:
         return hit[1]
-    with session() as s:
+    with st.session_factory() as s:
         info = keys.authenticate(s, plaintext)
-    with _cache_lock:
-        if len(_cache) > 1000:
-            _cache.clear()
-        _cache[plaintext] = (now + KEY_CACHE_S, info)
+    with st.lock:
+        if len(st.key_cache) > 1000:
+            st.key_cache.clear()
+        st.key_cache[plaintext] = (now + KEY_CACHE_S, info)
     return info
 
 

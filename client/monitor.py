@@ -559,6 +559,8 @@ class Monitor:
                 )
 
     def _take_commands(self, data: dict[str, Any]) -> None:
+        if self.rank != 0:  # commands go to rank 0, which shares them with the others (§7)
+            return
         for raw in data.get("commands") or ():
             cid = str(raw.get("command_id", ""))
             if not cid or cid in self._seen_commands:

@@ -4,7 +4,12 @@ the ``frac_reward_zero_std`` TRL logs, and commands from the server reach the tr
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -12,7 +17,7 @@ import pytest
 pytest.importorskip("trl")
 
 import torch  # noqa: E402
-from conftest import Server  # noqa: E402
+from conftest import Server, free_port  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
@@ -105,3 +110,60 @@ def test_stop_command_reaches_the_trainer_and_is_acked(server: Server, tmp_path:
         mon.close(timeout=30)
         (cmd,) = api.get(f"/api/v1/runs/{mon.run_id}/commands").json()["commands"]
         assert cmd["status"] == "applied" and cmd["acked_step"] == stopped_at
+
+
+DDP_SCRIPT = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[5])
+from test_trl_integration import has_one, sure_or_parity, tiny_model_and_tokenizer
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+from vantage.client import Monitor
+from vantage.client.integrations.trl import attach
+
+server, spool, out, run_id = sys.argv[1:5]
+model, tok = tiny_model_and_tokenizer()
+prompts = [f"{a}+{b}=" for a in range(10) for b in range(10)]
+# 6 completions per process and groups of 4: the middle group of every step spans both processes
+args = GRPOConfig(
+    output_dir=str(Path(out).parent / "trl-out"), per_device_train_batch_size=6,
+    num_generations=4, max_completion_length=6, logging_steps=1, max_steps=4, use_cpu=True,
+    report_to=[], learning_rate=1e-3, reward_weights=[1.0, 0.5], save_strategy="no",
+    disable_tqdm=True, seed=0,
+)
+trainer = GRPOTrainer(model=model, reward_funcs=[sure_or_parity, has_one], args=args,
+                      train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tok)
+mon = Monitor(server, None, run_name="trl-ddp", run_id=run_id, spool_dir=spool)
+callback = attach(trainer, mon)
+trainer.train()
+mon.close(timeout=30)
+if mon.rank == 0:
+    Path(out).write_text(json.dumps({
+        "log_history": trainer.state.log_history, "logged_steps": callback.rewards.logged_steps,
+        "attempt": mon.attempt, "world_size": mon.world_size,
+    }))
+"""
+
+
+def test_two_processes_gather_groups_that_span_processes(server: Server, tmp_path: Path):
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    out, run_id = tmp_path / "out.json", str(uuid.uuid4())
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    proc = subprocess.run(
+        [torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()), str(script),
+         server.url, str(tmp_path / "spool"), str(out), run_id, str(Path(__file__).parent)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["world_size"] == 2 and result["attempt"] == 1
+    assert result["logged_steps"] == [1, 2, 3, 4]
+    trl = {h["step"]: h for h in result["log_history"] if "frac_reward_zero_std" in h}
+    points = {p["step"]: p for p in server.metrics(run_id)}
+    assert sorted(points) == sorted(trl) == [1, 2, 3, 4]
+    for step, h in trl.items():
+        assert points[step]["n_groups"] == 3  # whole groups, gathered from both processes
+        assert points[step]["acr"] == pytest.approx(h["frac_reward_zero_std"], abs=1e-6)
+        assert points[step]["reward_mean"] == pytest.approx(h["reward"], abs=1e-5)

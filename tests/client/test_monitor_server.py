@@ -367,3 +367,26 @@ def test_unreachable_server_never_blocks_logging(tmp_path: Path):
         mon.log_groups(step, step_rewards(step))
     assert time.perf_counter() - t0 < 1.0
     mon.close(timeout=0.5)
+
+
+def test_effective_scalars_and_finish_reach_the_server(server: Server, tmp_path: Path):
+    with monitor(server.url, tmp_path, config={"lr": 1e-4, "obj": object()}) as mon:
+        mon.log_groups(0, [[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [0.5, 0.0]])
+        mon.log_effective(0, n_valid=4, n_zero_advantage=1, n_virtual=2)
+        mon.log_scalars(0, {"loss": 0.5, "kl": torch_free_number(0.01)})
+    (point,) = server.metrics(mon.run_id)
+    assert point["acr"] == 0.5 and point["acr_effective"] == 0.25
+    assert point["scalars"] == {"loss": 0.5, "kl": 0.01}
+    with server.api() as api:
+        run = api.get(f"/api/v1/runs/{mon.run_id}").json()
+    assert run["status"] == "finished" and run["attempt"] == 1
+
+
+def torch_free_number(x: float):
+    """A number-like object that is not a float (as a 0-d tensor would be)."""
+
+    class Number:
+        def __float__(self) -> float:
+            return x
+
+    return Number()

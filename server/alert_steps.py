@@ -1,0 +1,114 @@
+"""Which steps alert evaluation may look at now (DESIGN.md §6): a step is evaluated once, in
+step order, on the newest-attempt view, when it is complete across ranks, when a later step made
+waiting pointless, or when it has waited `step_complete_after_s`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import false, func, select, true, update
+from sqlalchemy.orm import Session
+
+from .models import Run, Step
+
+
+def _aware(dt: datetime) -> datetime:
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def mark_evaluated(session: Session, rows: list[Step]) -> None:
+    """Flag evaluated rows, unless a newer attempt took one over meanwhile (then it is
+    evaluated again with the new attempt's data)."""
+    by_attempt: dict[int, list[int]] = {}
+    for row in rows:
+        by_attempt.setdefault(row.attempt, []).append(row.id)
+    for attempt, ids in by_attempt.items():
+        for i in range(0, len(ids), 500):
+            session.execute(
+                update(Step)
+                .where(Step.id.in_(ids[i : i + 500]), Step.attempt == attempt)
+                .values(evaluated=True)
+                .execution_options(synchronize_session=False)
+            )
+
+
+def evaluable_steps(
+    session: Session, run: Run, splits: set[str] | None, now: datetime, complete_after_s: float
+) -> list[Step]:
+    """Unevaluated steps that may be evaluated now, in step order, stopping at the first that
+    may not. A step may be evaluated when every rank of its world_size reported it; when a later
+    step of its attempt arrived and every rank known to the attempt reported it or a later step
+    (ranks send in step order, and an integration that gathers groups to rank 0 has one known
+    rank); when its first record is older than ``complete_after_s``; or when a later step was
+    already evaluated (it arrived late)."""
+    q = select(Step).where(Step.run_id == run.id, Step.evaluated == false())
+    if splits is not None:
+        q = q.where(Step.split.in_(sorted(splits)))
+    rows = list(session.scalars(q.order_by(Step.split, Step.step)))
+    cutoff = now - timedelta(seconds=complete_after_s)
+    out: list[Step] = []
+    by_split: dict[str, list[Step]] = {}
+    for row in rows:
+        by_split.setdefault(row.split, []).append(row)
+    for split, split_rows in by_split.items():
+        # Ranks that reported a later step of the same attempt, walking from the newest step.
+        later: list[set[int] | None] = [None] * len(split_rows)
+        seen: dict[int, set[int]] = {}
+        for i in range(len(split_rows) - 1, -1, -1):
+            row = split_rows[i]
+            if row.attempt in seen:
+                later[i] = set(seen[row.attempt])
+            seen.setdefault(row.attempt, set()).update(_ranks(row))
+        known: dict[int, set[int]] = {}
+        for i, row in enumerate(split_rows):
+            own = _ranks(row)
+            if set(range(row.world_size or 1)) <= own or _aware(row.first_seen_at) < cutoff:
+                out.append(row)
+                continue
+            if later[i] is not None:
+                if row.attempt not in known:
+                    known[row.attempt] = seen[row.attempt] | _evaluated_ranks(
+                        session, run.id, split, row.attempt
+                    )
+                if known[row.attempt] <= own | later[i]:
+                    out.append(row)
+                    continue
+            if _passed(session, row):
+                out.append(row)
+                continue
+            break  # step order: nothing after a step that waits is evaluated before it
+    return sorted(out, key=lambda r: (r.step, r.split))
+
+
+def _ranks(row: Step) -> set[int]:
+    return {int(r) for r in row.ranks or []}
+
+
+def _evaluated_ranks(session: Session, run_id: str, split: str, attempt: int) -> set[int]:
+    """The ranks of the attempt's newest evaluated step (ranks known to the attempt)."""
+    ranks = session.scalar(
+        select(Step.ranks)
+        .where(
+            Step.run_id == run_id,
+            Step.split == split,
+            Step.attempt == attempt,
+            Step.evaluated == true(),
+        )
+        .order_by(Step.step.desc())
+        .limit(1)
+    )
+    return {int(r) for r in ranks or []}
+
+
+def _passed(session: Session, row: Step) -> bool:
+    """A later step of the same attempt was already evaluated (this one arrived late)."""
+    later = session.scalar(
+        select(func.max(Step.step)).where(
+            Step.run_id == row.run_id,
+            Step.split == row.split,
+            Step.attempt == row.attempt,
+            Step.evaluated == true(),
+            Step.step > row.step,
+        )
+    )
+    return later is not None

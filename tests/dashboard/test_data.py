@@ -106,3 +106,16 @@ def test_a_long_open_page_reloads_downsampled(dashboard, monkeypatch):
         out = run_view.live_update(READ, run_id, state)
         assert isinstance(out[run_view.OUTPUTS.index("acr_figure")], dict)  # a fresh figure
         assert out[run_view.OUTPUTS.index("state")].get("appended", 0) == 0
+
+
+def test_a_run_without_steps_yet_fills_in_live(dashboard):
+    with dashboard.api() as api:
+        run_id, attempt = sample_data.create_run(api, "empty-at-first")
+        first = run_view.first_load(READ, run_id)
+        state = first[run_view.OUTPUTS.index("state")]
+        assert state["last_step"] is None
+        kpis = str(first[run_view.OUTPUTS.index("kpis")])
+        assert "—" in kpis  # missing values show a dash, never a made-up 0
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 4))
+        out = run_view.live_update(READ, run_id, state)
+        assert out[run_view.OUTPUTS.index("state")]["last_step"] == 3

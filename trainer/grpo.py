@@ -15,7 +15,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,41 +25,20 @@ from vantage.client.acr import ACRSettings, StepAccumulator, summarize_rewards
 
 from .advantages import Advantages, AvspoState, compute_advantages, effective_stats
 from .checkpoint import load_reference, save_reference
+from .commands import Mitigation, apply_command
 from .config import TrainConfig
 from .data import Problem, Task
+from .loss import policy_loss
 from .monitoring import Command, Distributed, MonitorAdapter
 from .rewards import math_reward
 from .rollout import HFBackend, Rollouts
 from .sft import lm_inputs
 
-__all__ = ["GRPOTrainer", "Mitigation"]
+__all__ = ["GRPOTrainer", "Mitigation", "StepHook"]
 
 log = logging.getLogger(__name__)
 
 StepHook = Callable[["GRPOTrainer", dict[str, Any]], None]
-
-
-@dataclass
-class Mitigation:
-    """The advantage estimator in use and its parameters (set_mitigation changes it)."""
-
-    mode: str = "none"  # none (plain grpo) | avspo | aapo
-    threshold: str = "fixed"  # AVSPO: fixed | adaptive | single
-    alpha: float = 0.5
-    eta: float = 0.01
-    delta_low: float = -0.2
-    delta_high: float = 0.28
-
-    @classmethod
-    def from_config(cls, c: TrainConfig) -> Mitigation:
-        return cls(
-            c.mitigation,
-            c.avspo_threshold,
-            c.avspo_alpha,
-            c.avspo_eta,
-            c.aapo_delta_low,
-            c.aapo_delta_high,
-        )
 
 
 class GRPOTrainer:
@@ -280,7 +259,7 @@ class GRPOTrainer:
         """Clipped surrogate (ε_low, ε_high) with token-level aggregation over every rank, optional
         k3 KL to the reference; AdamW with grad-norm clipping; ``num_iterations`` updates."""
         c = self.config
-        adv = advantages.reshape(-1, 1).to(self.device, torch.float32)
+        adv = advantages.reshape(-1).to(self.device, torch.float32)  # one per completion
         mask = rollouts.completion_mask.float()
         (global_tokens,) = self.dist.sum([float(mask.sum())])
         global_tokens = max(1.0, global_tokens)
@@ -304,22 +283,23 @@ class GRPOTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             for rows in chunks:
                 logp, entropy = self._logprobs(self.policy, rollouts, rows, entropy=True)
-                old = logp.detach() if old_logp is None else old_logp[rows]
-                ratio = torch.exp(logp - old)
-                a, m = adv[rows], mask[rows]
-                clipped = torch.clamp(ratio, 1 - c.eps_low, 1 + c.eps_high)
-                per_token = -torch.min(ratio * a, clipped * a)
-                if ref_logp is not None:
-                    delta = ref_logp[rows] - logp
-                    kl = torch.exp(delta) - delta - 1  # k3 estimator, ≥ 0
-                    per_token = per_token + c.kl_beta * kl
-                    totals["kl"] += float((kl.detach() * m).sum()) * share
-                loss = (per_token * m).sum() / global_tokens  # token-level aggregation
-                loss.backward()
-                totals["loss"] += float(loss.detach()) / c.num_iterations
+                m = mask[rows]
+                out = policy_loss(
+                    logp,
+                    logp.detach() if old_logp is None else old_logp[rows],
+                    adv[rows],
+                    m,
+                    global_tokens,
+                    c.eps_low,
+                    c.eps_high,
+                    None if ref_logp is None else ref_logp[rows],
+                    c.kl_beta,
+                )
+                out.loss.backward()
+                totals["loss"] += float(out.loss.detach()) / c.num_iterations
+                totals["kl"] += float((out.kl * m).sum()) * share
                 totals["entropy"] += float((entropy * m).sum()) * share  # type: ignore[operator]
-                outside = (ratio.detach() != clipped.detach()).float()
-                totals["clip_fraction"] += float((outside * m).sum()) * share
+                totals["clip_fraction"] += float((out.clipped * m).sum()) * share
             self.dist.all_reduce_grads(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip)
             totals["grad_norm"] += float(grad_norm) / c.num_iterations
@@ -371,7 +351,7 @@ class GRPOTrainer:
         for command in commands:
             self.seen_commands.add(command.command_id)
             try:
-                detail = self._apply(command)
+                detail = apply_command(self, command)
                 status = "applied"
             except (ValueError, TypeError, KeyError, RuntimeError, OSError) as exc:
                 status, detail = "rejected", str(exc)
@@ -388,49 +368,6 @@ class GRPOTrainer:
                 }
             )
         return done
-
-    def _apply(self, command: Command) -> str:
-        params = dict(command.params)
-        if command.type == "set_mitigation":
-            return self._set_mitigation(params)
-        if command.type == "set_sampling":
-            temperature = params.get("temperature")
-            if not _is_number(temperature) or not 0 <= float(temperature) <= 10:
-                raise ValueError(
-                    f"set_sampling needs a temperature in [0, 10]; got {temperature!r}"
-                )
-            self.temperature = float(temperature)
-            return f"temperature {self.temperature}"
-        if command.type == "checkpoint":
-            return f"saved {self.save_checkpoint()}"
-        if command.type == "stop":
-            self.stop_requested = True
-            return f"stopping after step {self.step}; saved {self.save_checkpoint()}"
-        raise ValueError(f"unknown command type {command.type!r}")
-
-    def _set_mitigation(self, params: dict[str, Any]) -> str:
-        mode = params.pop("mode", None)
-        if mode not in ("none", "avspo", "aapo", "grpo", "off"):
-            raise ValueError(f"set_mitigation mode must be none, avspo or aapo; got {mode!r}")
-        mode = "none" if mode in ("grpo", "off") else mode
-        new = Mitigation(**{**asdict(self.mitigation), "mode": mode})
-        threshold = params.pop("threshold", params.pop("variant", None))
-        if threshold is not None:
-            if threshold not in ("fixed", "adaptive", "single"):
-                raise ValueError(
-                    f"AVSPO threshold must be fixed, adaptive or single; got {threshold!r}"
-                )
-            new.threshold = threshold
-        for key in ("alpha", "eta", "delta_low", "delta_high"):
-            if key in params:
-                new.__setattr__(key, float(params.pop(key)))
-        if "tau" in params:
-            self.avspo_state.tau = float(params.pop("tau"))
-        if mode == "aapo":
-            self.ensure_reference()  # fail now, with a reason, rather than mid-step
-        self.mitigation = new
-        ignored = f"; ignored {sorted(params)}" if params else ""
-        return f"mitigation {mode} {asdict(new)}{ignored}"
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -1,0 +1,91 @@
+"""The server's commands (DESIGN §4) as the trainer applies them at a step boundary.
+
+``set_mitigation {mode: none|avspo|aapo, threshold?, alpha?, eta?, tau?, delta_low?, delta_high?}``,
+``set_sampling {temperature}``, ``checkpoint``, ``stop``. Each function returns the detail sent
+with the ack, or raises ValueError (the command is then acked ``rejected`` with that reason).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from .config import TrainConfig
+from .monitoring import Command
+
+if TYPE_CHECKING:
+    from .grpo import GRPOTrainer
+
+__all__ = ["Mitigation", "apply_command"]
+
+
+@dataclass
+class Mitigation:
+    """The advantage estimator in use and its parameters (set_mitigation changes it)."""
+
+    mode: str = "none"  # none (plain grpo) | avspo | aapo
+    threshold: str = "fixed"  # AVSPO: fixed | adaptive | single
+    alpha: float = 0.5  # AVSPO: K = max(1, min(G, ⌈G·ACR^α⌉))
+    eta: float = 0.01  # AVSPO adaptive: τ's step size
+    delta_low: float = -0.2  # AAPO: margin clip, low
+    delta_high: float = 0.28  # AAPO: margin clip, high
+
+    @classmethod
+    def from_config(cls, c: TrainConfig) -> Mitigation:
+        return cls(
+            c.mitigation,
+            c.avspo_threshold,
+            c.avspo_alpha,
+            c.avspo_eta,
+            c.aapo_delta_low,
+            c.aapo_delta_high,
+        )
+
+
+def apply_command(trainer: GRPOTrainer, command: Command) -> str:
+    """Apply one command to the trainer; returns the ack's detail, raises ValueError to reject."""
+    params = dict(command.params)
+    if command.type == "set_mitigation":
+        return set_mitigation(trainer, params)
+    if command.type == "set_sampling":
+        temperature = params.get("temperature")
+        if not _is_number(temperature) or not 0 <= float(temperature) <= 10:
+            raise ValueError(f"set_sampling needs a temperature in [0, 10]; got {temperature!r}")
+        trainer.temperature = float(temperature)
+        return f"temperature {trainer.temperature}"
+    if command.type == "checkpoint":
+        return f"saved {trainer.save_checkpoint()}"
+    if command.type == "stop":
+        trainer.stop_requested = True
+        return f"stopping after step {trainer.step}; saved {trainer.save_checkpoint()}"
+    raise ValueError(f"unknown command type {command.type!r}")
+
+
+def set_mitigation(trainer: GRPOTrainer, params: dict[str, Any]) -> str:
+    mode = params.pop("mode", None)
+    if mode not in ("none", "avspo", "aapo", "grpo", "off"):
+        raise ValueError(f"set_mitigation mode must be none, avspo or aapo; got {mode!r}")
+    mode = "none" if mode in ("grpo", "off") else mode
+    new = Mitigation(**{**asdict(trainer.mitigation), "mode": mode})
+    threshold = params.pop("threshold", params.pop("variant", None))
+    if threshold is not None:
+        if threshold not in ("fixed", "adaptive", "single"):
+            raise ValueError(
+                f"AVSPO threshold must be fixed, adaptive or single; got {threshold!r}"
+            )
+        new.threshold = threshold
+    for key in ("alpha", "eta", "delta_low", "delta_high"):
+        if key in params:
+            setattr(new, key, float(params.pop(key)))
+    if "tau" in params:
+        trainer.avspo_state.tau = float(params.pop("tau"))
+    if mode == "aapo":
+        trainer.ensure_reference()  # fail now, with a reason, rather than mid-step
+    trainer.mitigation = new
+    ignored = f"; ignored {sorted(params)}" if params else ""
+    return f"mitigation {mode} {asdict(new)}{ignored}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,53 @@
+"""The policy loss: PPO's clipped surrogate with asymmetric clipping and an optional k3 KL.
+
+Pure tensor functions; the trainer sums them over micro-batches and ranks.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["PolicyLoss", "policy_loss"]
+
+
+class PolicyLoss(NamedTuple):
+    """loss: the scalar to backpropagate; kl, clipped: per-token [B, T] terms (detached)."""
+
+    loss: torch.Tensor
+    kl: torch.Tensor
+    clipped: torch.Tensor
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    normalizer: float,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    ref_logp: torch.Tensor | None = None,
+    kl_beta: float = 0.0,
+) -> PolicyLoss:
+    """``Σ_tokens mask·(−min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A) + β·KL) / normalizer``.
+
+    logp, old_logp, ref_logp, mask: [B, T] per completion token; advantages: [B] or [B, 1], one
+    per completion, shared by its tokens. ρ = exp(logp − old_logp). ``normalizer`` is the number
+    of completion tokens in the whole step (over every micro-batch and rank): token-level
+    aggregation, so long completions weigh by their tokens (DAPO, Yu et al. 2025, eq. 8–9; its
+    clip-higher ε_high > ε_low). KL is Schulman's k3 estimator ``exp(r − l) − (r − l) − 1`` ≥ 0
+    with r = ref_logp, l = logp (as in DeepSeekMath eq. 4). PPO: Schulman et al. 2017, eq. 7.
+    """
+    adv = advantages.reshape(-1, 1).to(logp.dtype)
+    ratio = torch.exp(logp - old_logp)
+    clipped_ratio = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+    per_token = -torch.min(ratio * adv, clipped_ratio * adv)
+    kl = torch.zeros_like(logp)
+    if ref_logp is not None and kl_beta:
+        delta = ref_logp - logp
+        kl = torch.exp(delta) - delta - 1
+        per_token = per_token + kl_beta * kl
+    loss = (per_token * mask).sum() / normalizer
+    return PolicyLoss(loss, kl.detach(), (ratio != clipped_ratio).detach())

@@ -1,0 +1,230 @@
+"""`vantage demo`: the main job end to end on this machine.
+
+Starts the server and dashboard (a subprocess, on the embedded SQLite default unless a URL is
+given), creates keys, installs an alert rule whose mitigation switches AVSPO on, trains the tiny
+character-level model on arithmetic through the Monitor until collapse appears, lets the alert
+fire and the trainer apply the command, trains on, and prints a summary whose last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import webbrowser
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+import httpx
+
+# ACR above this for DEMO_FOR_STEPS consecutive steps fires the demo rule. Published GRPO runs
+# stall above 0.35; the tiny task collapses harder, so the demo waits for a clear majority.
+DEMO_THRESHOLD = 0.5
+DEMO_FOR_STEPS = 3
+PROFILES = {
+    # model: (config, quick overrides, full overrides)
+    "tiny": (
+        "arith-tiny",
+        ["sft_steps=300", "steps=60", "eval_every=20"],
+        ["sft_steps=400", "steps=260", "eval_every=20"],
+    ),
+    "smollm2": (
+        "smollm2-arith",
+        ["steps=4", "eval_every=2", "eval_size=8"],
+        ["steps=12", "eval_every=4", "eval_size=16"],
+    ),
+}
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _start_server(database_url: str, port: int, log_path: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vantage.server.cli", "serve", "--port", str(port),
+         "--database-url", database_url, "--no-upgrade"],
+        stdout=log_path.open("w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}); see {log_path}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    proc.kill()
+    raise RuntimeError(f"the server did not become ready; see {log_path}")
+
+
+def _create_keys(database_url: str) -> tuple[str, str]:
+    from .db import make_engine, session_factory
+    from .keys import create_key
+
+    engine = make_engine(database_url)
+    try:
+        with session_factory(engine)() as session:
+            tag = uuid.uuid4().hex[:6]
+            trainer = create_key(session, f"demo-trainer-{tag}", frozenset({"ingest"}), None)
+            viewer = create_key(session, f"demo-viewer-{tag}", frozenset({"read", "control"}), None)
+            session.commit()
+    finally:
+        engine.dispose()
+    return trainer, viewer
+
+
+def _install_rule(api: httpx.Client, project: str) -> dict[str, Any]:
+    # Scoped by the demo's own project: the run does not exist until the trainer registers it.
+    body = {
+        "name": f"{project}-collapse",
+        "project": project,
+        "metric": "acr",
+        "op": ">",
+        "threshold": DEMO_THRESHOLD,
+        "for_steps": DEMO_FOR_STEPS,
+        "severity": "warning",
+        "mitigation": {"type": "set_mitigation", "params": {"mode": "avspo"}},
+        "cooldown_steps": 100_000,
+    }
+    r = api.post("/api/v1/alert-rules", json=body)
+    r.raise_for_status()
+    return r.json()
+
+
+def _mean(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return round(fmean(kept), 4) if kept else None
+
+
+def _summarize(api: httpx.Client, run_id: str, dashboard_url: str) -> dict[str, Any]:
+    points = api.get(f"/api/v1/runs/{run_id}/metrics").json()["points"]
+    alerts = api.get("/api/v1/alerts", params={"run_id": run_id}).json()["alerts"]
+    commands = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
+    fired = [a for a in alerts if a.get("fired_step") is not None]
+    alert_step = min((a["fired_step"] for a in fired), default=None)
+    alert_ids = {a["alert_id"] for a in fired}
+    applied = [
+        c["acked_step"]
+        for c in commands
+        if c["type"] == "set_mitigation" and c["status"] == "applied" and c["alert_id"] in alert_ids
+    ]
+    applied_step = min(applied, default=None)
+    before = [p for p in points if alert_step is None or p["step"] <= alert_step]
+    after = [p for p in points if applied_step is not None and p["step"] > applied_step]
+    evals = [(p["step"], p["scalars"].get("eval_accuracy")) for p in points]
+    evals = [(s, a) for s, a in evals if a is not None]
+    acc_before = [a for s, a in evals if alert_step is not None and s <= alert_step]
+    return {
+        "run_id": run_id,
+        "steps": len(points),
+        "alert_step": alert_step,
+        "mitigation_applied_step": applied_step,
+        "acr_before": _mean([p["acr"] for p in before]),
+        "acr_after": _mean([p["acr"] for p in after]),
+        "acr_effective_after": _mean([p["acr_effective"] for p in after]),
+        "accuracy_before": acc_before[-1] if acc_before else (evals[0][1] if evals else None),
+        "accuracy_after": evals[-1][1] if evals and applied_step is not None else None,
+        "dashboard_url": dashboard_url,
+    }
+
+
+def _train(
+    model: str, quick: bool, server: str, key: str, run_id: str, project: str, out_dir: Path
+) -> None:
+    from vantage.trainer.run import train
+
+    config, quick_overrides, full_overrides = PROFILES[model]
+    overrides = [
+        *(quick_overrides if quick else full_overrides),
+        f"server={server}",
+        f"api_key={key}",
+        f"run_id={run_id}",
+        f"run_name=demo-{model}",
+        f"project={project}",
+        f"output_dir={out_dir}",
+        "checkpoint_every=0",
+    ]
+    train(config, overrides)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """The `vantage demo` command; returns the exit status."""
+    from .migrate import upgrade
+    from .settings import Settings
+
+    database_url = args.database_url or Settings().database_url
+    port = args.port if _port_free(args.port) else _free_port()
+    base = f"http://127.0.0.1:{port}"
+    work = Path(tempfile.mkdtemp(prefix="vantage-demo-"))
+    _say(f"database: {database_url}")
+    upgrade(database_url)
+    trainer_key, viewer_key = _create_keys(database_url)
+    proc = _start_server(database_url, port, work / "server.log")
+    try:
+        run_id = str(uuid.uuid4())
+        dashboard_url = f"{base}/dashboard/runs/{run_id}"
+        with httpx.Client(base_url=base, timeout=30,
+                          headers={"Authorization": f"Bearer {viewer_key}"}) as api:  # fmt: skip
+            project = f"demo-{run_id[:8]}"
+            _install_rule(api, project)
+            _say(f"\nVantage is serving on {base} (API docs at {base}/docs)")
+            _say(f"Dashboard: {dashboard_url}")
+            _say(f"Log in with this key (read + control): {viewer_key}\n")
+            _say(f"Alert rule: ACR > {DEMO_THRESHOLD} for {DEMO_FOR_STEPS} steps → switch AVSPO on")
+            if not args.no_browser and os.environ.get("DISPLAY"):
+                webbrowser.open(dashboard_url)
+            _train(args.model, args.quick, base, trainer_key, run_id, project, work / "run")
+            time.sleep(0.5)
+            summary = _summarize(api, run_id, dashboard_url)
+        _print_summary(summary)
+        if not args.quick:
+            _say(f"\nStill serving {dashboard_url} — press Ctrl-C to stop.")
+            with contextlib.suppress(KeyboardInterrupt):
+                proc.wait()
+        return 0
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    def fmt(v: Any) -> str:
+        return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    _say("\nDemo summary")
+    _say(f"  steps trained            {s['steps']}")
+    _say(f"  alert fired at step      {fmt(s['alert_step'])}")
+    _say(f"  AVSPO applied at step    {fmt(s['mitigation_applied_step'])}")
+    _say(f"  raw ACR before / after   {fmt(s['acr_before'])} / {fmt(s['acr_after'])}")
+    _say(f"  effective ACR after      {fmt(s['acr_effective_after'])}")
+    _say(f"  accuracy before / after  {fmt(s['accuracy_before'])} / {fmt(s['accuracy_after'])}")
+    print(json.dumps(s), flush=True)

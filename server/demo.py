@@ -179,7 +179,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from .settings import Settings
 
     database_url = args.database_url or Settings().database_url
-    port = args.port if _port_free(args.port) else _free_port()
+    port = args.port if args.port and _port_free(args.port) else _free_port()
     base = f"http://127.0.0.1:{port}"
     work = Path(tempfile.mkdtemp(prefix="vantage-demo-"))
     _say(f"database: {database_url}")

@@ -1,0 +1,25 @@
+"""The main job end to end: `vantage demo --quick` on PostgreSQL (DESIGN.md §8, issue 7)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from .conftest import VANTAGE, new_postgres_database
+
+
+def test_demo_quick_detects_and_mitigates_collapse(postgres_url, tmp_path):
+    url, drop = new_postgres_database()
+    try:
+        proc = subprocess.run(
+            [VANTAGE, "demo", "--quick", "--no-browser", "--database-url", url, "--port", "0"],
+            capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        )  # fmt: skip
+    finally:
+        drop()
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["steps"] > 0 and summary["dashboard_url"].startswith("http://127.0.0.1:")
+    assert summary["alert_step"] is not None, "the collapse alert never fired"
+    assert summary["mitigation_applied_step"] >= summary["alert_step"]
+    assert summary["acr_effective_after"] < summary["acr_before"]

@@ -296,11 +296,12 @@ class Monitor:
         self._deadline = float("inf")
         self._finish_status: str | None = None
         self._closed = False
+        self._abandon = False
         self._refused: str | None = None  # run creation refused: stop talking to the server
         self._thread = threading.Thread(target=self._run, name="vantage-sender", daemon=True)
         self._thread.start()
         ref = weakref.ref(self)
-        self._atexit = lambda: (m := ref()) is not None and m.close(timeout=10.0)
+        self._atexit = lambda: (m := ref()) is not None and m._at_exit()
         atexit.register(self._atexit)
 
     # ------------------------------------------------------------------ training-thread API
@@ -432,7 +433,6 @@ class Monitor:
         if self._closed:
             return
         self._closed = True
-        atexit.unregister(self._atexit)
         self._deadline = time.monotonic() + max(0.0, timeout)
         self._finish_status = status if self.rank == 0 else None
         self._closing.set()
@@ -448,6 +448,17 @@ class Monitor:
                 log.exception("vantage: could not spool the queue at close")
             finally:
                 self._final_lock.release()
+
+    def _at_exit(self) -> None:
+        """Interpreter exit: close if the user did not, then stop a sender that is still busy
+        past its deadline before the interpreter tears down under it (what it has not spooled
+        by then is lost with the process)."""
+        if not self._closed:
+            self.close(timeout=10.0)
+        if self._thread.is_alive():
+            self._abandon = True
+            self._wake.set()
+            self._thread.join(2.0)
 
     def __enter__(self) -> Monitor:
         return self
@@ -505,7 +516,10 @@ class Monitor:
             return
         records: dict[tuple[int, str, int], tuple[dict[str, Any], list[tuple[bytes, int]]]] = {}
         dropped = 0
-        for item in items:
+        for index, item in enumerate(items):
+            if self._abandon:
+                dropped += sum(it[5] for it in items[index:])
+                break
             kind, step, split, rank, t = item[:5]
             rec = records.get((step, split, rank))
             if rec is None:
@@ -703,6 +717,8 @@ class Monitor:
                 log.exception("vantage: sender error")
                 retry_at = time.monotonic() + backoff.next_delay()
             now = time.monotonic()
+            if self._abandon:
+                break
             if closing:
                 offline = self._transport is None or self._refused is not None
                 done = not self._queue and (offline or self._spool.empty)

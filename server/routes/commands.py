@@ -6,16 +6,24 @@ from fastapi import APIRouter, HTTPException
 from vantage.client.schema import CommandAck, CommandCreate
 
 from ..commands import ack_command, create_command, list_commands
-from ..deps import ControlKey, IngestKey, ReadKey, SessionDep, load_run
+from ..deps import ControlKey, IngestKey, ReadKey, SessionDep, SettingsDep, load_run
 
 router = APIRouter(prefix="/api/v1/runs", tags=["commands"])
 
 
 @router.post("/{run_id}/commands", status_code=201)
-def issue(run_id: str, body: CommandCreate, key: ControlKey, session: SessionDep) -> dict:
+def issue(
+    run_id: str, body: CommandCreate, key: ControlKey, session: SessionDep, settings: SettingsDep
+) -> dict:
     load_run(session, run_id, key)
     cmd = create_command(
-        session, run_id, body.type, body.params, body.reason, issued_by=f"key:{key.name}"
+        session,
+        run_id,
+        body.type,
+        body.params,
+        body.reason,
+        issued_by=f"key:{key.name}",
+        ttl_s=settings.command_ttl_s,
     )
     session.commit()
     return cmd

@@ -1,10 +1,13 @@
-"""Run under torchrun by test_distributed.py: trains a few steps and dumps what each rank saw."""
+"""Run under torchrun by test_trainer_distributed.py: trains a few steps and dumps what each rank
+saw. Arguments: OUT_DIR POLICY [SERVER_URL]. Without a server each rank records its Monitor calls
+(rank 0's Monitor hands out a set_mitigation command at its third poll); with one, each rank
+streams to the real server and rank 0 issues the command over HTTP after step 2."""
 
 import json
 import sys
+import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -12,33 +15,56 @@ from trainer_helpers import RecordingMonitor, small_config  # noqa: E402
 from vantage.trainer.run import fit, setup  # noqa: E402
 
 out, policy = Path(sys.argv[1]), sys.argv[2]
+server = sys.argv[3] if len(sys.argv) > 3 else None
 monitors = []
 
 
 def factory(**kwargs):
     mon = RecordingMonitor(**kwargs)
-    # only rank 0 is polled; it hands AVSPO to every rank at the boundary after step 2
     mon.script = {3: [{"command_id": "m1", "type": "set_mitigation", "params": {"mode": "avspo"}}]}
     monitors.append(mon)
     return mon
 
 
-trainer = setup(small_config(out / "run", init_checkpoint=policy, steps=4), [], factory)
+def issue_command_over_http(trainer, record):
+    import httpx
+
+    if record["step"] != 2 or trainer.dist.rank != 0:
+        return
+    r = httpx.post(
+        f"{server}/api/v1/runs/{trainer.run_id}/commands",
+        json={"type": "set_mitigation", "params": {"mode": "avspo"}},
+        timeout=30,
+    )
+    r.raise_for_status()
+    deadline = time.monotonic() + 30
+    while not received and time.monotonic() < deadline:
+        trainer.monitor.log_scalars(2, {"probe": 1.0})
+        trainer.monitor.monitor.flush(timeout=5)
+
+
+received = []
+config = small_config(out / "run", init_checkpoint=policy, steps=4, server=server)
+trainer = setup(config, [], None if server else factory)
 rank = trainer.dist.rank
+hooks = []
+if server and rank == 0:
+    trainer.monitor.monitor.on_command(received.append)
+    hooks.append(issue_command_over_http)
 checksum = float(sum(p.double().sum() for p in trainer.policy.parameters()))
-summary = fit(trainer)
+summary = fit(trainer, hooks)
 checksum_after = float(sum(p.double().sum() for p in trainer.policy.parameters()))
-monitors[0].dump(out / f"monitor{rank}.json")
+if monitors:
+    monitors[0].dump(out / f"monitor{rank}.json")
 (out / f"rank{rank}.json").write_text(
     json.dumps(
         {
             "history": summary["history"],
-            "polls": monitors[0].polls,
+            "polls": monitors[0].polls if monitors else None,
             "checksum": checksum,
             "checksum_after": checksum_after,
             "run_id": summary["run_id"],
             "initialized_after": dist.is_initialized(),
-            "threads": torch.get_num_threads(),
         }
     )
 )

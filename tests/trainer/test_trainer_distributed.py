@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+import pytest
 from vantage.client.acr import summarize_rewards
 
 
@@ -16,26 +18,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_ranks_pool_acr_and_apply_a_command_at_the_same_step(warm_policy, tmp_path):
+def torchrun(tmp_path, *args):
+    """Run dp_worker.py on 2 CPU processes (gloo); returns each rank's dump."""
     worker = Path(__file__).parent / "dp_worker.py"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        str(worker),
-        str(tmp_path),
-        warm_policy,
-    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           str(worker), str(tmp_path), *args]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_two_ranks_pool_acr_and_apply_a_command_at_the_same_step(warm_policy, tmp_path):
+    ranks = torchrun(tmp_path, warm_policy)
     monitors = [json.loads((tmp_path / f"monitor{r}.json").read_text()) for r in (0, 1)]
 
     assert ranks[0]["run_id"] == ranks[1]["run_id"]
@@ -60,3 +56,20 @@ def test_two_ranks_pool_acr_and_apply_a_command_at_the_same_step(warm_policy, tm
         collapsed = sum(summarize_rewards(row).cls == "collapsed" for row in rows)
         for r in ranks:
             assert r["history"][step - 1]["acr"] == collapsed / len(rows)
+
+
+def test_two_ranks_against_a_real_server(warm_policy, tmp_path, server_url):
+    ranks = torchrun(tmp_path, warm_policy, server_url)
+    assert ranks[0]["run_id"] == ranks[1]["run_id"]
+    for r in ranks:
+        assert [h["mitigation"] for h in r["history"]] == ["none", "none", "avspo", "avspo"]
+    run_id = ranks[0]["run_id"]
+    with httpx.Client(base_url=server_url, timeout=30) as api:
+        points = api.get(f"/api/v1/runs/{run_id}/metrics").json()["points"]
+        commands = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
+    # the server pools both ranks' groups per step: 2 ranks x 4 groups, the trainer's own ACR
+    assert [p["step"] for p in points] == [1, 2, 3, 4]
+    for p in points:
+        assert p["n_valid"] == 8
+        assert p["acr"] == pytest.approx(ranks[0]["history"][p["step"] - 1]["acr"])
+    assert [(c["status"], c["acked_step"]) for c in commands] == [("applied", 2)]

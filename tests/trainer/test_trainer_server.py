@@ -3,11 +3,7 @@ arrive per step, and a command issued over HTTP is applied at a step boundary an
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from trainer_helpers import small_config
@@ -16,48 +12,6 @@ from vantage.trainer.run import fit, setup
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi", reason="the server extra is not installed")
-
-VANTAGE = str(Path(sys.executable).with_name("vantage"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def server_url(tmp_path):
-    port = free_port()
-    log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen(
-        [
-            VANTAGE,
-            "serve",
-            "--insecure-no-auth",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--database-url",
-            f"sqlite:///{tmp_path / 'vantage.db'}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited: {(tmp_path / 'server.log').read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(15)
 
 
 def test_trainer_streams_to_a_real_server_and_obeys_its_commands(warm_policy, tmp_path, server_url):

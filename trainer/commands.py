@@ -88,4 +88,5 @@ def set_mitigation(trainer: GRPOTrainer, params: dict[str, Any]) -> str:
 
 
 def _is_number(value: Any) -> bool:
+    """A finite int or float (not a bool): what a scalar or a temperature must be."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -11,7 +11,6 @@ and rank 0's commands are broadcast so every rank applies them at the same step 
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from vantage.client.acr import ACRSettings, StepAccumulator, summarize_rewards
 
 from .advantages import Advantages, AvspoState, compute_advantages, effective_stats
 from .checkpoint import load_reference, save_reference
-from .commands import Mitigation, apply_command
+from .commands import Mitigation, _is_number, apply_command
 from .config import TrainConfig
 from .data import Problem, Task
 from .loss import policy_loss
@@ -404,7 +403,3 @@ class GRPOTrainer:
         if self.last_checkpoint is None or self.last_checkpoint[0] != self.step:
             self.last_checkpoint = (self.step, str(save_checkpoint(self)))
         return self.last_checkpoint[1]
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

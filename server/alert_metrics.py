@@ -101,42 +101,77 @@ def series_values(
     base = (Step.run_id == run.id, Step.split == split)
     has_acr = Step.acr.is_not(None)
     before = (*base, Step.step < lo)
+    # One read covers the batch and the 60 steps before it; on a short run that is everything,
+    # and the bounded queries below are only needed for what it does not cover.
+    limit = (hi - lo + 1) + 60
+    fetched = list(
+        session.execute(
+            select(Step.step, Step.acr, Step.n_collapsed, Step.n_valid, Step.reward_mean)
+            .where(*base, Step.step <= hi)
+            .order_by(Step.step.desc())
+            .limit(limit)
+        )
+    )[::-1]
+    whole = len(fetched) < limit  # the run's whole history up to hi
+    head = [r for r in fetched if r[0] < lo]
+    rows = [r for r in fetched if r[0] >= lo]
+    head_acr = [r for r in head if r[1] is not None]
+
     collapsed = valid = 0
     if "acr_pooled" in needs:
-        c, v = session.execute(
-            select(func.sum(Step.n_collapsed), func.sum(Step.n_valid)).where(*before, has_acr)
-        ).one()
-        collapsed, valid = int(c or 0), int(v or 0)
+        if whole:
+            collapsed = sum(int(r[2] or 0) for r in head_acr)
+            valid = sum(int(r[3] or 0) for r in head_acr)
+        else:
+            c, v = session.execute(
+                select(func.sum(Step.n_collapsed), func.sum(Step.n_valid)).where(*before, has_acr)
+            ).one()
+            collapsed, valid = int(c or 0), int(v or 0)
     first: list[tuple[int, float]] = []
     if "acr_100" in needs:
-        q = select(Step.step, Step.acr).where(*base, has_acr).order_by(Step.step).limit(100)
-        first = [(s, a) for s, a in session.execute(q)]
-    last25: deque[float] = deque(maxlen=25)
-    if "acr_volatility" in needs:
+        if whole:
+            first = [(r[0], r[1]) for r in fetched if r[1] is not None][:100]
+        else:
+            q = select(Step.step, Step.acr).where(*base, has_acr).order_by(Step.step).limit(100)
+            first = [(st, a) for st, a in session.execute(q)]
+    last25: deque[float] = deque((r[1] for r in head_acr), maxlen=25)
+    if "acr_volatility" in needs and len(last25) < 25 and not whole:
         q = select(Step.acr).where(*before, has_acr).order_by(Step.step.desc()).limit(25)
-        last25.extend(reversed(list(session.scalars(q))))
-    streak = _streak_before(session, before, has_acr) if "acr_streak" in needs else 0
+        last25 = deque(reversed(list(session.scalars(q))), maxlen=25)
+    streak = 0
+    if "acr_streak" in needs:
+        for r in reversed(head_acr):
+            if r[1] <= DEFAULT_STREAK_THRESHOLD:
+                break
+            streak += 1
+        else:
+            if not whole:  # the streak may go back further than the read
+                streak = _streak_before(session, before, has_acr)
     ema = None
     if "acr_ema" in needs:
-        for a in session.scalars(select(Step.acr).where(*before, has_acr).order_by(Step.step)):
+        source = (
+            (r[1] for r in head_acr)
+            if whole
+            else session.scalars(select(Step.acr).where(*before, has_acr).order_by(Step.step))
+        )
+        for a in source:
             ema = a if ema is None else ema + EMA_ALPHA * (a - ema)
-    rewards: deque[float] = deque(maxlen=REWARD_WINDOW + REWARD_LOOKBACK)
-    if "reward_drop" in needs:
+    n_rewards = REWARD_WINDOW + REWARD_LOOKBACK
+    rewards: deque[float] = deque(
+        (r[4] for r in head if r[4] is not None and math.isfinite(r[4])), maxlen=n_rewards
+    )
+    if "reward_drop" in needs and len(rewards) < n_rewards and not whole:
         q = (
             select(Step.reward_mean)
             .where(*before, Step.reward_mean.is_not(None))
             .order_by(Step.step.desc())
-            .limit(REWARD_WINDOW + REWARD_LOOKBACK)
+            .limit(n_rewards)
         )
-        rewards.extend(v for v in reversed(list(session.scalars(q))) if math.isfinite(v))
+        values = reversed(list(session.scalars(q)))
+        rewards = deque((v for v in values if math.isfinite(v)), maxlen=n_rewards)
 
     wanted = set(steps)
     out: dict[int, dict[str, float | None]] = {}
-    rows = session.execute(
-        select(Step.step, Step.acr, Step.n_collapsed, Step.n_valid, Step.reward_mean)
-        .where(*base, Step.step >= lo, Step.step <= hi)
-        .order_by(Step.step)
-    )
     n_first = 0
     for step, acr, n_col, n_val, reward in rows:
         if acr is not None:

@@ -110,9 +110,14 @@ class _Context:
         self.rules = rules_for_run(session, run)
         ids = [r.id for r in self.rules]
         self.states: dict[int, AlertState] = {}
+        self.episodes: dict[int, AlertEpisode] = {}  # the open ones
         if ids:
             q = select(AlertState).where(AlertState.run_id == run.id, AlertState.rule_id.in_(ids))
             self.states = {s.rule_id: s for s in session.scalars(q)}
+            open_ids = [s.episode_id for s in self.states.values() if s.episode_id is not None]
+            if open_ids:
+                q = select(AlertEpisode).where(AlertEpisode.id.in_(open_ids))
+                self.episodes = {e.id: e for e in session.scalars(q)}
         self._silences: list[Silence] | None = None
         self.queued = False  # a webhook message was queued
 
@@ -198,14 +203,15 @@ def _stale_candidates(session: Session, now: datetime) -> set[str]:
     )
     if not rules:
         return set()
-    open_pairs = set(
-        session.execute(
+    open_pairs = {
+        (rule_id, run_id)
+        for rule_id, run_id in session.execute(
             select(AlertEpisode.rule_id, AlertEpisode.run_id).where(
                 AlertEpisode.rule_id.in_([r.id for r in rules]),
                 AlertEpisode.state.in_(("pending", "firing")),
             )
-        ).tuples()
-    )
+        )
+    }
     out: set[str] = set()
     q = select(Run.id, Run.project, Run.status, Run.last_seen_at, Run.heartbeat_s)
     running = {rid for rid, *_ in session.execute(q.where(Run.status == "running"))}
@@ -244,19 +250,23 @@ def evaluate_run(
             session.rollback()
             return False
         now = utcnow()
+        rows = evaluable_steps(session, run, splits, now, settings.step_complete_after_s)
+        if not rows and not stale and not _open_stale_episode(session, run_id):
+            session.rollback()  # e.g. one rank of several: nothing to evaluate yet
+            return False
         ctx = _Context(session, run, settings, now)
         step_rules = [r for r in ctx.rules if r.metric != "stale"]
-        rows = evaluable_steps(session, run, splits, now, settings.step_complete_after_s)
         series = {}
         for split in {r.split for r in rows}:
             needs = {r.metric for r in step_rules if r.split == split}
             steps = [r.step for r in rows if r.split == split]
             series[split] = series_values(session, run, split, steps, needs)
-        for row in rows:
-            for rule in step_rules:
-                if rule.split == row.split:
-                    value = step_value(row, rule.metric, series[row.split])
-                    _evaluate_step(ctx, rule, row, value)
+        with session.no_autoflush:  # one flush at commit, not one per query
+            for row in rows:
+                for rule in step_rules:
+                    if rule.split == row.split:
+                        value = step_value(row, rule.metric, series[row.split])
+                        _evaluate_step(ctx, rule, row, value)
         mark_evaluated(session, rows)
         for rule in ctx.rules:
             if rule.metric == "stale":
@@ -265,6 +275,21 @@ def evaluate_run(
                     _evaluate_stale(ctx, rule)
         session.commit()
         return ctx.queued
+
+
+def _open_stale_episode(session: Session, run_id: str) -> bool:
+    """Whether fresh data may resolve a `stale` episode of the run."""
+    q = (
+        select(AlertEpisode.id)
+        .join(AlertRule, AlertRule.id == AlertEpisode.rule_id)
+        .where(
+            AlertEpisode.run_id == run_id,
+            AlertEpisode.state.in_(("pending", "firing")),
+            AlertRule.metric == "stale",
+        )
+        .limit(1)
+    )
+    return session.scalar(q) is not None
 
 
 def _evaluate_step(ctx: _Context, rule: AlertRule, row: Step, value: float | None) -> None:
@@ -299,7 +324,9 @@ def _advance(
     session = ctx.session
     needed = max(1, for_steps or rule.for_steps or 1)
     cond = OPS[rule.op](value, rule.threshold)
-    ep = session.get(AlertEpisode, st.episode_id) if st.episode_id is not None else None
+    ep = None
+    if st.episode_id is not None:
+        ep = ctx.episodes.get(st.episode_id) or session.get(AlertEpisode, st.episode_id)
     if ep is None:
         st.episode_id, st.streak, st.clear_streak = None, 0, 0
         if not cond:
@@ -316,6 +343,7 @@ def _advance(
         )
         session.add(ep)
         session.flush()
+        ctx.episodes[ep.id] = ep
         st.episode_id, st.streak = ep.id, 1
         if st.streak >= needed:
             _fire(ctx, rule, st, ep, step, value)

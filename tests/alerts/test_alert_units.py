@@ -36,7 +36,8 @@ def test_series_values_match_window_metrics(tmp_path):
             valid = rng.randint(0, 8)
             collapsed = rng.randint(0, valid)
             acr = collapsed / valid if valid else None
-            rows.append({"acr": acr, "n_collapsed": collapsed, "n_valid": valid})
+            reward = rng.random()
+            rows.append({"acr": acr, "n_collapsed": collapsed, "n_valid": valid, "reward": reward})
             s.add(
                 Step(
                     run_id="r",
@@ -50,19 +51,46 @@ def test_series_values_match_window_metrics(tmp_path):
                     n_valid=valid,
                     n_collapsed=collapsed,
                     acr=acr,
-                    reward_mean=rng.random(),
+                    reward_mean=reward,
                 )
             )
         s.commit()
         run = s.get(Run, "r")
-        needs = {"acr_pooled", "acr_100", "acr_ema", "acr_volatility", "acr_streak"}
-        # One batch from step 90 to 160, and single steps: both match the reference.
-        batch = series_values(s, run, "train", list(range(90, 161)), needs)
-        for step in (90, 100, 120, 160):
+        needs = {"acr_pooled", "acr_100", "acr_ema", "acr_volatility", "acr_streak", "reward_drop"}
+        rewards = [r["reward"] for r in rows]
+        # Batches and single steps, on short histories (read whole) and long ones: all match
+        # the reference implementation.
+        early = series_values(s, run, "train", list(range(1, 41)), needs)
+        late = series_values(s, run, "train", list(range(90, 161)), needs)
+        for step in (1, 5, 30, 40, 61, 90, 100, 120, 160):
             expected = window_metrics(rows[:step])
-            for got in (batch[step], series_values(s, run, "train", [step], needs)[step]):
+            batch = early if step <= 40 else late if step >= 90 else {}
+            single = series_values(s, run, "train", [step], needs)
+            for got in [g[step] for g in (batch, single) if step in g]:
                 for name, value in expected.items():
                     assert got[name] == pytest.approx(value), (step, name)
+                assert got["reward_drop"] == pytest.approx(reward_drop(rewards[:step][-25:], 0.0))
+        # A streak longer than what one read covers.
+        s.add(Run(id="long", name="long", tags=[], client_health={}))
+        for step in range(1, 151):
+            s.add(
+                Step(
+                    run_id="long",
+                    split="train",
+                    step=step,
+                    attempt=1,
+                    ranks=[0],
+                    acc={},
+                    effective_by_rank={},
+                    scalars={},
+                    n_valid=2,
+                    n_collapsed=1,
+                    acr=0.5,
+                )
+            )
+        s.commit()
+        got = series_values(s, s.get(Run, "long"), "train", [150], {"acr_streak"})[150]
+        assert got["acr_streak"] == 150
     engine.dispose()
 
 

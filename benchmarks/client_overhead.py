@@ -116,10 +116,13 @@ def overhead(server: str, spool: Path, steps: int, step_ms: float, blocks: int) 
     mon = Monitor(server, None, run_name="bench-overhead", spool_dir=spool)
     per_block = steps // blocks
     with_s, without_s = [], []
+    cpu = {False: 0.0, True: 0.0}
+    sender_clock = time.pthread_getcpuclockid(mon._thread.ident)
+    sender_cpu0 = time.clock_gettime(sender_clock)
     step = 0
     for _ in range(blocks):
         for use_monitor in (False, True):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             for _ in range(per_block):
                 loss = train_step(k, a, b)
                 if use_monitor:
@@ -127,10 +130,17 @@ def overhead(server: str, spool: Path, steps: int, step_ms: float, blocks: int) 
                     mon.log_scalars(step, {"loss": loss})
                 step += 1
             (with_s if use_monitor else without_s).append(time.perf_counter() - t0)
+            cpu[use_monitor] += time.thread_time() - c0
             if use_monitor:
                 mon.flush(30)  # between blocks, so that a block never pays for its neighbour
+    sender_cpu = time.clock_gettime(sender_clock) - sender_cpu0
     mon.close(timeout=30, status=None)
+    n = per_block * blocks
     return {
+        # CPU time is less sensitive than wall time to other processes on a shared machine.
+        "train_thread_cpu_ratio": cpu[True] / cpu[False],
+        "sender_cpu_ms_per_step": sender_cpu / n * 1e3,
+        "cpu_ratio_with_sender": (cpu[True] + sender_cpu) / cpu[False],
         "steps_each": per_block * blocks,
         "step_ms_without": statistics.fmean(without_s) / per_block * 1e3,
         "step_ms_with": statistics.fmean(with_s) / per_block * 1e3,

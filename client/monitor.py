@@ -726,9 +726,13 @@ class Monitor:
                     break
             wait = self._batch_interval - (now - last_drain)
             if self._transport is not None and self._refused is None:
-                wait = min(wait, max(0.0, retry_at - now))
-                if self.attempt is not None:
-                    wait = min(wait, self._next_heartbeat - now)
+                if retry_at > now:  # backing off: no network before retry_at
+                    wait = min(wait, retry_at - now)
+                else:
+                    if self.attempt is not None:
+                        wait = min(wait, self._next_heartbeat - now)
+                    if self._spool.pending_batches or self._spool.pending_acks:
+                        wait = 0.0  # the pump stopped to let the queue in; carry on sending
             if closing:
                 wait = min(wait, self._deadline - now)
             if wait > 0:

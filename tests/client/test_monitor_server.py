@@ -390,3 +390,17 @@ def torch_free_number(x: float):
             return x
 
     return Number()
+
+
+def test_sender_sleeps_when_idle_and_when_backing_off(server: Server, tmp_path: Path):
+    """The sender thread waits on events and timers; it never spins."""
+    for url in (server.url, f"http://127.0.0.1:{free_port()}"):  # server up, then down
+        mon = monitor(url, tmp_path / str(len(url)), heartbeat_s=0.5)
+        mon.log_groups(0, [[1.0, 0.0]])
+        time.sleep(0.5)
+        clock = time.pthread_getcpuclockid(mon._thread.ident)
+        cpu0 = time.clock_gettime(clock)
+        time.sleep(2.0)
+        used = time.clock_gettime(clock) - cpu0
+        mon.close(timeout=1)
+        assert used < 0.1, f"sender used {used:.3f} s of CPU in 2 s against {url}"

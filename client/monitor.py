@@ -231,7 +231,9 @@ class Monitor:
         self.attempt: int | None = None
         self.heartbeat_s = float(heartbeat_s)
         # Plain JSON only: whatever the user put in config is stringified rather than refused.
-        config_json = orjson.loads(orjson.dumps(dict(config or {}), default=str))
+        config_json = orjson.loads(
+            orjson.dumps(dict(config or {}), default=str, option=orjson.OPT_NON_STR_KEYS)
+        )
         run = RunCreate(
             run_id=self.run_id,
             launch_id=self.launch_id,

@@ -404,3 +404,21 @@ def test_sender_sleeps_when_idle_and_when_backing_off(server: Server, tmp_path: 
         used = time.clock_gettime(clock) - cpu0
         mon.close(timeout=1)
         assert used < 0.1, f"sender used {used:.3f} s of CPU in 2 s against {url}"
+
+
+def test_server_with_a_new_database_gets_the_run_created_again(own_server: Server, tmp_path: Path):
+    server = own_server
+    mon = monitor(server.url, tmp_path, batch_interval_s=0.1)
+    for step in range(10):
+        mon.log_groups(step, step_rewards(step))
+    assert mon.flush(20)
+    server.stop()
+    Path(server.database_url.removeprefix("sqlite:///")).unlink()  # the server loses everything
+    server.start()
+    for step in range(10, 20):
+        mon.log_groups(step, step_rewards(step))
+    mon.close(timeout=30)
+    assert mon.dead_letter_batches == 0 and mon.spooled_groups == 0
+    points = server.metrics(mon.run_id)
+    assert [p["step"] for p in points] == list(range(10, 20))  # 404 → run created again → sent
+    assert all(p["n_groups"] == 8 for p in points)

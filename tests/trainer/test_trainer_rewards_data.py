@@ -74,3 +74,10 @@ def test_reasoning_gym_is_optional():
     pytest.importorskip("reasoning_gym", reason="reasoning-gym is an optional extra")
     task = load_task(TrainConfig(task="reasoning_gym", eval_size=4))
     assert len(task.eval_problems) == 4
+
+
+def test_math_verify_is_optional():
+    pytest.importorskip("math_verify", reason="math-verify is an optional extra")
+    assert answers_match("\\frac{7}{2}", "3.5", use_math_verify=True)
+    assert not answers_match("4", "3.5", use_math_verify=True)
+    assert math_reward("so \\boxed{0.5}", "\\frac{1}{2}", use_math_verify=True) == 1.0

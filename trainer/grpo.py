@@ -144,7 +144,9 @@ class GRPOTrainer:
             "time_train_s": t_end - t_advantage,
             "step_s": t_end - t0,
         }
-        self.monitor.log_scalars(step, {k: v for k, v in record.items() if _is_number(v)})
+        self.monitor.log_scalars(
+            step, {k: v for k, v in record.items() if k != "step" and _is_number(v)}
+        )
         self.history.append(record)
         return record
 

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, false, or_, select, text
+from sqlalchemy import and_, false, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from .alert_metrics import series_values, stale_value, step_value
@@ -68,8 +68,8 @@ def past_clear(rule: AlertRule, value: float) -> bool:
 
 @contextmanager
 def run_lock(session: Session, run_id: str) -> Iterator[None]:
-    """Serialise evaluation of one run across threads and replicas until the caller commits
-    (PostgreSQL releases the advisory lock at the end of the transaction)."""
+    """Serialise evaluation of one run across threads and processes until the caller commits
+    (a transaction-scoped advisory lock on PostgreSQL; SQLite's write lock)."""
     if session.get_bind().dialect.name == "postgresql":
         key = int.from_bytes(
             hashlib.blake2b(run_id.encode(), digest_size=4).digest(), "big", signed=True
@@ -80,6 +80,12 @@ def run_lock(session: Session, run_id: str) -> Iterator[None]:
         yield
         return
     with _SQLITE_EVAL_LOCK:
+        # A no-op write takes SQLite's write lock now, for the whole transaction: processes
+        # sharing one SQLite file evaluate one at a time, and every read below is current.
+        session.execute(
+            update(Run).where(Run.id == run_id).values(attempt=Run.attempt),
+            execution_options={"synchronize_session": False},
+        )
         yield
 
 

@@ -21,7 +21,6 @@ import atexit
 import logging
 import os
 import re
-import sys
 import tempfile
 import threading
 import time
@@ -35,6 +34,8 @@ from typing import Any
 
 import orjson
 
+from .inputs import capture, materialize, plain_rewards
+from .launch import derive_launch_id, torch_distributed
 from .schema import RunCreate
 from .sender import (
     Backoff,
@@ -66,105 +67,6 @@ class Command:
     params: dict[str, Any] = field(default_factory=dict)
     reason: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-
-def _torch_dist() -> Any:
-    """``torch.distributed`` when torch is already imported and a process group is up; never
-    imports torch itself (the client must not need it)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    dist = getattr(torch, "distributed", None)
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist
-    except Exception:  # pragma: no cover - exotic builds
-        return None
-    return None
-
-
-def derive_launch_id(explicit: str | None = None) -> str:
-    """The launch id that every rank of one launch shares (DESIGN.md §5), in this order: the
-    argument, ``VANTAGE_LAUNCH_ID``, ``TORCHELASTIC_RUN_ID`` + ``TORCHELASTIC_RESTART_COUNT``, a
-    UUID that rank 0 makes and ``torch.distributed`` broadcasts (a collective: every rank must
-    build its Monitor), else a fresh UUID."""
-    if explicit:
-        return str(explicit)
-    env = os.environ.get("VANTAGE_LAUNCH_ID")
-    if env:
-        return env
-    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
-    if elastic:
-        return f"{elastic}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    dist = _torch_dist()
-    if dist is not None:
-        box = [str(uuid.uuid4()) if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        return str(box[0])
-    return str(uuid.uuid4())
-
-
-def _capture(value: Any, what: str) -> tuple[Any, int]:
-    """Take a private copy of a [P, G] input on the training thread, as cheaply as possible:
-    a 2-D tensor or array is copied whole (one C call; ``tolist`` happens on the sender
-    thread), anything else becomes a fresh list of lists. Returns (copy, P). Later in-place
-    edits by the trainer never change what is sent."""
-    one_d = f"{what} must be [P, G], got a 1-D input; wrap one group as [[...]]"
-    ndim = getattr(value, "ndim", None)
-    if hasattr(value, "detach"):  # torch.Tensor, without importing torch
-        if ndim != 2:
-            raise TypeError(f"{what} must be [P, G], got a tensor with {ndim} dimensions")
-        value = value.detach()
-        on_cpu = getattr(value.device, "type", "cpu") == "cpu"
-        return (value.clone() if on_cpu else value.to("cpu")), int(value.shape[0])
-    if ndim is not None and hasattr(value, "dtype") and hasattr(value, "copy"):  # numpy
-        if value.dtype.kind != "O":
-            if ndim != 2:
-                raise TypeError(f"{what} must be [P, G], got an array with {ndim} dimensions")
-            return value.copy(), int(value.shape[0])
-        value = value.tolist()  # an object array of ragged rows
-    if not isinstance(value, list | tuple):
-        raise TypeError(f"{what} must be [P, G]: a tensor, an array or a list of lists")
-    out = []
-    for row in value:
-        if isinstance(row, list):
-            out.append(row.copy())
-        elif isinstance(row, tuple):
-            out.append(list(row))
-        elif hasattr(row, "tolist"):  # ragged input: a list of tensors or arrays
-            r = row.detach().cpu().tolist() if hasattr(row, "detach") else row.tolist()
-            if not isinstance(r, list):
-                raise TypeError(one_d)
-            out.append(r)
-        else:
-            raise TypeError(one_d)
-    return out, len(out)
-
-
-def _materialize(value: Any) -> tuple[list[list[Any]], bool]:
-    """On the sender thread: a captured input → (rows, whether every value is already a plain
-    float or int). Bool and integer tensors become floats."""
-    if isinstance(value, list):
-        return value, False
-    if hasattr(value, "detach"):
-        if not value.is_floating_point():
-            value = value.double()
-        return value.tolist(), True
-    if value.dtype.kind == "b":
-        value = value.astype("float64")
-    return value.tolist(), value.dtype.kind in "fiu"
-
-
-def _plain_rewards(row: list[Any]) -> list[Any]:
-    """Make a row JSON-ready: numbers stay, bools and numpy/torch scalars become floats.
-    (orjson writes NaN and ±Infinity as null, which the server also classes non-finite.)"""
-    for v in row:
-        t = type(v)
-        if t is not float and t is not int and v is not None:
-            break
-    else:
-        return row
-    return [v if v is None else float(v) for v in row]
 
 
 def _default_spool_dir() -> Path:
@@ -218,7 +120,7 @@ class Monitor:
     ) -> None:
         self.server = server or os.environ.get("VANTAGE_SERVER") or None
         api_key = api_key or os.environ.get("VANTAGE_API_KEY") or None
-        dist = _torch_dist()
+        dist = torch_distributed()
         if rank is None:
             rank = dist.get_rank() if dist is not None else int(os.environ.get("RANK", 0))
         if world_size is None:
@@ -335,7 +237,7 @@ class Monitor:
         nested lists; ragged rows allowed). Without ``group_ids`` the groups are numbered by a
         counter per (step, split, rank) that continues across calls. Never blocks; when the queue
         is full the groups are dropped and counted."""
-        rows, p = _capture(rewards, "rewards")
+        rows, p = capture(rewards, "rewards")
         if p == 0:
             return
         rank = self.rank if rank is None else int(rank)
@@ -354,7 +256,7 @@ class Monitor:
                     del self._group_counters[old]
         masks = None
         if mask is not None:
-            masks, n_mask = _capture(mask, "mask")
+            masks, n_mask = capture(mask, "mask")
             if n_mask != p:
                 raise ValueError(f"mask has {n_mask} rows for {p} groups")
         prompts = None if prompt_ids is None else [str(x) for x in prompt_ids]
@@ -536,14 +438,14 @@ class Monitor:
             header, chunks = rec
             if kind == "g":
                 captured, start, ids, masks, prompts = item[6:]
-                rows, plain = _materialize(captured)
+                rows, plain = materialize(captured)
                 if masks is not None:
-                    masks = _materialize(masks)[0]
+                    masks = materialize(masks)[0]
                 groups = []
                 for i, row in enumerate(rows):
                     g: dict[str, Any] = {
                         "group_id": ids[i] if ids is not None else str(start + i),
-                        "rewards": row if plain else _plain_rewards(row),
+                        "rewards": row if plain else plain_rewards(row),
                     }
                     if masks is not None:
                         g["mask"] = [int(bool(m)) for m in masks[i]]

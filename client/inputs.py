@@ -1,0 +1,74 @@
+"""Turning a trainer's [P, G] rewards (tensor, ndarray, nested or ragged lists) into JSON-ready
+rows, split between the training thread (``capture``: one private copy, microseconds, no GIL
+held long) and the sender thread (``materialize``/``plain_rewards``: ``tolist`` and clean-up).
+Neither torch nor numpy is imported: inputs are recognised by their attributes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["capture", "materialize", "plain_rewards"]
+
+
+def capture(value: Any, what: str) -> tuple[Any, int]:
+    """Take a private copy of a [P, G] input on the training thread, as cheaply as possible:
+    a 2-D tensor or array is copied whole (one C call; ``tolist`` happens on the sender
+    thread), anything else becomes a fresh list of lists. Returns (copy, P). Later in-place
+    edits by the trainer never change what is sent."""
+    one_d = f"{what} must be [P, G], got a 1-D input; wrap one group as [[...]]"
+    ndim = getattr(value, "ndim", None)
+    if hasattr(value, "detach"):  # torch.Tensor, without importing torch
+        if ndim != 2:
+            raise TypeError(f"{what} must be [P, G], got a tensor with {ndim} dimensions")
+        value = value.detach()
+        on_cpu = getattr(value.device, "type", "cpu") == "cpu"
+        return (value.clone() if on_cpu else value.to("cpu")), int(value.shape[0])
+    if ndim is not None and hasattr(value, "dtype") and hasattr(value, "copy"):  # numpy
+        if value.dtype.kind != "O":
+            if ndim != 2:
+                raise TypeError(f"{what} must be [P, G], got an array with {ndim} dimensions")
+            return value.copy(), int(value.shape[0])
+        value = value.tolist()  # an object array of ragged rows
+    if not isinstance(value, list | tuple):
+        raise TypeError(f"{what} must be [P, G]: a tensor, an array or a list of lists")
+    out = []
+    for row in value:
+        if isinstance(row, list):
+            out.append(row.copy())
+        elif isinstance(row, tuple):
+            out.append(list(row))
+        elif hasattr(row, "tolist"):  # ragged input: a list of tensors or arrays
+            r = row.detach().cpu().tolist() if hasattr(row, "detach") else row.tolist()
+            if not isinstance(r, list):
+                raise TypeError(one_d)
+            out.append(r)
+        else:
+            raise TypeError(one_d)
+    return out, len(out)
+
+
+def materialize(value: Any) -> tuple[list[list[Any]], bool]:
+    """On the sender thread: a captured input → (rows, whether every value is already a plain
+    float or int). Bool and integer tensors become floats."""
+    if isinstance(value, list):
+        return value, False
+    if hasattr(value, "detach"):
+        if not value.is_floating_point():
+            value = value.double()
+        return value.tolist(), True
+    if value.dtype.kind == "b":
+        value = value.astype("float64")
+    return value.tolist(), value.dtype.kind in "fiu"
+
+
+def plain_rewards(row: list[Any]) -> list[Any]:
+    """Make a row JSON-ready: numbers stay, bools and numpy/torch scalars become floats.
+    (orjson writes NaN and ±Infinity as null, which the server also classes non-finite.)"""
+    for v in row:
+        t = type(v)
+        if t is not float and t is not int and v is not None:
+            break
+    else:
+        return row
+    return [v if v is None else float(v) for v in row]

@@ -1,0 +1,50 @@
+"""Who this process is in a training job: its launch id, rank and world size (DESIGN.md §5).
+
+Every rank of one launch must name the same ``launch_id`` so that the server gives them one
+attempt; a resumed job is a new launch and gets the next attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from typing import Any
+
+__all__ = ["derive_launch_id", "torch_distributed"]
+
+
+def torch_distributed() -> Any:
+    """``torch.distributed`` when torch is already imported and a process group is up; never
+    imports torch itself (the client must not need it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    dist = getattr(torch, "distributed", None)
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist
+    except Exception:  # pragma: no cover - exotic builds
+        return None
+    return None
+
+
+def derive_launch_id(explicit: str | None = None) -> str:
+    """The launch id that every rank of one launch shares (DESIGN.md §5), in this order: the
+    argument, ``VANTAGE_LAUNCH_ID``, ``TORCHELASTIC_RUN_ID`` + ``TORCHELASTIC_RESTART_COUNT``, a
+    UUID that rank 0 makes and ``torch.distributed`` broadcasts (a collective: every rank must
+    build its Monitor), else a fresh UUID."""
+    if explicit:
+        return str(explicit)
+    env = os.environ.get("VANTAGE_LAUNCH_ID")
+    if env:
+        return env
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    if elastic:
+        return f"{elastic}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    dist = torch_distributed()
+    if dist is not None:
+        box = [str(uuid.uuid4()) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return str(box[0])
+    return str(uuid.uuid4())

@@ -159,7 +159,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=10_000)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--step-ms", type=float, default=50.0)
-    ap.add_argument("--blocks", type=int, default=20, help="interleaved blocks per variant")
+    ap.add_argument("--blocks", type=int, default=40, help="interleaved blocks per variant")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the loop")
     ap.add_argument(
         "--server-nice",
@@ -179,7 +179,7 @@ def main() -> None:
         try:
             # The loop first: the latency part leaves the server a backlog to ingest.
             ovh = overhead(server, folder / "spool-overhead", args.steps, args.step_ms, args.blocks)
-            print(f"{ovh['steps_each']} steps of ~{args.step_ms:.0f} ms, interleaved: "
+            print(f"{ovh['steps_each']} steps (aimed at {args.step_ms:.0f} ms), interleaved: "
                   f"{ovh['step_ms_without']:.2f} ms/step without, {ovh['step_ms_with']:.2f} ms "
                   f"with a Monitor; overhead_ratio {ovh['overhead_ratio']:.4f}")  # fmt: skip
             lat = latency(server, folder / "spool-latency", args.calls)

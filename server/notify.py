@@ -2,8 +2,9 @@
 
 A transition inserts one outbox row per URL in the evaluation's transaction, so a notification
 exists exactly when the transition does, and survives a restart. A sender (any replica) claims a
-URL's send slot (`webhook_targets`, row-locked with SKIP LOCKED on PostgreSQL), sends that URL's
-oldest due message, and moves the slot one second ahead: at most one message per second per URL,
+URL's send slot (`webhook_targets`) and that URL's oldest due message with conditional
+UPDATEs (no lock is held while a request is in flight), sends it, and moves the slot one second
+ahead: at most one message per second per URL,
 in order. Failures retry with exponential backoff; targets in link-local and cloud-metadata
 ranges are refused, and ``VANTAGE_WEBHOOK_ALLOW`` restricts targets further.
 """
@@ -22,8 +23,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from .alert_models import WebhookMessage, WebhookTarget
@@ -38,7 +40,6 @@ METADATA_ADDRESSES = frozenset(
 )
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data"})
 GIVE_UP_AFTER = timedelta(hours=24)
-_SQLITE_SEND_LOCK = threading.Lock()
 
 
 class RefusedTarget(ValueError):
@@ -162,50 +163,39 @@ class OutboxSender:
             return 0
         return sum(self.pool.map(self._send_for_url, urls))
 
-    def _claim(self, session: Session, url: str) -> WebhookTarget | None:
-        postgres = session.get_bind().dialect.name == "postgresql"
-        if postgres:
-            session.execute(
-                pg_insert(WebhookTarget)
-                .values(url=url, next_send_at=utcnow())
-                .on_conflict_do_nothing()
-            )
-            session.commit()
-            return session.scalar(
-                select(WebhookTarget)
-                .where(WebhookTarget.url == url)
-                .with_for_update(skip_locked=True)
-            )
-        target = session.get(WebhookTarget, url)
-        if target is None:
-            target = WebhookTarget(url=url, next_send_at=utcnow())
-            session.add(target)
-            session.flush()
-        return target
-
     def _send_for_url(self, url: str) -> int:
         try:
-            if self.session_factory is None:
-                return 0
             with self.session_factory() as session:
-                sqlite = session.get_bind().dialect.name == "sqlite"
-                if sqlite and not _SQLITE_SEND_LOCK.acquire(timeout=10):
-                    return 0
-                try:
-                    return self._send_locked(session, url)
-                finally:
-                    if sqlite:
-                        _SQLITE_SEND_LOCK.release()
+                claimed = self._claim(session, url)
+            if claimed is None:
+                return 0
+            error, permanent = self._post(url, claimed.payload)
+            with self.session_factory() as session:
+                self._record(session, url, claimed.id, error, permanent)
+            return int(error is None)
         except Exception:  # noqa: BLE001 - one bad URL or a database hiccup must not stop the loop
             log.exception("webhook sender failed for %s", url)
             return 0
 
-    def _send_locked(self, session: Session, url: str) -> int:
-        target = self._claim(session, url)
+    def _claim(self, session: Session, url: str) -> WebhookMessage | None:
+        """Take the URL's send slot, then its oldest message, each with one conditional UPDATE,
+        so that of several replicas exactly one sends it; both are leased for the length of a
+        request, and nothing stays locked while it is in flight (a replica that dies mid-send
+        leaves the message to be sent again when the lease ends: at least once)."""
         now = utcnow()
-        if target is None or _aware(target.next_send_at) > now:
+        lease = now + timedelta(seconds=self.settings.webhook_timeout_s + 5)
+        insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+        session.execute(
+            insert(WebhookTarget).values(url=url, next_send_at=now).on_conflict_do_nothing()
+        )
+        slot = session.execute(
+            update(WebhookTarget)
+            .where(WebhookTarget.url == url, WebhookTarget.next_send_at <= now)
+            .values(next_send_at=lease)
+        )
+        if slot.rowcount != 1:  # another replica holds it, or the last message was < 1 s ago
             session.rollback()
-            return 0
+            return None
         msg = session.scalar(
             select(WebhookMessage)
             .where(WebhookMessage.url == url, WebhookMessage.status == "pending")
@@ -214,10 +204,36 @@ class OutboxSender:
         )
         if msg is None or _aware(msg.next_attempt_at) > now:
             session.rollback()  # the oldest waits out its backoff; later ones keep their order
-            return 0
-        error, permanent = self._post(url, msg.payload)
+            return None
+        taken = session.execute(
+            update(WebhookMessage)
+            .where(
+                WebhookMessage.id == msg.id,
+                WebhookMessage.status == "pending",
+                WebhookMessage.next_attempt_at <= now,
+            )
+            .values(next_attempt_at=lease)
+            .execution_options(synchronize_session=False)
+        )
+        if taken.rowcount != 1:
+            session.rollback()
+            return None
+        session.commit()
+        return msg
+
+    def _record(
+        self, session: Session, url: str, msg_id: int, error: str | None, permanent: bool
+    ) -> None:
         now = utcnow()
-        target.next_send_at = now + timedelta(seconds=self.settings.webhook_min_interval_s)
+        session.execute(
+            update(WebhookTarget)
+            .where(WebhookTarget.url == url)
+            .values(next_send_at=now + timedelta(seconds=self.settings.webhook_min_interval_s))
+        )
+        msg = session.get(WebhookMessage, msg_id)
+        if msg is None:
+            session.commit()
+            return
         msg.attempts += 1
         if error is None:
             msg.status, msg.sent_at, msg.last_error = "sent", now, None
@@ -229,7 +245,6 @@ class OutboxSender:
                 msg.status = "failed"
             log.warning("webhook %s failed (attempt %d): %s", url, msg.attempts, error)
         session.commit()
-        return int(error is None)
 
     def _post(self, url: str, payload: dict[str, Any]) -> tuple[str | None, bool]:
         """(error or None, whether the error is permanent). Targets are checked again here: a

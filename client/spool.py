@@ -269,8 +269,9 @@ def sync(
     table. A file left with nothing worth keeping is deleted.
 
     Returns ``{"files", "runs", "sent_batches", "sent_groups", "duplicates", "conflicts",
-    "dead_letter_batches", "remaining_groups", "dropped_groups", "errors"}``; ``errors`` lists
-    ``"FILE: reason"`` for files that could not be finished (server unreachable, run refused).
+    "dead_letter_batches", "remaining_groups", "dropped_groups", "errors", "failed"}``; ``errors``
+    lists ``"FILE: reason"`` for files that could not be finished (server unreachable, run
+    refused); ``failed`` is true when any file could not be finished or groups remain.
     """
     from .sender import Transport, replay_spool  # noqa: PLC0415 (sender imports this module)
 
@@ -310,4 +311,5 @@ def sync(
                 totals["dropped_groups"] += spool.dropped_groups
             finally:
                 spool.close(remove_if_clean=True)
+    totals["failed"] = bool(totals["errors"]) or totals["remaining_groups"] > 0
     return totals

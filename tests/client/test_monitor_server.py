@@ -3,6 +3,7 @@ outages, restarts, retries, dead letters, ranks, launches, commands, bounded clo
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -422,3 +423,20 @@ def test_server_with_a_new_database_gets_the_run_created_again(own_server: Serve
     points = server.metrics(mon.run_id)
     assert [p["step"] for p in points] == list(range(10, 20))  # 404 → run created again → sent
     assert all(p["n_groups"] == 8 for p in points)
+
+
+def test_vantage_sync_cli_uploads_an_offline_spool(server: Server, tmp_path: Path):
+    offline = Monitor(None, None, run_name="offline", spool_dir=tmp_path / "spool")
+    for step in range(5):
+        offline.log_groups(step, step_rewards(step))
+    offline.close(timeout=5)
+    vantage = str(Path(sys.executable).with_name("vantage"))
+    proc = subprocess.run([vantage, "sync", str(tmp_path / "spool"), "--server", server.url],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["sent_groups"] == 40 and not result["failed"]
+    assert [p["n_groups"] for p in server.metrics(offline.run_id)] == [8] * 5
+    proc = subprocess.run([vantage, "sync", str(tmp_path / "spool"), "--server", server.url],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["files"] == 0  # nothing left

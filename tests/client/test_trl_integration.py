@@ -91,25 +91,40 @@ def test_stored_acr_equals_trl_frac_reward_zero_std(server: Server, tmp_path: Pa
     assert any(0 < points[s]["acr"] < 1 for s in points)  # a meaningful comparison
 
 
-def test_stop_command_reaches_the_trainer_and_is_acked(server: Server, tmp_path: Path):
+def test_commands_reach_the_trainer_and_are_acked(server: Server, tmp_path: Path):
     trainer = grpo_trainer(tmp_path, max_steps=500)
     mon = Monitor(server.url, None, run_name="trl-stop", spool_dir=tmp_path / "spool",
                   heartbeat_s=0.2)  # fmt: skip
     callback = attach(trainer, mon)
     assert mon.flush(20)  # the run exists
     with server.api() as api:
-        r = api.post(f"/api/v1/runs/{mon.run_id}/commands", json={"type": "stop", "params": {}})
-        assert r.status_code == 201, r.text
-        command_id = r.json()["command_id"]
+        ids = []
+        for body in (
+            {"type": "set_sampling", "params": {"temperature": 0.7}},
+            {"type": "set_mitigation", "params": {"mode": "avspo"}},
+            {"type": "stop", "params": {}},
+        ):
+            r = api.post(f"/api/v1/runs/{mon.run_id}/commands", json=body)
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["command_id"])
         t0 = time.monotonic()
         trainer.train()
         assert time.monotonic() - t0 < 60
         stopped_at = trainer.state.global_step
         assert stopped_at < 500
-        assert callback.applied == [(command_id, "applied", stopped_at)]
+        # each handled once, at a step boundary; the stop at the step where training stopped
+        got = {cid: (status, step) for cid, status, step in callback.applied}
+        assert len(callback.applied) == 3 and got[ids[2]] == ("applied", stopped_at)
+        assert got[ids[0]][0] == "applied" and got[ids[1]][0] == "rejected"
+        assert trainer.temperature == 0.7 and trainer.generation_config.temperature == 0.7
         mon.close(timeout=30)
-        (cmd,) = api.get(f"/api/v1/runs/{mon.run_id}/commands").json()["commands"]
-        assert cmd["status"] == "applied" and cmd["acked_step"] == stopped_at
+        log = {
+            c["command_id"]: c
+            for c in api.get(f"/api/v1/runs/{mon.run_id}/commands").json()["commands"]
+        }
+        assert [log[i]["status"] for i in ids] == ["applied", "rejected", "applied"]
+        assert [log[i]["acked_step"] for i in ids] == [got[i][1] for i in ids]
+        assert "does not implement avspo" in log[ids[1]]["detail"]
 
 
 DDP_SCRIPT = """

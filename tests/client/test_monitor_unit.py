@@ -237,3 +237,37 @@ def test_launch_id_is_broadcast_by_torch_distributed(tmp_path: Path):
     lines = [next(ln for ln in o.splitlines() if ln.startswith("LAUNCH")).split() for o in outs]
     assert [ln[1:3] for ln in lines] == [["0", "2"], ["1", "2"]]
     assert lines[0][3] == lines[1][3]
+
+
+def test_trl_reward_wrapper_weighted_sum_and_designated_function(tmp_path: Path):
+    from types import SimpleNamespace
+
+    from vantage.client.integrations.trl import VantageRewards, prompt_id
+
+    def acc(prompts, completions, **kw):
+        return [1.0 if c.endswith("!") else 0.0 for c in completions]
+
+    def fmt(prompts, completions, **kw):
+        return [None if c == "?" else 0.5 for c in completions]
+
+    state = SimpleNamespace(global_step=6)
+    prompts = ["p1"] * 2 + ["p2"] * 2
+    completions = ["a!", "b", "?", "c"]
+    summed = offline(tmp_path / "sum")
+    wrapped = VantageRewards(summed, [acc, fmt], reward_weights=[1.0, 2.0], num_generations=2)
+    assert [f.__name__ for f in wrapped.reward_funcs] == ["acc", "fmt"]
+    for f in wrapped.reward_funcs:
+        f(prompts=prompts, completions=completions, trainer_state=state)
+    only = offline(tmp_path / "one")
+    designated = VantageRewards(only, [acc, fmt], num_generations=2, log_func="acc")
+    assert designated.reward_funcs[1] is fmt  # only the designated function is wrapped
+    designated.reward_funcs[0](prompts=prompts, completions=completions, trainer_state=state)
+    summed.close(timeout=2)
+    only.close(timeout=2)
+    (rec,) = spooled_records(summed.spool_path)
+    assert rec["step"] == 7  # global_step + 1, as TRL logs it
+    # TRL's nansum: "?" was scored by acc only (0) → 0.0; each group is one prompt's 2 completions
+    assert [g["rewards"] for g in rec["groups"]] == [[2.0, 1.0], [0.0, 1.0]]
+    assert [g["prompt_id"] for g in rec["groups"]] == [prompt_id("p1"), prompt_id("p2")]
+    (rec,) = spooled_records(only.spool_path)
+    assert [g["rewards"] for g in rec["groups"]] == [[1.0, 0.0], [0.0, 0.0]]

@@ -381,7 +381,14 @@ def _fire(
 ) -> None:
     ep.state, ep.fired_step, ep.fired_at = "firing", step, ctx.now
     st.clear_streak = 0
-    replay = st.notified_through is not None and step is not None and step <= st.notified_through
+    # A resumed run replaying steps up to an episode that already notified does not notify
+    # again. (`stale` is not step-based: its step is just where the run stood.)
+    replay = (
+        rule.metric != "stale"
+        and st.notified_through is not None
+        and step is not None
+        and step <= st.notified_through
+    )
     if not replay:
         ep.notified = _notify(ctx, rule, ep, "firing", step, value)
         if ep.notified and step is not None:

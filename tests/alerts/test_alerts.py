@@ -430,3 +430,29 @@ def test_resumed_run_replaying_steps_does_not_notify_again(api, receiver):
         ("firing", 3),
     ]
     assert messages
+
+
+def test_builtin_rules_fire_on_their_conditions(api):
+    """acr_stall: ACR > 0.35 for 51 steps; non_finite_rewards: clears after 10 clean steps;
+    reward_broken: most groups constant."""
+    run = new_run(api)
+    stalled = [[0, 0, 0, 0]] * 3 + [[0, 1, 0, 1]]  # ACR 0.75
+    post_steps(api, run, [{"step": s, "groups": stalled} for s in range(1, 52)])
+    (stall,) = alerts_of(api, run["run_id"], "acr_stall")
+    assert (stall["state"], stall["pending_step"], stall["fired_step"]) == ("firing", 1, 51)
+    body = '{"attempt": 1, "records": [{"step": 52, "groups": [[1, NaN, 0, 1], [0, 1, 0, 1]]}]}'
+    r = api.post(
+        f"/api/v1/runs/{run['run_id']}/steps",
+        content=body,
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 200, r.text
+    (bad,) = alerts_of(api, run["run_id"], "non_finite_rewards")
+    assert (bad["state"], bad["fired_step"], bad["value"]) == ("firing", 52, 1)
+    post_steps(api, run, [{"step": s, "groups": LIVE} for s in range(53, 62)])  # 9 clean steps
+    assert alerts_of(api, run["run_id"], "non_finite_rewards")[0]["state"] == "firing"
+    post_steps(api, run, [{"step": 62, "groups": LIVE}])
+    (bad,) = alerts_of(api, run["run_id"], "non_finite_rewards")
+    assert (bad["state"], bad["resolved_step"]) == ("resolved", 62)
+    post_steps(api, run, [{"step": 63, "groups": [[0.5, 0.5]] * 3 + [[0, 1]]}])
+    assert alerts_of(api, run["run_id"], "reward_broken")[0]["fired_step"] == 63

@@ -308,8 +308,22 @@ class CommandCreate(_Strict):
         return self
 
 
+def _check_storable(value: Any) -> None:
+    """Integers beyond 64 bits cannot be stored in the server's JSON columns (nor read by most
+    trainers' JSON parsers)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        raise ValueError("command params hold an integer beyond 64 bits")
+    if isinstance(value, dict):
+        for v in value.values():
+            _check_storable(v)
+    elif isinstance(value, list):
+        for v in value:
+            _check_storable(v)
+
+
 def validate_command_params(kind: str, params: dict[str, Any]) -> None:
     """Raise ValueError when a command's params cannot be applied by the trainer."""
+    _check_storable(params)
     if kind == "set_mitigation":
         mode = params.get("mode")
         if mode not in MITIGATION_MODES:

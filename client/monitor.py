@@ -36,7 +36,7 @@ import orjson
 
 from .inputs import capture, materialize, plain_rewards
 from .launch import derive_launch_id, torch_distributed
-from .schema import RunCreate
+from .schema import MAX_GROUPS_PER_REQUEST, RunCreate
 from .sender import (
     Backoff,
     Reply,
@@ -342,12 +342,14 @@ class Monitor:
         self._closing.set()
         self._wake.set()
         self._thread.join(max(0.0, timeout - 0.2))
-        # If the sender is stuck in a request that started before close(), move what is still
-        # in memory to the spool ourselves, so that it survives the process.
-        if self._thread.is_alive() and self._final_lock.acquire(timeout=0.15):
+        # If the sender is still busy (a request that started before close(), or a very long
+        # queue), move what we can of the queue to the spool ourselves within the time left, so
+        # that it survives the process; the sender goes on with the rest while the process lives.
+        if self._thread.is_alive() and self._final_lock.acquire(timeout=0.05):
             try:
-                if not self._spool.closed:
-                    self._drain()
+                end = time.monotonic() + 0.1
+                while self._queue and time.monotonic() < end and not self._spool.closed:
+                    self._drain(limit=1_000)
             except Exception:
                 log.exception("vantage: could not spool the queue at close")
             finally:
@@ -400,19 +402,23 @@ class Monitor:
         )
 
     # ------------------------------------------------------------------ sender thread
-    def _drain(self) -> None:
+    def _drain(self, limit: int | None = MAX_GROUPS_PER_REQUEST) -> None:
         """Queue → records (one per (step, split, rank), first-appearance order) → spool.
 
         Runs on the sender thread; it yields the GIL between queue items so that a training
         thread calling ``log_*`` never waits long for it."""
         items = []
-        while True:
+        taken = 0
+        # At most about one request's worth per call, so that sending interleaves with encoding
+        # when the trainer produces faster than the server ingests.
+        while limit is None or taken < limit:
             try:
                 item = self._queue.popleft()
             except IndexError:
                 break
             items.append(item)
             self._dequeued += item[5]
+            taken += item[5]
         while self._pending_acks:
             command_id, body = self._pending_acks.popleft()
             self._spool.add_ack(command_id, body)
@@ -639,6 +645,8 @@ class Monitor:
                         wait = 0.0  # the pump stopped to let the queue in; carry on sending
             if closing:
                 wait = min(wait, self._deadline - now)
+            if self._queued >= self._batch_groups or (closing and self._queue):
+                wait = 0.0  # more to drain now
             if wait > 0:
                 self._wake.wait(wait)
         try:
@@ -649,5 +657,8 @@ class Monitor:
         if self._transport is not None:
             self._transport.close()
         with self._final_lock:  # not while close() is moving the queue to the spool
-            self._drain()
+            self._drain(limit=None)
+            # Record the queue's drops in the file too, so that `vantage sync` reports them.
+            moved, self._queue_dropped = self._queue_dropped, 0
+            self._spool.count_dropped(moved)
             self._spool.close(remove_if_clean=True)

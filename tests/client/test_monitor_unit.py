@@ -271,3 +271,19 @@ def test_trl_reward_wrapper_weighted_sum_and_designated_function(tmp_path: Path)
     assert [g["prompt_id"] for g in rec["groups"]] == [prompt_id("p1"), prompt_id("p2")]
     (rec,) = spooled_records(only.spool_path)
     assert [g["rewards"] for g in rec["groups"]] == [[1.0, 0.0], [0.0, 0.0]]
+
+
+def test_close_is_bounded_with_a_long_queue_and_no_server(tmp_path: Path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens here once closed
+    mon = Monitor(dead, None, spool_dir=tmp_path, max_queue_groups=10_000_000)
+    rewards = torch.rand(64, 16)
+    for step in range(3000):  # 192,000 groups, far more than can be spooled in the timeout
+        mon.log_groups(step, rewards)
+    t0 = time.monotonic()
+    mon.close(timeout=1.0)
+    assert time.monotonic() - t0 < 1.5
+    assert mon.spooled_groups > 0  # what it had time for is on disk

@@ -76,7 +76,11 @@ def prepare(database_url: str) -> None:
     KEYS[database_url] = create_key(database_url, "ingest,read,control,admin", "all")
 
 
-FAST = {"VANTAGE_PERIODIC_PASS_S": "0.3", "VANTAGE_STEP_COMPLETE_AFTER_S": "1.5"}
+FAST = {
+    "VANTAGE_PERIODIC_PASS_S": "0.3",
+    "VANTAGE_STEP_COMPLETE_AFTER_S": "1.5",
+    "VANTAGE_PUBLIC_URL": "https://vantage.example.com/",
+}
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +197,8 @@ def test_stale_fires_and_resolves_when_data_arrives(fast_server):
             assert ep["state"] == "resolved"
             messages = receiver.wait_for(2)
             assert [m["state"] for m in messages] == ["firing", "resolved"]
+            url = f"https://vantage.example.com/dashboard/runs/{run['run_id']}"
+            assert messages[0]["dashboard_url"] == url and url in messages[0]["text"]
     finally:
         receiver.close()
 

@@ -133,7 +133,11 @@ class Step(Base):
     mergeable counts of `vantage.client.acr.StepAccumulator` and the metrics derived from them."""
 
     __tablename__ = "steps"
-    __table_args__ = (UniqueConstraint("run_id", "split", "step"),)
+    __table_args__ = (
+        UniqueConstraint("run_id", "split", "step"),
+        # covers the (step, acr) scans of downsampling and window metrics
+        Index("ix_steps_run_split_step_acr", "run_id", "split", "step", "acr"),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))

@@ -10,9 +10,10 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import BigInteger, bindparam, case, func, select
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
-from vantage.client.acr import STEP_METRIC_FIELDS, window_metrics
+from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, STEP_METRIC_FIELDS, window_metrics
 
 from .commands import list_commands as list_commands  # re-exported for the dashboard
 from .commands import mitigation_state
@@ -98,27 +99,58 @@ def get_run(session: Session, run_id: str) -> dict[str, Any] | None:
     return run_dict(run, mitigation_state(session, [run_id])[run_id])
 
 
-def _downsample(rows: list[tuple[int, float | None]], max_points: int) -> list[int]:
-    """Steps to keep from (step, acr) rows in step order: each bucket's lowest and highest acr,
-    so spikes survive; at most ``max_points``."""
-    if len(rows) <= max_points:
-        return [r[0] for r in rows]
+def _downsample(steps: list[int], acrs: list[float | None], max_points: int) -> list[int]:
+    """Steps to keep (in step order): each bucket's lowest and highest acr, so spikes survive;
+    at most ``max_points``. Works on plain lists with C-speed min/max/index per bucket."""
+    n = len(steps)
+    if n <= max_points:
+        return list(steps)
+    low = [math.inf if a is None else a for a in acrs]
+    high = [-math.inf if a is None else a for a in acrs]
     if max_points == 1:
-        return [max(rows, key=lambda r: -1.0 if r[1] is None else r[1])[0]]
+        top = max(high)
+        return [steps[high.index(top)]]
     buckets = max_points // 2
-    size = len(rows) / buckets
     kept: list[int] = []
     for b in range(buckets):
-        chunk = rows[int(b * size) : int((b + 1) * size)]
-        scored = [r for r in chunk if r[1] is not None]
-        if not scored:
-            if chunk:
-                kept.append(chunk[0][0])
+        i, j = (b * n) // buckets, ((b + 1) * n) // buckets
+        if i == j:
             continue
-        lo = min(scored, key=lambda r: r[1])[0]
-        hi = max(scored, key=lambda r: r[1])[0]
-        kept.extend(sorted({lo, hi}))
+        lo_chunk, hi_chunk = low[i:j], high[i:j]
+        lo = i + lo_chunk.index(min(lo_chunk))
+        hi = i + hi_chunk.index(max(hi_chunk))
+        kept.extend(sorted({steps[lo], steps[hi]}))
     return kept
+
+
+def _raw_rows(session: Session, statement: Any) -> list[tuple]:
+    """Plain DBAPI tuples for a Core select: 100k-row scans skip SQLAlchemy's row objects."""
+    conn = session.connection()
+    compiled = statement.compile(conn)
+    cursor = conn.connection.cursor()
+    try:
+        if compiled.positiontup is not None:
+            cursor.execute(str(compiled), [compiled.params[k] for k in compiled.positiontup])
+        else:
+            cursor.execute(str(compiled), compiled.params)
+        return cursor.fetchall()
+    finally:
+        cursor.close()
+
+
+def _rows_at_steps(
+    session: Session, cols: list[Any], run_id: str, split: str, steps: list[int]
+) -> list[Any]:
+    """Full rows of the given steps, in step order."""
+    base = select(*cols).where(Step.run_id == run_id, Step.split == split).order_by(Step.step)
+    conn = session.connection()
+    if conn.dialect.name == "postgresql":  # one query with an array parameter
+        wanted = bindparam("steps", steps, type_=ARRAY(BigInteger))
+        return list(conn.execute(base.where(Step.step == func.any(wanted))))
+    rows: list[Any] = []
+    for i in range(0, len(steps), 900):  # SQLite caps bound parameters per statement
+        rows.extend(conn.execute(base.where(Step.step.in_(steps[i : i + 900]))))
+    return rows
 
 
 def _step_filter(q, run_id: str, split: str, from_step: int | None, to_step: int | None):  # noqa: ANN001, ANN202
@@ -149,27 +181,24 @@ def run_metrics(
     )
     downsampled = bool(count and count > max_points)
     if downsampled:
-        pairs = [
-            tuple(r)
-            for r in session.execute(
-                _step_filter(select(Step.step, Step.acr), run_id, split, from_step, to_step)
-            )
-        ]
-        kept = _downsample(pairs, max_points)
-        rows = []
-        for i in range(0, len(kept), 900):
-            q = select(*cols).where(
-                Step.run_id == run_id, Step.split == split, Step.step.in_(kept[i : i + 900])
-            )
-            rows.extend(session.execute(q.order_by(Step.step)))
+        scan = _step_filter(select(Step.step, Step.acr), run_id, split, from_step, to_step)
+        pairs = _raw_rows(session, scan)
+        kept = _downsample([p[0] for p in pairs], [p[1] for p in pairs], max_points)
+        rows = _rows_at_steps(session, cols, run_id, split, kept)
     else:
-        rows = list(session.execute(_step_filter(select(*cols), run_id, split, from_step, to_step)))
+        q = _step_filter(select(*cols), run_id, split, from_step, to_step)
+        rows = list(session.connection().execute(q))
     points = []
     for r in rows:
         p = dict(zip(POINT_COLUMNS, r[:-1], strict=True))
         p["scalars"] = r[-1] or {}
         points.append(p)
     return {"run_id": run_id, "downsampled": downsampled, "points": points}
+
+
+# (1 − α)^1100 = 2^−55 for the EMA's α: steps older than this no longer move a float64 EMA, so a
+# long run's window metrics read a bounded tail instead of every step.
+EMA_TAIL = 1100
 
 
 def run_window(
@@ -179,18 +208,33 @@ def run_window(
     from_step: int | None = None,
     to_step: int | None = None,
 ) -> dict[str, Any]:
-    """Window metrics (DESIGN.md §3) over the newest-attempt view."""
-    q = (
-        select(Step.acr, Step.n_collapsed, Step.n_valid)
-        .where(Step.run_id == run_id, Step.split == split)
-        .order_by(Step.step)
+    """Window metrics (DESIGN.md §3) over the newest-attempt view; steps with a null acr are
+    skipped. Reads at most EMA_TAIL + 100 rows however long the run is."""
+    scored = _step_filter(select(Step.acr), run_id, split, from_step, to_step).where(
+        Step.acr.is_not(None)
     )
-    if from_step is not None:
-        q = q.where(Step.step >= from_step)
-    if to_step is not None:
-        q = q.where(Step.step <= to_step)
-    rows = ({"acr": a, "n_collapsed": c, "n_valid": v} for a, c, v in session.execute(q))
-    return window_metrics(rows)
+    count, collapsed, valid = session.execute(
+        scored.with_only_columns(
+            func.count(), func.sum(Step.n_collapsed), func.sum(Step.n_valid)
+        ).order_by(None)
+    ).one()
+    tail = list(session.scalars(scored.order_by(Step.step.desc()).limit(EMA_TAIL)))[::-1]
+    window = window_metrics({"acr": a, "n_collapsed": 0, "n_valid": 0} for a in tail)
+    window["acr_pooled"] = collapsed / valid if valid else None
+    if count > EMA_TAIL:
+        first = list(session.scalars(scored.limit(100)))
+        window["acr_100"] = math.fsum(first) / 100
+        if window["acr_streak"] == len(tail):  # the streak is longer than the tail: count it
+            last_below = session.scalar(
+                scored.with_only_columns(func.max(Step.step))
+                .where(Step.acr <= DEFAULT_STREAK_THRESHOLD)
+                .order_by(None)
+            )
+            rest = scored.with_only_columns(func.count()).order_by(None)
+            if last_below is not None:
+                rest = rest.where(Step.step > last_below)
+            window["acr_streak"] = session.scalar(rest)
+    return window
 
 
 def mitigation_timeline(session: Session, run_id: str) -> list[dict[str, Any]]:

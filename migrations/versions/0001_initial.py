@@ -182,6 +182,8 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_steps")),
         sa.UniqueConstraint("run_id", "split", "step", name=op.f("uq_steps_run_id_split_step")),
     )
+    # Covers the (step, acr) scans of downsampling and window metrics without reading the rows.
+    op.create_index("ix_steps_run_split_step_acr", "steps", ["run_id", "split", "step", "acr"])
     # ### end Alembic commands ###
 
 

@@ -95,10 +95,12 @@ def latency(server: str, spool: Path, calls: int) -> dict[str, float]:
 
 def calibrate(step_ms: float) -> int:
     a, b = torch.rand(256, 256), torch.rand(256, 256)
-    t0 = time.perf_counter()
-    for _ in range(50):
-        torch.mm(a, b)
-    per = (time.perf_counter() - t0) / 50
+    per = float("inf")
+    for _ in range(5):  # the fastest of several tries: other processes only ever slow it down
+        t0 = time.perf_counter()
+        for _ in range(20):
+            torch.mm(a, b)
+        per = min(per, (time.perf_counter() - t0) / 20)
     return max(1, round(step_ms / 1e3 / per))
 
 

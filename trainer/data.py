@@ -98,6 +98,8 @@ class ListTask(Task):
 def read_gsm8k_jsonl(path: str | Path, template: str = "{question}") -> list[Problem]:
     """Rows ``{"question", "answer"}`` whose answer ends ``#### N``; raises ValueError naming the
     line of a malformed row."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"data file {path} does not exist (GSM8K-format JSONL expected)")
     problems = []
     for i, line in enumerate(Path(path).read_text().splitlines(), start=1):
         if not line.strip():

@@ -115,6 +115,11 @@ def load_policy(config: TrainConfig) -> tuple[PreTrainedModel, PreTrainedTokeniz
         torch.manual_seed(config.seed)  # the same initial weights on every rank
         model = tiny_llama(config, tokenizer).to(dtype)
     elif config.model_source == "hf":
+        if not Path(config.model_path).is_dir():  # type: ignore[arg-type]
+            raise FileNotFoundError(
+                f"model_path {config.model_path} is not a folder; point it at a local Hugging Face "
+                "checkpoint (--set model_path=/path/to/checkpoint); nothing is downloaded"
+            )
         tokenizer = AutoTokenizer.from_pretrained(config.model_path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
             config.model_path, local_files_only=True, dtype=dtype

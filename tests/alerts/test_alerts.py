@@ -456,3 +456,37 @@ def test_builtin_rules_fire_on_their_conditions(api):
     assert (bad["state"], bad["resolved_step"]) == ("resolved", 62)
     post_steps(api, run, [{"step": 63, "groups": [[0.5, 0.5]] * 3 + [[0, 1]]}])
     assert alerts_of(api, run["run_id"], "reward_broken")[0]["fired_step"] == 63
+
+
+def test_clear_threshold_hysteresis_and_discarded_pending(api):
+    run = new_run(api)
+    make_rule(
+        api,
+        name="hyst",
+        run_id=run["run_id"],
+        metric="acr",
+        op=">=",
+        threshold=0.9,
+        clear_threshold=0.5,
+    )
+    make_rule(
+        api, name="twice", run_id=run["run_id"], metric="acr", op=">=", threshold=0.9, for_steps=2
+    )
+    for step, acr in enumerate([1.0, 0.75, 0.5, 0.25], start=1):
+        post_steps(api, run, [{"step": step, "groups": groups_with_acr(acr)}])
+        if step == 1:  # `twice` is pending after one step at 1.0
+            assert alerts_of(api, run["run_id"], "twice", state="pending")
+    (ep,) = alerts_of(api, run["run_id"], "hyst")
+    # 0.75 lies between the clear threshold and the threshold, 0.5 is not strictly past 0.5.
+    assert (ep["state"], ep["fired_step"], ep["resolved_step"]) == ("resolved", 1, 4)
+    assert alerts_of(api, run["run_id"], "twice") == []  # discarded, never listed
+
+
+def test_project_rules_apply_to_their_project_only(api):
+    mine = new_run(api, project="vision")
+    other = new_run(api, project="language")
+    make_rule(api, name="vision-only", project="vision", metric="acr", op=">=", threshold=0.9)
+    for run in (mine, other):
+        post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])
+    assert len(alerts_of(api, mine["run_id"], "vision-only")) == 1
+    assert alerts_of(api, other["run_id"], "vision-only") == []

@@ -6,6 +6,7 @@ import json
 import uuid
 
 import pytest
+from vantage.client.acr import window_metrics
 
 from .conftest import new_run, post_steps
 
@@ -216,6 +217,13 @@ def test_downsampling_keeps_extremes(api):
     steps = [p["step"] for p in body["points"]]
     assert steps == sorted(steps)
     assert len(api.get(f"/api/v1/runs/{run['run_id']}/metrics?max_points=1").json()["points"]) == 1
+    # window metrics of a run longer than the EMA tail equal the pure function over every step
+    full = api.get(f"/api/v1/runs/{run['run_id']}/metrics?max_points=5000").json()["points"]
+    expected = window_metrics(full)
+    window = api.get(f"/api/v1/runs/{run['run_id']}/summary").json()["window"]
+    assert window["acr_streak"] == expected["acr_streak"] == 2000
+    for name in ("acr_pooled", "acr_100", "acr_ema", "acr_volatility"):
+        assert window[name] == pytest.approx(expected[name], rel=1e-12, abs=1e-15), name
 
 
 def test_prompts_by_collapse(api):

@@ -201,6 +201,7 @@ class Monitor:
         self._finish_status: str | None = None
         self._closed = False
         self._abandon = False
+        self._progress = False
         self._refused: str | None = None  # run creation refused: stop talking to the server
         self._thread = threading.Thread(target=self._run, name="vantage-sender", daemon=True)
         self._thread.start()
@@ -509,6 +510,7 @@ class Monitor:
         """One unit of network work. Returns the reply of a transient failure (to back off on),
         else None."""
         assert self._transport is not None
+        self._progress = False  # any success in this pump: backoff counts consecutive failures
         if self.attempt is None:
             reply = create_run(self._transport, self._run_body, timeout=self._remaining())
             if reply.kind == "retry":
@@ -524,6 +526,7 @@ class Monitor:
                 )
                 return None
             self.attempt = int(reply.data["attempt"])
+            self._progress = True
             self._next_heartbeat = now  # announce the client's counters at once
         failed = send_acks(self._spool, self._transport, self.run_id, timeout=self._remaining())
         if failed is not None:
@@ -535,6 +538,7 @@ class Monitor:
             )
             if outcome == "retry":
                 return reply
+            self._progress = True
             if outcome == "unknown_run":
                 log.warning("vantage: %s; creating run %s again", reply.error, self.run_id)
                 self.attempt = None
@@ -617,9 +621,9 @@ class Monitor:
                     last_drain = now
                 if self._transport is not None and self._refused is None and now >= retry_at:
                     failed = self._pump(now)
-                    if failed is None:
+                    if failed is None or self._progress:
                         backoff.reset()
-                    else:
+                    if failed is not None:
                         self.stats["retries"] += 1
                         self.last_error = failed.error
                         retry_at = time.monotonic() + backoff.next_delay(failed.retry_after)

@@ -81,10 +81,14 @@ class FlakyProxy:
         status: int = 500,
         forward_failures: bool = True,
         retry_after: str | None = None,
+        chaos: float = 0.0,
     ) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.upstream, self.fail_first, self.status = upstream, fail_first, status
+        # chaos: the share of requests (any endpoint) that fail at random: 503 before reaching
+        # the server, 500 after it has acted, or a connection dropped after it has acted.
+        self.chaos, self.rng, self.faults = chaos, random.Random(7), 0
         self.forward_failures, self.retry_after = forward_failures, retry_after
         self.step_times: list[tuple[float, int]] = []
         proxy = self
@@ -101,6 +105,16 @@ class FlakyProxy:
                     with lock:
                         fail = proxy.fail_first > 0
                         proxy.fail_first -= fail
+                with lock:
+                    fault = None
+                    if proxy.rng.random() < proxy.chaos:
+                        fault = proxy.rng.choice(["503", "500", "drop"])
+                        proxy.faults += 1
+                if fault == "503":
+                    self.send_response(503)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
                 if not fail or proxy.forward_failures:
                     r = httpx.request(
                         method,
@@ -112,6 +126,11 @@ class FlakyProxy:
                 status, content = (
                     (proxy.status, b'{"detail":"injected"}') if fail else (r.status_code, r.content)
                 )
+                if fault == "drop":
+                    self.close_connection = True  # the server acted; its answer is lost
+                    return
+                if fault == "500":
+                    status, content = 500, b"{}"
                 if is_steps:
                     proxy.step_times.append((time.monotonic(), status))
                 self.send_response(status)
@@ -440,3 +459,22 @@ def test_vantage_sync_cli_uploads_an_offline_spool(server: Server, tmp_path: Pat
     proc = subprocess.run([vantage, "sync", str(tmp_path / "spool"), "--server", server.url],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert json.loads(proc.stdout.strip().splitlines()[-1])["files"] == 0  # nothing left
+
+
+def test_random_faults_on_every_endpoint_store_every_group_once(server: Server, tmp_path: Path):
+    proxy = FlakyProxy(server.url, fail_first=0, chaos=0.3)
+    try:
+        mon = monitor(proxy.url, tmp_path, batch_interval_s=0.05, heartbeat_s=0.2)
+        for step in range(30):
+            mon.log_groups(step, step_rewards(step))
+            time.sleep(0.01)
+        assert mon.flush(60), mon.last_error
+        mon.close(timeout=30)
+    finally:
+        proxy.close()
+    assert proxy.faults > 5
+    assert mon.spooled_groups == 0 and mon.dead_letter_batches == 0
+    points = server.metrics(mon.run_id)
+    assert [p["step"] for p in points] == list(range(30))
+    assert all(p["n_groups"] == 8 for p in points)
+    assert {p["attempt"] for p in points} == {1}  # retried run creation kept one attempt

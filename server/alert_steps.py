@@ -22,13 +22,13 @@ def mark_evaluated(session: Session, rows: list[Step]) -> None:
     by_attempt: dict[int, list[int]] = {}
     for row in rows:
         by_attempt.setdefault(row.attempt, []).append(row.id)
+    steps = Step.__table__  # Core: the ORM objects are not used after this
     for attempt, ids in by_attempt.items():
         for i in range(0, len(ids), 500):
             session.execute(
-                update(Step)
-                .where(Step.id.in_(ids[i : i + 500]), Step.attempt == attempt)
+                update(steps)
+                .where(steps.c.id.in_(ids[i : i + 500]), steps.c.attempt == attempt)
                 .values(evaluated=True)
-                .execution_options(synchronize_session=False)
             )
 
 

@@ -82,10 +82,8 @@ def run_lock(session: Session, run_id: str) -> Iterator[None]:
     with _SQLITE_EVAL_LOCK:
         # A no-op write takes SQLite's write lock now, for the whole transaction: processes
         # sharing one SQLite file evaluate one at a time, and every read below is current.
-        session.execute(
-            update(Run).where(Run.id == run_id).values(attempt=Run.attempt),
-            execution_options={"synchronize_session": False},
-        )
+        runs = Run.__table__  # Core: no ORM bookkeeping for a statement that changes nothing
+        session.execute(update(runs).where(runs.c.id == run_id).values(attempt=runs.c.attempt))
         yield
 
 

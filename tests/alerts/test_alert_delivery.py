@@ -80,12 +80,14 @@ FAST = {
     "VANTAGE_PERIODIC_PASS_S": "0.3",
     "VANTAGE_STEP_COMPLETE_AFTER_S": "1.5",
     "VANTAGE_PUBLIC_URL": "https://vantage.example.com/",
+    "VANTAGE_COMMAND_TTL_S": "2",
 }
 
 
 @pytest.fixture(scope="module")
 def fast_server(tmp_path_factory):  # noqa: ANN001, ANN201
-    """A server whose periodic pass runs every 0.3 s and completes steps after 1.5 s."""
+    """A server whose periodic pass runs every 0.3 s, completes steps after 1.5 s, and expires
+    commands after 2 s."""
     url = f"sqlite:///{tmp_path_factory.mktemp('fastdb') / 'v.db'}"
     prepare(url)
     srv = serve(url, tmp_path_factory.mktemp("fastlogs"), env=FAST)
@@ -274,3 +276,25 @@ def test_two_replicas_never_double_fire(tmp_path):
             s.stop()
         receiver.close()
         drop()
+
+
+def test_alert_command_is_redelivered_until_its_ttl_then_expires(fast_server):
+    with fast_server.client("all") as api:
+        run = new_run(api)
+        make_rule(
+            api,
+            name="ttl",
+            run_id=run["run_id"],
+            metric="acr",
+            op=">=",
+            threshold=0.9,
+            mitigation={"type": "set_mitigation", "params": {"mode": "aapo"}},
+        )
+        fired = post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])["commands"]
+        assert [c["params"]["mode"] for c in fired] == ["aapo"]
+        again = post_steps(api, run, [{"step": 2, "groups": ALL_FAIL}])["commands"]
+        assert [c["command_id"] for c in again] == [fired[0]["command_id"]]
+        time.sleep(2.5)
+        assert post_steps(api, run, [{"step": 3, "groups": ALL_FAIL}])["commands"] == []
+        log = api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"]
+        assert [(c["status"], c["issued_by"]) for c in log] == [("expired", "alert:ttl")]

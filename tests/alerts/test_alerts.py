@@ -215,6 +215,16 @@ def test_reward_crash_fires_once_and_resolves_once(api, receiver):
     assert receiver.times[1] - receiver.times[0] >= 0.9  # one message per second per URL
     assert alerts_of(api, run["run_id"], "crash", state="resolved")[0]["alert_id"] == ep["alert_id"]
     assert alerts_of(api, run["run_id"], "crash", state="firing") == []
+    later = (datetime.now(UTC) + timedelta(minutes=5)).isoformat()
+    assert alerts_of(api, run["run_id"], "crash", since=later) == []
+    earlier = (datetime.now(UTC) - timedelta(minutes=5)).isoformat()
+    assert alerts_of(api, run["run_id"], "crash", since=earlier) == alerts_of(
+        api, run["run_id"], "crash"
+    )
+    everything = api.get("/api/v1/alerts").json()["alerts"]
+    assert any(a["alert_id"] == ep["alert_id"] for a in everything)
+    created = [a["alert_id"] for a in everything]
+    assert created == sorted(created, reverse=True)  # newest first
 
 
 def test_min_valid_groups_blocks_small_steps(api):

@@ -25,6 +25,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _new_postgres_database() -> tuple[str, object]:
+    """``VANTAGE_CLIENT_TEST_POSTGRES=URL`` (a maintenance database such as
+    ``postgresql://postgres@127.0.0.1:5432/postgres``) runs these servers on PostgreSQL, one fresh
+    database per server."""
+    import uuid
+
+    import psycopg
+
+    admin_url = os.environ["VANTAGE_CLIENT_TEST_POSTGRES"]
+    name = f"vantage_client_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    base = admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    return f"{base}/{name}", drop
+
+
 def server_env() -> dict[str, str]:
     """The server's environment; ``VANTAGE_TEST_SERVER_PYTHONPATH`` runs the server from another
     checkout (a snapshot of a known-good commit) while the client under test is this one."""
@@ -41,6 +62,9 @@ class Server:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.database_url = f"sqlite:///{workdir / 'vantage.db'}"
+        self._drop_database = None
+        if os.environ.get("VANTAGE_CLIENT_TEST_POSTGRES"):
+            self.database_url, self._drop_database = _new_postgres_database()
         self.workdir = workdir
         self.proc: subprocess.Popen | None = None
         self.starts = 0
@@ -86,6 +110,19 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
 
+    def wipe_database(self) -> None:
+        """Replace the (stopped) server's database by an empty one."""
+        if self._drop_database is None:
+            Path(self.database_url.removeprefix("sqlite:///")).unlink()
+        else:
+            self._drop_database()
+            self.database_url, self._drop_database = _new_postgres_database()
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._drop_database is not None:
+            self._drop_database()
+
     def log(self) -> str:
         return "".join(p.read_text() for p in sorted(self.workdir.glob("server-*.log")))
 
@@ -104,7 +141,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One server shared by the tests that never stop it (each test uses its own run)."""
     srv = Server(tmp_path_factory.mktemp("server")).start()
     yield srv
-    srv.stop()
+    srv.cleanup()
 
 
 @pytest.fixture
@@ -114,4 +151,4 @@ def own_server(tmp_path: Path) -> Iterator[Server]:
     folder.mkdir()
     srv = Server(folder).start()
     yield srv
-    srv.stop()
+    srv.cleanup()

@@ -219,7 +219,7 @@ def test_full_spool_counts_and_reports_drops(tmp_path: Path):
         stored = sum(p["n_groups"] for p in srv.metrics(mon.run_id))
         assert stored == kept == total - dropped
     finally:
-        srv.stop()
+        srv.cleanup()
 
 
 def test_refused_batch_goes_to_dead_letter_training_unaffected(server: Server, tmp_path: Path):
@@ -362,7 +362,7 @@ def test_close_is_bounded_when_the_server_is_down_then_sync_uploads(tmp_path: Pa
         assert [p["step"] for p in points] == list(range(50))
         assert all(p["n_groups"] == 8 for p in points)
     finally:
-        srv.stop()
+        srv.cleanup()
 
 
 def test_close_is_bounded_against_a_server_that_never_answers(tmp_path: Path):
@@ -433,7 +433,7 @@ def test_server_with_a_new_database_gets_the_run_created_again(own_server: Serve
         mon.log_groups(step, step_rewards(step))
     assert mon.flush(20)
     server.stop()
-    Path(server.database_url.removeprefix("sqlite:///")).unlink()  # the server loses everything
+    server.wipe_database()  # the server loses everything
     server.start()
     for step in range(10, 20):
         mon.log_groups(step, step_rewards(step))

@@ -29,11 +29,25 @@ def torch_distributed() -> Any:
     return None
 
 
+def _shared_through_store(dist: Any) -> str | None:
+    """One UUID per process group, through its key-value store: the first rank to ask sets it,
+    every later one reads it (``compare_set``). Unlike a broadcast it needs no collective, so it
+    never hangs when only some ranks build a Monitor. None when the store cannot do it."""
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store  # noqa: PLC0415
+
+        value = _get_default_store().compare_set("vantage/launch_id", "", str(uuid.uuid4()))
+    except Exception:  # no default store, or a store without compare_set
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def derive_launch_id(explicit: str | None = None) -> str:
     """The launch id that every rank of one launch shares (DESIGN.md §5), in this order: the
     argument, ``VANTAGE_LAUNCH_ID``, ``TORCHELASTIC_RUN_ID`` + ``TORCHELASTIC_RESTART_COUNT``, a
-    UUID that rank 0 makes and ``torch.distributed`` broadcasts (a collective: every rank must
-    build its Monitor), else a fresh UUID."""
+    UUID shared by the ranks of the ``torch.distributed`` process group (through its store; a
+    broadcast from rank 0 where the store cannot, which every rank must then join), else a fresh
+    UUID."""
     if explicit:
         return str(explicit)
     env = os.environ.get("VANTAGE_LAUNCH_ID")
@@ -44,6 +58,9 @@ def derive_launch_id(explicit: str | None = None) -> str:
         return f"{elastic}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     dist = torch_distributed()
     if dist is not None:
+        shared = _shared_through_store(dist)
+        if shared:
+            return shared
         box = [str(uuid.uuid4()) if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(box, src=0)
         return str(box[0])

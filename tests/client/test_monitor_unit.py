@@ -220,6 +220,11 @@ from vantage.client import Monitor
 mon = Monitor(None, None, spool_dir=sys.argv[3])
 print("LAUNCH", mon.rank, mon.world_size, mon.launch_id)
 mon.close(timeout=1)
+if dist.get_rank() == 0:  # a Monitor on one rank only must not wait for the others
+    again = Monitor(None, None, spool_dir=sys.argv[3])
+    print("AGAIN", again.launch_id)
+    again.close(timeout=1)
+dist.barrier()
 dist.destroy_process_group()
 """
 
@@ -237,6 +242,8 @@ def test_launch_id_is_broadcast_by_torch_distributed(tmp_path: Path):
     lines = [next(ln for ln in o.splitlines() if ln.startswith("LAUNCH")).split() for o in outs]
     assert [ln[1:3] for ln in lines] == [["0", "2"], ["1", "2"]]
     assert lines[0][3] == lines[1][3]
+    again = next(ln for ln in outs[0].splitlines() if ln.startswith("AGAIN")).split()[1]
+    assert again == lines[0][3]  # the same launch
 
 
 def test_trl_reward_wrapper_weighted_sum_and_designated_function(tmp_path: Path):

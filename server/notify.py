@@ -17,7 +17,6 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,6 +39,7 @@ METADATA_ADDRESSES = frozenset(
 )
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data"})
 GIVE_UP_AFTER = timedelta(hours=24)
+MAX_PARALLEL_URLS = 8
 
 
 class RefusedTarget(ValueError):
@@ -139,11 +139,9 @@ class OutboxSender:
         self.settings = settings
         self.session_factory = session_factory
         self.http = httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False)
-        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="vantage-webhook")
         self.wake = threading.Event()
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
         self.http.close()
 
     def run_once(self) -> int:
@@ -161,7 +159,24 @@ class OutboxSender:
             )
         if not urls:
             return 0
-        return sum(self.pool.map(self._send_for_url, urls))
+        if len(urls) == 1:
+            return self._send_for_url(urls[0])
+        # URLs in parallel, so that a slow target does not hold up the others. Daemon threads:
+        # a request in flight never delays the process's exit.
+        sent = [0] * len(urls)
+        for start in range(0, len(urls), MAX_PARALLEL_URLS):
+            threads = []
+            for i in range(start, min(len(urls), start + MAX_PARALLEL_URLS)):
+
+                def send(i: int = i) -> None:
+                    sent[i] = self._send_for_url(urls[i])
+
+                t = threading.Thread(target=send, name="vantage-webhook", daemon=True)
+                t.start()
+                threads.append(t)
+            for t in threads:
+                t.join()
+        return sum(sent)
 
     def _send_for_url(self, url: str) -> int:
         try:

@@ -17,7 +17,7 @@ from .monitoring import Command
 if TYPE_CHECKING:
     from .grpo import GRPOTrainer
 
-__all__ = ["Mitigation", "apply_command"]
+__all__ = ["Mitigation", "apply_command", "is_number"]
 
 
 @dataclass
@@ -50,7 +50,7 @@ def apply_command(trainer: GRPOTrainer, command: Command) -> str:
         return set_mitigation(trainer, params)
     if command.type == "set_sampling":
         temperature = params.get("temperature")
-        if not _is_number(temperature) or not 0 <= float(temperature) <= 10:
+        if not is_number(temperature) or not 0 <= float(temperature) <= 10:
             raise ValueError(f"set_sampling needs a temperature in [0, 10]; got {temperature!r}")
         trainer.temperature = float(temperature)
         return f"temperature {trainer.temperature}"
@@ -87,6 +87,6 @@ def set_mitigation(trainer: GRPOTrainer, params: dict[str, Any]) -> str:
     return f"mitigation {mode} {asdict(new)}{ignored}"
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     """A finite int or float (not a bool): what a scalar or a temperature must be."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -24,7 +24,7 @@ from vantage.client.acr import ACRSettings, StepAccumulator, summarize_rewards
 
 from .advantages import Advantages, AvspoState, compute_advantages, effective_stats
 from .checkpoint import load_reference, save_reference
-from .commands import Mitigation, _is_number, apply_command
+from .commands import Mitigation, apply_command, is_number
 from .config import TrainConfig
 from .data import Problem, Task
 from .loss import policy_loss
@@ -145,7 +145,7 @@ class GRPOTrainer:
             "step_s": t_end - t0,
         }
         self.monitor.log_scalars(
-            step, {k: v for k, v in record.items() if k != "step" and _is_number(v)}
+            step, {k: v for k, v in record.items() if k != "step" and is_number(v)}
         )
         self.history.append(record)
         return record
@@ -205,7 +205,8 @@ class GRPOTrainer:
 
     def reference_rewards(self, problems: list[Problem]) -> torch.Tensor:
         """Rewards of G completions the reference policy samples for the same prompts, with the
-        policy's current generation settings (AAPO's r_ref)."""
+        policy's current generation settings (AAPO's r_ref). Always through HF ``generate``,
+        also when the policy samples with vLLM (which holds the policy's weights only)."""
         reference = self.ensure_reference()
         sampler = HFBackend(self.tokenizer, self.config.chat_template)
         out = sampler.generate(

@@ -1,5 +1,8 @@
 """Alerts, webhooks and automatic mitigation (DESIGN.md §6) against a real server process, on
-SQLite and PostgreSQL. Webhooks go to a real HTTP receiver on 127.0.0.1."""
+SQLite and PostgreSQL. Webhooks go to a real HTTP receiver on 127.0.0.1.
+
+The module has a database and server of its own: rules and silences are global state, and other
+suites (a schemathesis run) may delete the built-in rules or add a silence for everything."""
 
 from __future__ import annotations
 
@@ -11,7 +14,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.conftest import free_port, new_run, post_steps
+from tests.conftest import (
+    REQUIRE_PG,
+    create_key,
+    free_port,
+    new_postgres_database,
+    new_run,
+    post_steps,
+    run_cli,
+    start_server,
+)
 
 ALL_FAIL = [[0, 0, 0, 0]] * 4
 LIVE = [[0, 1, 0, 1]] * 4
@@ -61,6 +73,37 @@ class Receiver:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def server(request, tmp_path_factory):
+    drop = None
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('alerts-db') / 'vantage.db'}"
+    else:
+        try:
+            url, drop = new_postgres_database()
+        except Exception as exc:  # noqa: BLE001
+            if REQUIRE_PG:
+                pytest.fail(f"PostgreSQL is required but: {exc}")
+            pytest.skip(f"PostgreSQL not reachable: {exc}")
+    run_cli("db", "upgrade", "--database-url", url)
+    keys = {
+        "read": create_key(url, "read"),
+        "all": create_key(url, "ingest,read,control,admin", "all"),
+    }
+    srv = start_server(url, tmp_path_factory.mktemp("alerts-logs"))
+    srv.keys = keys
+    yield srv
+    srv.stop()
+    if drop is not None:
+        drop()
+
+
+@pytest.fixture
+def api(server):
+    with server.client("all") as client:
+        yield client
 
 
 @pytest.fixture

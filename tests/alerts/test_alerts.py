@@ -543,3 +543,7 @@ def test_project_rules_apply_to_their_project_only(api):
         post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])
     assert len(alerts_of(api, mine["run_id"], "vision-only")) == 1
     assert alerts_of(api, other["run_id"], "vision-only") == []
+    # Deleting a run deletes its episodes and evaluation state with it.
+    assert api.delete(f"/api/v1/runs/{mine['run_id']}").status_code == 204
+    everything = api.get("/api/v1/alerts", params={"rule": "vision-only"}).json()["alerts"]
+    assert everything == []

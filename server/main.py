@@ -19,7 +19,9 @@ from .settings import Settings
 
 async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
     # Inputs are left out: they may hold NaN, which JSON cannot carry, and can be large.
-    errors = [{k: v for k, v in e.items() if k not in ("input", "ctx", "url")} for e in exc.errors()]
+    errors = [
+        {k: v for k, v in e.items() if k not in ("input", "ctx", "url")} for e in exc.errors()
+    ]
     return JSONResponse({"detail": errors}, status_code=422)
 
 
@@ -41,8 +43,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             worker.stop()
         engine.dispose()
 
-    app = FastAPI(title="Vantage", version="0.1.0", lifespan=lifespan,
-                  description="Advantage-collapse monitoring for GRPO runs. DESIGN.md §4.")  # fmt: skip
+    app = FastAPI(
+        title="Vantage",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Advantage-collapse monitoring for GRPO runs. DESIGN.md §4.",
+    )
     app.state.settings = settings
     app.state.engine = engine
     app.state.session_factory = session_factory(engine)

@@ -105,9 +105,7 @@ class Group(Base):
     """One group as received (append-only). Its key is immutable within an attempt."""
 
     __tablename__ = "groups"
-    __table_args__ = (
-        UniqueConstraint("run_id", "attempt", "step", "split", "rank", "group_id"),
-    )
+    __table_args__ = (UniqueConstraint("run_id", "attempt", "step", "split", "rank", "group_id"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))

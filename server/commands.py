@@ -6,7 +6,7 @@ acked commands until the trainer acks them or their TTL passes (DESIGN.md §4 'C
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
@@ -85,20 +85,27 @@ def expire_commands(session: Session, run_id: str | None = None) -> None:
 
 
 def deliver_commands(session: Session, run_id: str) -> list[dict[str, Any]]:
-    """The run's open commands, oldest first; pending ones become delivered (caller commits)."""
-    expire_commands(session, run_id)
+    """The run's open commands, oldest first; pending ones become delivered (caller commits).
+
+    One indexed read on the hot path; writes happen only when a command changes state."""
     rows = session.scalars(
         select(Command)
         .where(Command.run_id == run_id, Command.status.in_(OPEN_STATES))
         .order_by(Command.created_at, Command.id)
     ).all()
     now = utcnow()
+    live = []
     for c in rows:
+        expires = c.expires_at if c.expires_at.tzinfo else c.expires_at.replace(tzinfo=UTC)
+        if expires < now:
+            c.status = "expired"
+            continue
         if c.status == "pending":
             c.status = "delivered"
             c.delivered_at = now
+        live.append(c)
     return [
-        {"command_id": c.id, "type": c.type, "params": c.params, "reason": c.reason} for c in rows
+        {"command_id": c.id, "type": c.type, "params": c.params, "reason": c.reason} for c in live
     ]
 
 

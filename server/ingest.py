@@ -209,14 +209,16 @@ PG_TYPES = [
 
 def _insert_postgres(session: Session, rows: dict[tuple, tuple]) -> tuple[set, dict]:
     """COPY into a staging table, then one duplicate-safe INSERT ... SELECT (NOTES.md)."""
-    conn = session.connection().connection.driver_connection
+    pooled = session.connection().connection  # the pool's record lives as long as the connection
+    conn = pooled.driver_connection
     cols = ", ".join(f'"{c}"' for c in GROUP_COLUMNS)
     with conn.cursor() as cur:
-        cur.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS _ingest_groups "
-            "(LIKE groups INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
-        )
-        cur.execute("DELETE FROM _ingest_groups")
+        if not pooled.info.get("ingest_staging"):  # once per connection; emptied at each commit
+            cur.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS _ingest_groups "
+                "(LIKE groups INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+            )
+            pooled.info["ingest_staging"] = True
         with cur.copy(f"COPY _ingest_groups ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types(PG_TYPES)
             for row in rows.values():

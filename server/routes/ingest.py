@@ -58,7 +58,8 @@ def _ingest(request: Request, run_id: str, batch: StepsBatch, key) -> dict:  # n
         commands = []
         if result.has_rank0:
             commands = deliver_commands(session, run_id)
-            session.commit()
+            if session.dirty:  # a command changed state (delivered or expired)
+                session.commit()
     return {
         "accepted": result.accepted,
         "duplicates": result.duplicates,

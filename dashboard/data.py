@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vantage.server.queries import PROMPT_COLUMNS
+
 from . import context
 
 SPARK_STEPS = 200  # the runs table's sparkline covers this many latest steps
@@ -12,10 +14,13 @@ SPARK_POINTS = 60
 TAIL_STEPS = 300  # steps re-read after a downsampled first load, for the KPI state
 
 
-def _queries():
+def _queries():  # noqa: ANN202
     from vantage.server import queries
 
     return queries
+
+
+__all__ = ["PROMPT_COLUMNS"]
 
 
 def _alerts(session, run_id: str | None = None, state: str | None = "firing") -> list[dict]:
@@ -140,19 +145,6 @@ def prompts(info, run_id: str, side: str | None = None, min_steps: int = 1) -> l
         if not context.can_see(info, q.get_run(s, run_id)):
             return None
         return q.run_prompts(s, run_id, side=side or None, min_steps=min_steps)
-
-
-PROMPT_COLUMNS = [
-    "prompt_id",
-    "groups",
-    "steps",
-    "collapsed",
-    "all_pass",
-    "all_fail",
-    "constant",
-    "collapse_rate",
-    "last_seen_step",
-]
 
 
 def prompts_csv(info, run_id: str, side: str | None = None) -> str | None:

@@ -16,12 +16,16 @@ from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
-from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, EMA_ALPHA, WINDOW_METRIC_FIELDS
+from vantage.client.acr import (
+    DEFAULT_STREAK_THRESHOLD,
+    EMA_ALPHA,
+    STEP_METRIC_FIELDS,
+    WINDOW_METRIC_FIELDS,
+)
 
-from .ingest import STEP_ANSWER_FIELDS
 from .models import Run, Step
 
-STEP_METRICS = frozenset(STEP_ANSWER_FIELDS)
+STEP_METRICS = frozenset(STEP_METRIC_FIELDS)
 WINDOW_METRICS = frozenset(WINDOW_METRIC_FIELDS)
 SERIES_METRICS = WINDOW_METRICS | {"reward_drop"}
 SPECIAL_METRICS = frozenset({"reward_drop", "stale"})

@@ -6,21 +6,17 @@ acked commands until the trainer acks them or their TTL passes (DESIGN.md §4 'C
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from vantage.client.schema import CommandCreate
 
-from .models import Command, Run, utcnow
+from .models import Command, Run, iso, utcnow
 
 OPEN_STATES = ("pending", "delivered")
 DEFAULT_TTL_S = 3600.0
-
-
-def _iso(dt: datetime | None) -> str | None:
-    return None if dt is None else dt.isoformat()
 
 
 def command_dict(c: Command) -> dict[str, Any]:
@@ -32,8 +28,8 @@ def command_dict(c: Command) -> dict[str, Any]:
         "issued_by": c.issued_by,
         "alert_id": c.alert_id,
         "reason": c.reason,
-        "created_at": _iso(c.created_at),
-        "expires_at": _iso(c.expires_at),
+        "created_at": iso(c.created_at),
+        "expires_at": iso(c.expires_at),
         "acked_step": c.acked_step,
         "detail": c.detail,
     }

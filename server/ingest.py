@@ -18,6 +18,7 @@ from sqlalchemy import and_, insert, or_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 from vantage.client.acr import (
+    STEP_METRIC_FIELDS,
     ACRSettings,
     GroupClass,
     GroupSummary,
@@ -432,29 +433,8 @@ def _update_run_state(run: Run, rows: list[Step], batch: StepsBatch) -> None:
             run.mitigation_reported = rec.mitigation
 
 
-STEP_ANSWER_FIELDS = (
-    "n_groups",
-    "n_valid",
-    "n_collapsed",
-    "n_near_collapsed",
-    "n_invalid",
-    "n_degenerate",
-    "acr",
-    "acr_eps",
-    "acr_all_pass",
-    "acr_all_fail",
-    "acr_constant",
-    "acr_effective",
-    "wasted_rollouts",
-    "pass_rate",
-    "expected_acr",
-    "excess_acr",
-    "reward_mean",
-)
-
-
 def step_answer(row: Step) -> dict[str, Any]:
     out: dict[str, Any] = {"step": row.step, "split": row.split, "attempt": row.attempt}
-    for name in STEP_ANSWER_FIELDS:
+    for name in STEP_METRIC_FIELDS:
         out[name] = getattr(row, name)
     return out

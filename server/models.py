@@ -38,6 +38,13 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def iso(dt: datetime | None) -> str | None:
+    """ISO 8601 in UTC; SQLite hands back naive datetimes that were stored as UTC."""
+    if dt is None:
+        return None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).isoformat()
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}

@@ -17,18 +17,10 @@ from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, STEP_METRIC_FIELDS, win
 
 from .commands import list_commands as list_commands  # re-exported for the dashboard
 from .commands import mitigation_state
-from .models import Command, Group, Run, Step
+from .models import Command, Group, Run, Step, iso
 
 DEFAULT_MAX_POINTS = 5000
 POINT_COLUMNS = ("step", "attempt", "time", *STEP_METRIC_FIELDS)
-
-
-def _iso(dt: datetime | None) -> str | None:
-    if dt is None:
-        return None
-    if dt.tzinfo is None:  # SQLite returns naive datetimes that were stored as UTC
-        dt = dt.replace(tzinfo=UTC)
-    return dt.isoformat()
 
 
 def run_status(run: Run, now: datetime | None = None) -> str:
@@ -73,9 +65,9 @@ def run_dict(run: Run, mitigation: dict[str, Any] | None = None) -> dict[str, An
         "mitigation_reported": run.mitigation_reported,
         "last_step": run.last_step,
         "latest_acr": run.latest_acr,
-        "created_at": _iso(run.created_at),
-        "last_seen_at": _iso(run.last_seen_at),
-        "finished_at": _iso(run.finished_at),
+        "created_at": iso(run.created_at),
+        "last_seen_at": iso(run.last_seen_at),
+        "finished_at": iso(run.finished_at),
         "client": client_health(run),
     }
 
@@ -253,7 +245,7 @@ def mitigation_timeline(session: Session, run_id: str) -> list[dict[str, Any]]:
             "issued_by": c.issued_by,
             "alert_id": c.alert_id,
             "step": c.acked_step,
-            "created_at": _iso(c.created_at),
+            "created_at": iso(c.created_at),
         }
         for c in rows
     ]
@@ -334,6 +326,19 @@ def run_prompts(
     key = side if side in ("all_pass", "all_fail", "constant") else "collapsed"
     out.sort(key=lambda r: (-r[key], -r["groups"], r["prompt_id"]))
     return out
+
+
+PROMPT_COLUMNS = [
+    "prompt_id",
+    "groups",
+    "steps",
+    "collapsed",
+    "all_pass",
+    "all_fail",
+    "constant",
+    "collapse_rate",
+    "last_seen_step",
+]
 
 
 def to_csv(rows: list[dict[str, Any]], columns: list[str]) -> str:

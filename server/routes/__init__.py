@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import HTTPException, Request, Response
+from pydantic import BaseModel, ValidationError
+
+T = TypeVar("T", bound=BaseModel)
 
 
 async def read_limited_body(request: Request, limit: int) -> bytes:
@@ -20,6 +23,16 @@ async def read_limited_body(request: Request, limit: int) -> bytes:
             raise HTTPException(413, f"request body over the limit of {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def parse_body(model: type[T], raw: bytes) -> T:
+    """Validate a raw JSON body with ``model`` (422 listing the errors, without the inputs:
+    they may hold NaN, which a JSON answer cannot carry)."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        raise HTTPException(422, errors) from exc
 
 
 def json_response(content: Any, status_code: int = 200) -> Response:

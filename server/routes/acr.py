@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request, Response
-from pydantic import ValidationError
 from vantage.client.acr import ACRSettings, InconsistentStatsError, StepAccumulator
 from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, ACRRequest
 
 from ..deps import ReadKey
 from ..ingest import summarize_group
-from . import json_response, raw_body_openapi, read_limited_body
+from . import json_response, parse_body, raw_body_openapi, read_limited_body
 
 router = APIRouter(prefix="/api/v1", tags=["acr"])
 SCHEMA = raw_body_openapi(ACRRequest)
@@ -18,12 +17,7 @@ SCHEMA = raw_body_openapi(ACRRequest)
 @router.post("/acr", openapi_extra=SCHEMA)
 async def acr(request: Request, key: ReadKey) -> Response:
     raw = await read_limited_body(request, MAX_REQUEST_BYTES)
-    try:
-        body = ACRRequest.model_validate_json(raw)
-    except ValidationError as exc:
-        raise HTTPException(
-            422, exc.errors(include_url=False, include_context=False, include_input=False)
-        ) from exc
+    body = parse_body(ACRRequest, raw)
     if body.group_count() > MAX_GROUPS_PER_REQUEST:
         raise HTTPException(413, f"more than {MAX_GROUPS_PER_REQUEST} groups in one request")
     settings = ACRSettings(body.reward_min, body.reward_max, body.trainer_eps, body.tol)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from pydantic import ValidationError
 from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, StepsBatch
 
 from ..commands import deliver_commands
 from ..deps import IngestKey, load_run
 from ..ingest import IngestError, UnknownAttemptError, ingest_batch
-from . import json_response, raw_body_openapi, read_limited_body
+from . import json_response, parse_body, raw_body_openapi, read_limited_body
 
 router = APIRouter(prefix="/api/v1/runs", tags=["ingest"])
 
@@ -22,12 +21,7 @@ STEPS_SCHEMA = raw_body_openapi(StepsBatch)
 async def post_steps(run_id: str, request: Request, key: IngestKey) -> Response:
     """Store a batch of step records atomically; answers counters, step metrics and commands."""
     raw = await read_limited_body(request, MAX_REQUEST_BYTES)
-    try:
-        batch = StepsBatch.model_validate_json(raw)
-    except ValidationError as exc:
-        raise HTTPException(
-            422, exc.errors(include_url=False, include_context=False, include_input=False)
-        ) from exc
+    batch = parse_body(StepsBatch, raw)
     n_groups = batch.group_count()
     if n_groups > MAX_GROUPS_PER_REQUEST:
         raise HTTPException(

@@ -8,7 +8,15 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import PlainTextResponse
 
 from ..deps import ReadKey, SessionDep, load_run
-from ..queries import DEFAULT_MAX_POINTS, export_csv, run_metrics, run_prompts, run_summary, to_csv
+from ..queries import (
+    DEFAULT_MAX_POINTS,
+    PROMPT_COLUMNS,
+    export_csv,
+    run_metrics,
+    run_prompts,
+    run_summary,
+    to_csv,
+)
 from . import json_response
 
 router = APIRouter(prefix="/api/v1/runs", tags=["metrics"])
@@ -36,19 +44,6 @@ def metrics(
 def summary(run_id: str, key: ReadKey, session: SessionDep) -> dict:
     load_run(session, run_id, key)
     return run_summary(session, run_id) or {}
-
-
-PROMPT_COLUMNS = [
-    "prompt_id",
-    "groups",
-    "steps",
-    "collapsed",
-    "all_pass",
-    "all_fail",
-    "constant",
-    "collapse_rate",
-    "last_seen_step",
-]
 
 
 @router.get("/{run_id}/prompts", response_model=None)

@@ -444,26 +444,18 @@ class Monitor:
                 rec = records[(step, split, rank)] = (header, [])
             header, chunks = rec
             if kind == "g":
-                captured, start, ids, masks, prompts = item[6:]
-                rows, plain = materialize(captured)
-                if masks is not None:
-                    masks = materialize(masks)[0]
-                groups = []
-                for i, row in enumerate(rows):
-                    g: dict[str, Any] = {
-                        "group_id": ids[i] if ids is not None else str(start + i),
-                        "rewards": row if plain else plain_rewards(row),
-                    }
-                    if masks is not None:
-                        g["mask"] = [int(bool(m)) for m in masks[i]]
-                    if prompts is not None:
-                        g["prompt_id"] = prompts[i]
-                    groups.append(g)
                 try:
-                    chunks.extend(encode_groups(groups))
-                except ValueError as exc:
-                    log.warning("vantage: step %d: %s; dropped", step, exc)
-                    dropped += len(groups)
+                    chunks.extend(self._encode_item(item))
+                except Exception as exc:  # noqa: BLE001 - one bad call must not cost the others
+                    log.warning(
+                        "vantage: step %s: rewards could not be read (%s: %s); "
+                        "dropped %d groups of this call, kept the rest",
+                        step,
+                        type(exc).__name__,
+                        exc,
+                        item[5],
+                    )
+                    dropped += item[5]
             elif kind == "e":
                 header["effective"] = item[6]
             else:
@@ -482,6 +474,26 @@ class Monitor:
                     self._spool.max_bytes,
                     n_groups,
                 )
+
+    @staticmethod
+    def _encode_item(item: tuple[Any, ...]) -> list[tuple[bytes, int]]:
+        """One log_groups call's groups, encoded; raises on rewards that are not numbers."""
+        captured, start, ids, masks, prompts = item[6:]
+        rows, plain = materialize(captured)
+        if masks is not None:
+            masks = materialize(masks)[0]
+        groups = []
+        for i, row in enumerate(rows):
+            g: dict[str, Any] = {
+                "group_id": ids[i] if ids is not None else str(start + i),
+                "rewards": row if plain else plain_rewards(row),
+            }
+            if masks is not None:
+                g["mask"] = [int(bool(m)) for m in masks[i]]
+            if prompts is not None:
+                g["prompt_id"] = prompts[i]
+            groups.append(g)
+        return encode_groups(groups)
 
     def _take_commands(self, data: dict[str, Any]) -> None:
         if self.rank != 0:  # commands go to rank 0, which shares them with the others (§7)

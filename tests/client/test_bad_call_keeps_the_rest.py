@@ -1,0 +1,30 @@
+"""A log_groups call whose rewards are not numbers costs only its own groups (found by a
+fresh-user trial: it used to lose every step batched with it)."""
+
+from __future__ import annotations
+
+import httpx
+from vantage.client import Monitor
+
+from tests.conftest import start_server
+
+
+def test_unreadable_rewards_drop_only_their_call(tmp_path):
+    srv = start_server(f"sqlite:///{tmp_path}/m.db", tmp_path, "--insecure-no-auth")
+    try:
+        mon = Monitor(srv.url, None, run_name="bad-call", spool_dir=str(tmp_path / "spool"))
+        for step in range(5):
+            mon.log_groups(step, [[1, 1], [1, 0]])
+        mon.log_groups(5, [[[1, 0], [0, 1]]])  # one level too deep
+        mon.log_groups(6, [["a", "b"]])  # strings
+        for step in (7, 8):
+            mon.log_groups(step, [[1, 1], [1, 0]])
+        mon.close(timeout=20)
+        points = httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}/metrics").json()["points"]
+        by_step = {p["step"]: p for p in points}
+        for step in (0, 1, 2, 3, 4, 7, 8):
+            assert by_step[step]["n_groups"] == 2 and by_step[step]["acr"] == 0.5
+        assert all(by_step.get(s, {"n_groups": 0})["n_groups"] == 0 for s in (5, 6))
+        assert mon.dropped_groups == 2
+    finally:
+        srv.stop()

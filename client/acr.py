@@ -12,6 +12,7 @@ finite input can overflow; any output that is still not finite is reported as ``
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -175,6 +176,29 @@ def summarize_rewards(
     )
 
 
+def _check_stats_bounds(
+    n: int, mean: float | None, std: float | None, lo: float | None, hi: float | None
+) -> None:
+    """mean within [min, max] and std within the largest a sample of n in [min, max] can have,
+    (max − min)/2 · √(n/(n−1)), both with a relative slack for rounding."""
+    if n == 0:
+        if any(v is not None for v in (mean, std, lo, hi)):
+            raise InconsistentStatsError("n is 0 but statistics were sent")
+        return
+    if mean is None or lo is None or hi is None:
+        return
+    slack = 1e-9 * builtins.max(abs(lo), abs(hi), 1e-300)
+    if not lo - slack <= mean <= hi + slack:
+        raise InconsistentStatsError(f"mean {mean} is outside [min {lo}, max {hi}]")
+    if std is not None and n >= 2:
+        widest = (hi / 2 - lo / 2) * math.sqrt(n / (n - 1))
+        if std > widest * (1 + 1e-9) + slack:
+            raise InconsistentStatsError(
+                f"std {std} exceeds {widest:.6g}, the largest possible for {n} values in "
+                f"[{lo}, {hi}]"
+            )
+
+
 def summarize_stats(
     n: int,
     mean: float | None,
@@ -203,6 +227,7 @@ def summarize_stats(
         raise InconsistentStatsError(f"std {std} < 0")
     if std is not None and std > 0 and min == max:
         raise InconsistentStatsError(f"std {std} > 0 but min == max == {min}")
+    _check_stats_bounds(n, mean, std, min, max)
     if n < 2:
         return GroupSummary(GroupClass.DEGENERATE, None, n, mean, None, min, max, None)
     assert mean is not None and std is not None and min is not None and max is not None

@@ -30,15 +30,27 @@ Reward = Annotated[float, Strict()] | None
 """A reward: a JSON number (NaN and ±Infinity allowed, classed non-finite) or null."""
 
 
-def _group_id(value: str | int) -> str:
-    text = str(value)
-    if len(text) > 128:
-        raise ValueError(f"group_id has {len(text)} characters; at most 128 are allowed")
+def _identifier(kind: str):  # noqa: ANN202
+    def check(value: str | int) -> str:
+        text = str(value)
+        if len(text) > 128:
+            raise ValueError(f"{kind} has {len(text)} characters; at most 128 are allowed")
+        if "\x00" in text:
+            raise ValueError(f"{kind} contains a NUL character")
+        return text
+
+    return check
+
+
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("text fields cannot contain NUL characters")
     return text
 
 
-GroupId = Annotated[StrictStr | StrictInt, AfterValidator(_group_id)]
-PromptId = Annotated[StrictStr | StrictInt, AfterValidator(_group_id)]
+GroupId = Annotated[StrictStr | StrictInt, AfterValidator(_identifier("group_id"))]
+PromptId = Annotated[StrictStr | StrictInt, AfterValidator(_identifier("prompt_id"))]
+Text = Annotated[str, AfterValidator(_no_nul)]
 MaskValue = Annotated[int, Strict(), Field(ge=0, le=1)] | bool
 Split = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
@@ -190,7 +202,7 @@ class Effective(_Strict):
         return self
 
 
-ScalarName = Annotated[str, Field(min_length=1, max_length=128)]
+ScalarName = Annotated[Text, Field(min_length=1, max_length=128)]
 
 
 class StepRecord(GroupsForm):
@@ -246,10 +258,10 @@ class ACRRequest(GroupsForm):
 class RunCreate(_Strict):
     """Body of ``POST /api/v1/runs``."""
 
-    run_id: str | None = Field(default=None, max_length=64)
-    launch_id: str | None = Field(default=None, min_length=1, max_length=128)
-    name: str = Field(default="run", min_length=1, max_length=200)
-    project: str | None = Field(default=None, max_length=200)
+    run_id: Text | None = Field(default=None, max_length=64)
+    launch_id: Text | None = Field(default=None, min_length=1, max_length=128)
+    name: Text = Field(default="run", min_length=1, max_length=200)
+    project: Text | None = Field(default=None, max_length=200)
     config: dict[str, Any] | None = None
     reward_min: Annotated[float, Field(allow_inf_nan=False)] = 0.0
     reward_max: Annotated[float, Field(allow_inf_nan=False)] = 1.0
@@ -257,7 +269,7 @@ class RunCreate(_Strict):
     trainer_eps: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-4
     world_size: Annotated[int, Field(ge=1, le=65_536)] = 1
     heartbeat_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] = 10.0
-    tags: list[Annotated[str, Field(max_length=100)]] = Field(default_factory=list, max_length=50)
+    tags: list[Annotated[Text, Field(max_length=100)]] = Field(default_factory=list, max_length=50)
 
     @model_validator(mode="after")
     def _bounds(self) -> RunCreate:
@@ -271,9 +283,9 @@ class RunCreate(_Strict):
 class RunPatch(_Strict):
     """Body of ``PATCH /api/v1/runs/{run_id}``."""
 
-    name: str | None = Field(default=None, min_length=1, max_length=200)
-    tags: list[Annotated[str, Field(max_length=100)]] | None = Field(default=None, max_length=50)
-    notes: str | None = Field(default=None, max_length=10_000)
+    name: Text | None = Field(default=None, min_length=1, max_length=200)
+    tags: list[Annotated[Text, Field(max_length=100)]] | None = Field(default=None, max_length=50)
+    notes: Text | None = Field(default=None, max_length=10_000)
     mitigation_mode: Literal["off", "suggest", "auto"] | None = None
 
 
@@ -300,7 +312,7 @@ class CommandCreate(_Strict):
 
     type: Literal["set_mitigation", "set_sampling", "checkpoint", "stop"]
     params: dict[str, Any] = Field(default_factory=dict)
-    reason: str | None = Field(default=None, max_length=1000)
+    reason: Text | None = Field(default=None, max_length=1000)
 
     @model_validator(mode="after")
     def _params(self) -> CommandCreate:
@@ -337,4 +349,4 @@ def validate_command_params(kind: str, params: dict[str, Any]) -> None:
 class CommandAck(_Strict):
     status: Literal["applied", "rejected"]
     step: Annotated[int, Field(ge=0)] | None = None
-    detail: str | None = Field(default=None, max_length=2000)
+    detail: Text | None = Field(default=None, max_length=2000)

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 
 from . import alerts
 from .alert_worker import AlertWorker
@@ -15,6 +16,13 @@ from .db import make_engine, session_factory
 from .routes import EXTRA_SCHEMAS, acr, commands, health, ingest, metrics, runs
 from .routes import alerts as alert_routes
 from .settings import Settings
+
+
+async def _data_error(_request: Request, exc: DataError) -> JSONResponse:
+    # The database refused a value the schema let through (e.g. a NUL byte in a JSON string on
+    # PostgreSQL): the transaction was rolled back, so answer 422 rather than 500.
+    reason = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
+    return JSONResponse({"detail": f"the database refused a value: {reason}"}, status_code=422)
 
 
 async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -55,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.counters = Counter()
     app.state.after_ingest = evaluator.after_ingest
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(DataError, _data_error)
     for module in (health, runs, ingest, metrics, commands, acr, alert_routes):
         app.include_router(module.router)
     _mount_dashboard(app, settings)

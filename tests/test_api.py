@@ -363,3 +363,25 @@ def test_prometheus_metrics(server, api):
         text = anon.get("/metrics").text
     assert "vantage_ingested_groups_total" in text
     assert f'run_id="{run["run_id"]}"' in text and 'quo\\"ted' in text
+
+
+def test_nul_characters_and_impossible_stats_are_422(api):
+    run = new_run(api)
+    rid = run["run_id"]
+    bad_groups = [
+        [{"group_id": "a\u0000", "rewards": [1, 0]}],
+        [{"prompt_id": "p\u0000", "rewards": [1, 0]}],
+        [{"stats": {"n": 4, "mean": 5, "std": 0.1, "min": 0, "max": 1}}],
+        [{"stats": {"n": 4, "mean": 0.5, "std": 3, "min": 0, "max": 1}}],
+        [{"stats": {"n": 0, "mean": 0.5, "std": 0, "min": 0.5, "max": 0.5}}],
+    ]
+    for groups in bad_groups:
+        r = api.post(
+            f"/api/v1/runs/{rid}/steps",
+            json={"attempt": 1, "records": [{"step": 1, "groups": groups}]},
+        )
+        assert r.status_code == 422, (groups, r.status_code, r.text)
+    assert api.post("/api/v1/runs", json={"name": "x\u0000"}).status_code == 422
+    r = api.post("/api/v1/runs", json={"name": "cfg", "config": {"note": "a\u0000b"}})
+    assert r.status_code in (201, 422), r.text  # SQLite stores it; PostgreSQL refuses: never 500
+    assert api.get(f"/api/v1/runs/{rid}/metrics").json()["points"] == []

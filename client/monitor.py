@@ -117,6 +117,7 @@ class Monitor:
         batch_groups: int = BATCH_GROUPS,
         batch_interval_s: float = BATCH_INTERVAL_S,
         request_timeout_s: float = 10.0,
+        strict: bool = False,
     ) -> None:
         self.server = server or os.environ.get("VANTAGE_SERVER") or None
         api_key = api_key or os.environ.get("VANTAGE_API_KEY") or None
@@ -167,7 +168,11 @@ class Monitor:
         self._callbacks: list[Callable[[Command], Any]] = []
         self._pending_acks: deque[tuple[str, dict[str, Any]]] = deque()
 
+        # Off (default): a log_* call with bad input is logged and skipped, never raised into
+        # the training loop. On: it raises at once (for development and tests).
+        self.strict = bool(strict)
         self.stats: dict[str, int] = {
+            "rejected_calls": 0,
             "sent_batches": 0,
             "sent_groups": 0,
             "accepted": 0,
@@ -224,7 +229,29 @@ class Monitor:
             self._wake.set()
         return True
 
-    def log_groups(
+    def _reject(self, what: str, exc: Exception) -> None:
+        if self.strict:
+            raise exc
+        self.stats["rejected_calls"] += 1
+        n = self.stats["rejected_calls"]
+        if n <= 5 or n % 1000 == 0:  # say it, but never flood the training log
+            log.warning(
+                "vantage: %s ignored (%s: %s); call %d of this kind",
+                what,
+                type(exc).__name__,
+                exc,
+                n,
+            )
+
+    def log_groups(self, step: int, rewards: Any, *args: Any, **kwargs: Any) -> None:
+        """Queue one reward list per group for ``step`` (see ``_log_groups``). Bad input is
+        logged and skipped (raised when ``strict``); the call never blocks."""
+        try:
+            self._log_groups(step, rewards, *args, **kwargs)
+        except (TypeError, ValueError) as exc:
+            self._reject(f"log_groups(step={step!r})", exc)
+
+    def _log_groups(
         self,
         step: int,
         rewards: Any,
@@ -267,7 +294,15 @@ class Monitor:
             ("g", int(step), split, rank, time.time(), p, rows, start, ids, masks, prompts), p
         )
 
-    def log_effective(
+    def log_effective(self, step: int, *args: Any, **kwargs: Any) -> None:
+        """Queue the trainer's statistics after mitigation (feeds ``acr_effective``): n_valid,
+        n_zero_advantage, n_virtual. Bad input is logged and skipped (raised when ``strict``)."""
+        try:
+            self._log_effective(step, *args, **kwargs)
+        except (TypeError, ValueError) as exc:
+            self._reject(f"log_effective(step={step!r})", exc)
+
+    def _log_effective(
         self,
         step: int,
         n_valid: int,
@@ -285,7 +320,14 @@ class Monitor:
         rank = self.rank if rank is None else int(rank)
         self._enqueue(("e", int(step), split, rank, time.time(), 0, eff), 0)
 
-    def log_scalars(
+    def log_scalars(self, step: int, scalars: Any, *args: Any, **kwargs: Any) -> None:
+        """Queue named numbers for ``step`` (loss, kl, ...). Bad input is logged and skipped."""
+        try:
+            self._log_scalars(step, scalars, *args, **kwargs)
+        except (TypeError, ValueError) as exc:
+            self._reject(f"log_scalars(step={step!r})", exc)
+
+    def _log_scalars(
         self, step: int, scalars: Mapping[str, Any], split: str = "train", rank: int | None = None
     ) -> None:
         """Queue named numbers for ``step`` (loss, kl, ...); tensors are converted off-thread."""

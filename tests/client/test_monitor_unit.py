@@ -98,8 +98,18 @@ def test_ids_counters_are_per_step_split_and_rank(tmp_path: Path):
     assert recs[("train", 0)]["effective"] == {"n_valid": 2, "n_zero_advantage": 1, "n_virtual": 0}
 
 
-def test_bad_shapes_raise_at_once(tmp_path: Path):
+def test_bad_shapes_are_skipped_not_raised(tmp_path: Path):
     mon = offline(tmp_path)
+    mon.log_groups(0, [1.0, 0.0])  # 1-D: logged and skipped, never raised into training
+    mon.log_groups("x", [[1.0, 0.0]])
+    mon.log_groups(0, None)
+    mon.log_effective(0, n_valid="many", n_zero_advantage=0)
+    assert mon.stats["rejected_calls"] == 4
+    mon.close(timeout=1)
+
+
+def test_bad_shapes_raise_at_once_when_strict(tmp_path: Path):
+    mon = offline(tmp_path, strict=True)
     with pytest.raises(TypeError):
         mon.log_groups(0, [1.0, 0.0])
     with pytest.raises(TypeError):

@@ -397,6 +397,19 @@ class Monitor:
                 log.exception("vantage: could not spool the queue at close")
             finally:
                 self._final_lock.release()
+        try:
+            left = self.spooled_groups
+        except Exception:  # noqa: BLE001 - the spool may already be closed by the sender
+            left = 0
+        if left:
+            log.warning(
+                "vantage: %d groups are still in the spool %s (server %s not reachable in "
+                "time); upload them later with: vantage sync %s",
+                left,
+                self.spool_path,
+                self.server,
+                self.spool_path.parent,
+            )
 
     def _at_exit(self) -> None:
         """Interpreter exit: close if the user did not, then stop a sender that is still busy

@@ -65,10 +65,20 @@ def _say(text: str) -> None:
 
 def _start_server(database_url: str, port: int, log_path: Path) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vantage.server.cli", "serve", "--port", str(port),
-         "--database-url", database_url, "--no-upgrade"],
-        stdout=log_path.open("w"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vantage.server.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--database-url",
+            database_url,
+            "--no-upgrade",
+        ],
+        stdout=log_path.open("w"),
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -189,8 +199,9 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         run_id = str(uuid.uuid4())
         dashboard_url = f"{base}/dashboard/runs/{run_id}"
-        with httpx.Client(base_url=base, timeout=30,
-                          headers={"Authorization": f"Bearer {viewer_key}"}) as api:  # fmt: skip
+        with httpx.Client(
+            base_url=base, timeout=30, headers={"Authorization": f"Bearer {viewer_key}"}
+        ) as api:
             project = f"demo-{run_id[:8]}"
             _install_rule(api, project)
             _say(f"\nVantage is serving on {base} (API docs at {base}/docs)")
@@ -203,7 +214,12 @@ def run_demo(args: argparse.Namespace) -> int:
             time.sleep(0.5)
             summary = _summarize(api, run_id, dashboard_url)
         _print_summary(summary)
-        if not args.quick:
+        if args.quick:
+            _say(
+                f"\n--quick: the server stops now. To browse this run later: vantage serve "
+                f"--port {port} --database-url {database_url}"
+            )
+        else:
             _say(f"\nStill serving {dashboard_url} — press Ctrl-C to stop.")
             with contextlib.suppress(KeyboardInterrupt):
                 proc.wait()

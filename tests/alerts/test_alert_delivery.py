@@ -4,14 +4,12 @@ PostgreSQL database that never double-fire an alert, a webhook or a command."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import httpx
 import pytest
 
+from tests.alerts.helpers import Receiver, alerts_of, make_rule
 from tests.conftest import (
     create_key,
     free_port,
@@ -24,42 +22,6 @@ from tests.conftest import (
 
 ALL_FAIL = [[0, 0, 0, 0]] * 4
 LIVE = [[0, 1, 0, 1]] * 4
-
-
-class Receiver:
-    """A webhook target on 127.0.0.1 recording every JSON body (a tiny http.server)."""
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.messages: list[dict] = []
-        received = self.messages
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                received.append(json.loads(body))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:  # noqa: ANN002
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
-
-    def wait_for(self, n: int, timeout: float = 15.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while len(self.messages) < n and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return list(self.messages)
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def serve(database_url: str, log_dir, env: dict | None = None):  # noqa: ANN001, ANN201
@@ -93,16 +55,6 @@ def fast_server(tmp_path_factory):  # noqa: ANN001, ANN201
     srv = serve(url, tmp_path_factory.mktemp("fastlogs"), env=FAST)
     yield srv
     srv.stop()
-
-
-def make_rule(api: httpx.Client, **body) -> dict:
-    r = api.post("/api/v1/alert-rules", json=body)
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def alerts_of(api: httpx.Client, run_id: str, rule: str) -> list[dict]:
-    return api.get("/api/v1/alerts", params={"run_id": run_id, "rule": rule}).json()["alerts"]
 
 
 def wait_until(predicate, timeout: float = 10.0) -> bool:  # noqa: ANN001

@@ -6,18 +6,15 @@ suites (a schemathesis run) may delete the built-in rules or add a silence for e
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.alerts.helpers import Receiver, alerts_of, make_rule
 from tests.conftest import (
     REQUIRE_PG,
     create_key,
-    free_port,
     new_postgres_database,
     new_run,
     post_steps,
@@ -33,46 +30,6 @@ def groups_with_acr(acr: float) -> list[list[int]]:
     """Four groups of four, round(4·acr) of them all failing."""
     k = round(4 * acr)
     return [[0, 0, 0, 0]] * k + [[0, 1, 0, 1]] * (4 - k)
-
-
-class Receiver:
-    """A webhook target: a tiny http.server in a thread that records every JSON body."""
-
-    def __init__(self, port: int | None = None, status: int = 200) -> None:
-        self.port = port or free_port()
-        self.status = status
-        self.messages: list[dict] = []
-        self.times: list[float] = []
-        received, times, outer = self.messages, self.times, self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                times.append(time.monotonic())
-                received.append(json.loads(body))
-                self.send_response(outer.status)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:  # noqa: ANN002
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
-
-    def wait_for(self, n: int, timeout: float = 10.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while len(self.messages) < n and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return list(self.messages)
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -111,18 +68,6 @@ def receiver():
     r = Receiver()
     yield r
     r.close()
-
-
-def make_rule(api, **body) -> dict:
-    r = api.post("/api/v1/alert-rules", json=body)
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def alerts_of(api, run_id: str, rule: str, **params) -> list[dict]:
-    r = api.get("/api/v1/alerts", params={"run_id": run_id, "rule": rule, **params})
-    assert r.status_code == 200, r.text
-    return r.json()["alerts"]
 
 
 def test_default_rules_exist_and_are_editable(api):

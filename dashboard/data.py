@@ -20,9 +20,6 @@ def _queries():  # noqa: ANN202
     return queries
 
 
-__all__ = ["PROMPT_COLUMNS"]
-
-
 def _alerts(session, run_id: str | None = None, state: str | None = "firing") -> list[dict]:
     """Alert episodes, when the server has its alerts module (empty otherwise)."""
     lister = getattr(_queries(), "list_alerts", None)

@@ -502,9 +502,3 @@ def list_alerts(
         q = q.where(AlertEpisode.updated_at >= since)
     q = q.order_by(AlertEpisode.created_at.desc(), AlertEpisode.id.desc()).limit(limit)
     return [alert_dict(ep, r, mode) for ep, r, mode in session.execute(q)]
-
-
-def after_ingest(session: Session, run: Run, result: Any) -> None:
-    """Ingest's hook with settings from the environment (apps built by `create_app` use their
-    own `Evaluator`)."""
-    Evaluator(Settings()).after_ingest(session, run, result)

@@ -28,7 +28,12 @@ def run_migrations_online() -> None:
     engine = make_engine(url)
     with engine.connect() as connection:
         sqlite = is_sqlite(url)
-        if not sqlite:
+        if sqlite:
+            # Batch operations rebuild a SQLite table (copy, drop, rename); with foreign keys on,
+            # dropping the old `runs` would cascade-delete every row that references it.
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            connection.commit()
+        else:
             connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": ADVISORY_LOCK_ID})
             connection.commit()
         try:

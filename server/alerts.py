@@ -1,43 +1,40 @@
 """Alert evaluation (DESIGN.md §6): rules over evaluated steps, episodes, notifications and
 automatic mitigation.
 
-Ingest commits a batch, then calls `Evaluator.after_ingest`, which evaluates — in step order, on
-the newest-attempt view — the steps of that run that became evaluable: every rank of its
-`world_size` reported it or a later step (ranks send in step order, so a rank that moved on will
-not send it), or its first record is older than `step_complete_after_s` (the periodic pass). Each
-step is evaluated once (`steps.evaluated`; a newer attempt taking a step over resets it).
+Ingest stores a batch, then calls `Evaluator.after_ingest` in the same transaction, behind a
+savepoint (a failed evaluation is rolled back alone; the batch commits and the periodic pass
+retries). It evaluates — in step order, on the newest-attempt view — the steps of that run that
+became evaluable: every rank of its `world_size` reported it or a later step (ranks send in step
+order, so a rank that moved on will not send it), or its first record is older than
+`step_complete_after_s` (the periodic pass). Each step is evaluated once (`steps.evaluated`; a
+newer attempt taking a step over resets it).
 
-Replicas: evaluation of one run is serialised by a transaction-scoped advisory lock on
-PostgreSQL (a process lock on SQLite) and re-reads everything under it, so two processes
-ingesting one run never both see a step unevaluated, and the per-(rule, run) `alert_states` row
-holds the one open episode. Transitions, their outbox messages and their commands commit
-together.
+Replicas: every writer of a run's steps and alert state holds the run's lock
+(`vantage.server.locks.run_lock`) for its whole transaction, so two processes ingesting one run
+never both see a step unevaluated, and the per-(rule, run) `alert_states` row holds the one open
+episode. Transitions, their outbox messages and their commands commit with the batch.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, false, or_, select, text, update
+from sqlalchemy import and_, false, or_, select
 from sqlalchemy.orm import Session
 
 from .alert_metrics import series_values, stale_value, step_value
 from .alert_models import AlertEpisode, AlertRule, AlertState, Silence
 from .alert_steps import evaluable_steps, mark_evaluated
 from .commands import create_command
+from .locks import run_lock
 from .models import Run, Step, utcnow
 from .notify import enqueue
 from .settings import Settings
 
 log = logging.getLogger("vantage.alerts")
-LOCK_NAMESPACE = 0x56414C54  # "VALT"
-_SQLITE_EVAL_LOCK = threading.RLock()
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": lambda v, t: v > t,
     ">=": lambda v, t: v >= t,
@@ -64,27 +61,6 @@ def past_clear(rule: AlertRule, value: float) -> bool:
         return not OPS[rule.op](value, rule.threshold)
     clear = rule.clear_threshold
     return value < clear if rule.op in (">", ">=") else value > clear
-
-
-@contextmanager
-def run_lock(session: Session, run_id: str) -> Iterator[None]:
-    """Serialise evaluation of one run across threads and processes until the caller commits
-    (a transaction-scoped advisory lock on PostgreSQL; SQLite's write lock)."""
-    if session.get_bind().dialect.name == "postgresql":
-        key = int.from_bytes(
-            hashlib.blake2b(run_id.encode(), digest_size=4).digest(), "big", signed=True
-        )
-        session.execute(
-            text("SELECT pg_advisory_xact_lock(:ns, :key)"), {"ns": LOCK_NAMESPACE, "key": key}
-        )
-        yield
-        return
-    with _SQLITE_EVAL_LOCK:
-        # A no-op write takes SQLite's write lock now, for the whole transaction: processes
-        # sharing one SQLite file evaluate one at a time, and every read below is current.
-        runs = Run.__table__  # Core: no ORM bookkeeping for a statement that changes nothing
-        session.execute(update(runs).where(runs.c.id == run_id).values(attempt=runs.c.attempt))
-        yield
 
 
 def rules_for_run(session: Session, run: Run) -> list[AlertRule]:
@@ -156,19 +132,25 @@ class Evaluator:
         self.settings = settings
         self.on_notify: Callable[[], None] | None = None  # wakes this process's outbox sender
 
-    def after_ingest(self, session: Session, run: Run, result: Any) -> None:
-        """Evaluate the steps of ``run`` that the batch made evaluable, then commit. An error is
-        logged, never answered: the batch is stored and the periodic pass retries."""
+    def after_ingest(self, session: Session, run: Run, result: Any) -> bool:
+        """Evaluate the steps of ``run`` that the batch made evaluable, inside the ingest
+        transaction (the caller holds the run's lock and commits). An error is logged, never
+        answered: the savepoint drops the evaluation, the batch still commits, and the periodic
+        pass retries. Returns whether a webhook message was queued (call `notified` after the
+        commit)."""
         if not result.touched:
-            return
+            return False
         splits = {split for split, _ in result.touched}
         try:
-            notified = evaluate_run(session, run.id, self.settings, splits=splits)
+            with session.begin_nested():
+                return evaluate_locked(session, run, self.settings, splits=splits)
         except Exception:  # noqa: BLE001
-            session.rollback()
             log.exception("alert evaluation failed for run %s", run.id)
-            return
-        if notified and self.on_notify is not None:
+            return False
+
+    def notified(self) -> None:
+        """Wake this process's outbox sender (after the transaction that queued a message)."""
+        if self.on_notify is not None:
             self.on_notify()
 
     def periodic_pass(self, session_factory: Callable[[], Session]) -> None:
@@ -192,8 +174,8 @@ class Evaluator:
                     session.rollback()
                     log.exception("periodic alert pass failed for run %s", run_id)
                     continue
-                if notified and self.on_notify is not None:
-                    self.on_notify()
+                if notified:
+                    self.notified()
 
 
 def _stale_candidates(session: Session, now: datetime) -> set[str]:
@@ -244,41 +226,53 @@ def evaluate_run(
     splits: set[str] | None = None,
     stale: bool = False,
 ) -> bool:
-    """Evaluate every evaluable, unevaluated step of a run in step order, and its `stale` rules
-    (all of them when ``stale``, else only open episodes, which fresh data resolves); commits.
-    Returns whether a webhook message was queued."""
+    """Take the run's lock, evaluate (`evaluate_locked`) and commit. Returns whether a webhook
+    message was queued."""
     with run_lock(session, run_id):
         session.expire_all()  # re-read under the lock: another replica may have moved on
         run = session.get(Run, run_id)
         if run is None:
             session.rollback()
             return False
-        now = utcnow()
-        rows = evaluable_steps(session, run, splits, now, settings.step_complete_after_s)
-        if not rows and not stale and not _open_stale_episode(session, run_id):
-            session.rollback()  # e.g. one rank of several: nothing to evaluate yet
-            return False
-        ctx = _Context(session, run, settings, now)
-        step_rules = [r for r in ctx.rules if r.metric != "stale"]
-        series = {}
-        for split in {r.split for r in rows}:
-            needs = {r.metric for r in step_rules if r.split == split}
-            steps = [r.step for r in rows if r.split == split]
-            series[split] = series_values(session, run, split, steps, needs)
-        with session.no_autoflush:  # one flush at commit, not one per query
-            for row in rows:
-                for rule in step_rules:
-                    if rule.split == row.split:
-                        value = step_value(row, rule.metric, series[row.split])
-                        _evaluate_step(ctx, rule, row, value)
-        mark_evaluated(session, rows)
-        for rule in ctx.rules:
-            if rule.metric == "stale":
-                st = ctx.states.get(rule.id)
-                if stale or (st is not None and st.episode_id is not None):
-                    _evaluate_stale(ctx, rule)
+        queued = evaluate_locked(session, run, settings, splits, stale)
         session.commit()
-        return ctx.queued
+        return queued
+
+
+def evaluate_locked(
+    session: Session,
+    run: Run,
+    settings: Settings,
+    splits: set[str] | None = None,
+    stale: bool = False,
+) -> bool:
+    """Evaluate every evaluable, unevaluated step of a run in step order, and its `stale` rules
+    (all of them when ``stale``, else only open episodes, which fresh data resolves). The caller
+    holds the run's lock and commits. Returns whether a webhook message was queued."""
+    now = utcnow()
+    rows = evaluable_steps(session, run, splits, now, settings.step_complete_after_s)
+    if not rows and not stale and not _open_stale_episode(session, run.id):
+        return False  # e.g. one rank of several: nothing to evaluate yet
+    ctx = _Context(session, run, settings, now)
+    step_rules = [r for r in ctx.rules if r.metric != "stale"]
+    series = {}
+    for split in {r.split for r in rows}:
+        needs = {r.metric for r in step_rules if r.split == split}
+        steps = [r.step for r in rows if r.split == split]
+        series[split] = series_values(session, run, split, steps, needs)
+    with session.no_autoflush:  # one flush at commit, not one per query
+        for row in rows:
+            for rule in step_rules:
+                if rule.split == row.split:
+                    value = step_value(row, rule.metric, series[row.split])
+                    _evaluate_step(ctx, rule, row, value)
+    mark_evaluated(session, rows)
+    for rule in ctx.rules:
+        if rule.metric == "stale":
+            st = ctx.states.get(rule.id)
+            if stale or (st is not None and st.episode_id is not None):
+                _evaluate_stale(ctx, rule)
+    return ctx.queued
 
 
 def _open_stale_episode(session: Session, run_id: str) -> bool:

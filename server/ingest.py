@@ -8,39 +8,25 @@ identical re-send is a duplicate, a different one a conflict. The newest attempt
 
 from __future__ import annotations
 
-import hashlib
-import struct
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from sqlalchemy import and_, insert, or_, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 from vantage.client.acr import (
     STEP_METRIC_FIELDS,
     ACRSettings,
-    GroupClass,
-    GroupSummary,
     InconsistentStatsError,
     StepAccumulator,
-    summarize_rewards,
-    summarize_stats,
 )
-from vantage.client.schema import NormalGroup, StepRecord, StepsBatch
+from vantage.client.schema import StepRecord, StepsBatch
 
+from .classify import INVALID, GroupColumns, classify_groups
 from .models import Group, Run, Step, utcnow
 
-CLASS_CODES = {
-    GroupClass.INVALID: 0,
-    GroupClass.DEGENERATE: 1,
-    GroupClass.COLLAPSED: 2,
-    GroupClass.NEAR_COLLAPSED: 3,
-    GroupClass.LIVE: 4,
-}
-CLASS_NAMES = {code: cls.value for cls, code in CLASS_CODES.items()}
 GROUP_COLUMNS = (
-    "run_id",
+    "run_key",
     "attempt",
     "step",
     "split",
@@ -57,8 +43,6 @@ GROUP_COLUMNS = (
     "n_pass",
     "content_hash",
 )
-# SQLite has one writer at a time; serialising ingest in-process avoids lock errors.
-_SQLITE_LOCK = threading.Lock()
 
 
 class IngestError(ValueError):
@@ -93,89 +77,73 @@ class IngestResult:
     has_rank0: bool = False
 
 
-def content_hash(group: NormalGroup) -> int:
-    """A stable 64-bit digest of a group's content, to tell duplicates from conflicts."""
-    h = hashlib.blake2b(digest_size=8)
-    if group.stats is not None:
-        s = group.stats
-        h.update(repr(("s", s.n, s.mean, s.std, s.min, s.max, s.n_pass)).encode())
-    else:
-        rewards = group.rewards or []
-        try:
-            h.update(struct.pack(f"<{len(rewards)}d", *rewards))
-        except struct.error:  # a null reward: repr tells null from NaN
-            h.update(repr(rewards).encode())
-        if group.mask is not None:
-            h.update(b"m" + bytes(group.mask))
-    if group.prompt_id is not None:
-        h.update(b"p" + group.prompt_id.encode())
-    return int.from_bytes(h.digest(), "little", signed=True)
-
-
-def summarize_group(group: NormalGroup, settings: ACRSettings) -> GroupSummary:
-    """Classify one normalised group; raises InconsistentStatsError for impossible stats."""
-    if group.stats is not None:
-        s = group.stats
-        return summarize_stats(s.n, s.mean, s.std, s.min, s.max, s.n_pass, settings)
-    return summarize_rewards(group.rewards or [], group.mask, settings)
-
-
 def run_settings(run: Run) -> ACRSettings:
     return ACRSettings(
         reward_min=run.reward_min, reward_max=run.reward_max, trainer_eps=run.trainer_eps
     )
 
 
+@dataclass(slots=True)
+class _Classified:
+    """One record's groups, classified; ``owned`` are those whose key first appears here."""
+
+    record: StepRecord
+    columns: GroupColumns
+    owned: list[int]
+
+
 def _classify_batch(
     run: Run, batch: StepsBatch, result: IngestResult
-) -> tuple[dict[tuple, tuple], dict[tuple, GroupSummary]]:
+) -> tuple[dict[tuple, tuple], list[_Classified]]:
+    """Classify every record's groups; returns the rows to store by group key (the first of
+    keys repeated within the batch; repeats count as duplicates or conflicts)."""
     settings = run_settings(run)
     rows: dict[tuple, tuple] = {}
-    summaries: dict[tuple, GroupSummary] = {}
+    out = []
     for ri, rec in enumerate(batch.records):
-        for g in rec.normal_groups():
-            try:
-                summary = summarize_group(g, settings)
-            except InconsistentStatsError as exc:
-                raise IngestError(f"record {ri}, group '{g.group_id}': {exc}") from exc
-            key = (rec.step, rec.split, rec.rank, g.group_id)
-            h = content_hash(g)
-            if key in rows:
-                if rows[key][-1] == h:
+        try:
+            cols = classify_groups(rec.normal_groups(), settings)
+        except InconsistentStatsError as exc:
+            raise IngestError(f"record {ri}, {exc}") from exc
+        owned = []
+        head = (run.key, batch.attempt, rec.step, rec.split, rec.rank)
+        for i, row in enumerate(
+            zip(
+                cols.group_ids,
+                cols.prompt_ids,
+                cols.cls,
+                cols.side,
+                cols.n,
+                cols.mean,
+                cols.std,
+                cols.min,
+                cols.max,
+                cols.n_pass,
+                cols.hash,
+                strict=True,
+            )
+        ):
+            key = (rec.step, rec.split, rec.rank, row[0])
+            prior = rows.get(key)
+            if prior is not None:
+                if prior[-1] == row[-1]:
                     result.duplicates += 1
                 else:
                     result.conflicts += 1
                 continue
-            if summary.cls is GroupClass.INVALID:
-                result.invalid_groups += 1
-            rows[key] = (
-                run.id,
-                batch.attempt,
-                rec.step,
-                rec.split,
-                rec.rank,
-                g.group_id,
-                g.prompt_id,
-                CLASS_CODES[summary.cls],
-                summary.side,
-                summary.n,
-                summary.mean,
-                summary.std,
-                summary.min,
-                summary.max,
-                summary.n_pass,
-                h,
-            )
-            summaries[key] = summary
-    return rows, summaries
+            rows[key] = head + row
+            owned.append(i)
+        result.invalid_groups += sum(cols.cls[i] == INVALID for i in owned)
+        out.append(_Classified(rec, cols, owned))
+    return rows, out
 
 
-def _insert_sqlite(session: Session, run_id: str, attempt: int, rows: dict[tuple, tuple]) -> set:
+def _insert_sqlite(session: Session, run_key: int, attempt: int, rows: dict[tuple, tuple]) -> set:
     steps = sorted({k[0] for k in rows})
     existing: dict[tuple, int] = {}
     for i in range(0, len(steps), 500):
         q = select(Group.step, Group.split, Group.rank, Group.group_id, Group.content_hash).where(
-            Group.run_id == run_id, Group.attempt == attempt, Group.step.in_(steps[i : i + 500])
+            Group.run_key == run_key, Group.attempt == attempt, Group.step.in_(steps[i : i + 500])
         )
         for s, sp, r, g, h in session.execute(q):
             if (s, sp, r, g) in rows:
@@ -188,8 +156,9 @@ def _insert_sqlite(session: Session, run_id: str, attempt: int, rows: dict[tuple
     return set(new), existing
 
 
+GROUP_COLUMN_LIST = ", ".join(f'"{c}"' for c in GROUP_COLUMNS)
 PG_TYPES = [
-    "text",
+    "int4",
     "int4",
     "int8",
     "text",
@@ -209,52 +178,79 @@ PG_TYPES = [
 
 
 def _insert_postgres(session: Session, rows: dict[tuple, tuple]) -> tuple[set, dict]:
-    """COPY into a staging table, then one duplicate-safe INSERT ... SELECT (NOTES.md)."""
+    """Store new groups; return (keys inserted, {key: stored content hash} of keys that existed).
+
+    The common case, a batch of new groups, is one binary COPY straight into `groups` (about
+    twice as fast as any INSERT). When a key already exists the COPY fails as a whole, and a
+    savepoint takes the batch back to the duplicate-safe path: COPY into a staging table, then
+    one INSERT ... SELECT ... ON CONFLICT DO NOTHING (NOTES.md)."""
     pooled = session.connection().connection  # the pool's record lives as long as the connection
     conn = pooled.driver_connection
-    cols = ", ".join(f'"{c}"' for c in GROUP_COLUMNS)
     with conn.cursor() as cur:
-        if not pooled.info.get("ingest_staging"):  # once per connection; emptied at each commit
-            cur.execute(
-                "CREATE TEMP TABLE IF NOT EXISTS _ingest_groups "
-                "(LIKE groups INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
-            )
-            pooled.info["ingest_staging"] = True
-        with cur.copy(f"COPY _ingest_groups ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(PG_TYPES)
-            for row in rows.values():
-                copy.write_row(row)
+        cur.execute("SAVEPOINT ingest_copy")
+        try:
+            _copy_rows(cur, "groups", rows)
+        except psycopg.errors.UniqueViolation:
+            cur.execute("ROLLBACK TO SAVEPOINT ingest_copy")
+        else:
+            return set(rows), {}
+        return _insert_postgres_dedup(pooled, cur, rows)
+
+
+def _copy_rows(cur: psycopg.Cursor, table: str, rows: dict[tuple, tuple]) -> None:
+    with cur.copy(f"COPY {table} ({GROUP_COLUMN_LIST}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(PG_TYPES)
+        for row in rows.values():
+            copy.write_row(row)
+
+
+def _insert_postgres_dedup(pooled: Any, cur: psycopg.Cursor, rows: dict[tuple, tuple]) -> tuple:
+    if not pooled.info.get("ingest_staging"):  # once per connection; emptied at each commit
         cur.execute(
-            f"INSERT INTO groups ({cols}) SELECT {cols} FROM _ingest_groups "
-            "ON CONFLICT DO NOTHING RETURNING step, split, rank, group_id"
+            "CREATE TEMP TABLE IF NOT EXISTS _ingest_groups "
+            "(LIKE groups INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
         )
-        inserted = {tuple(r) for r in cur.fetchall()}
-        existing: dict[tuple, int] = {}
-        if len(inserted) < len(rows):
-            cur.execute(
-                "SELECT g.step, g.split, g.rank, g.group_id, g.content_hash FROM groups g "
-                "JOIN _ingest_groups i ON g.run_id = i.run_id AND g.attempt = i.attempt "
-                "AND g.step = i.step AND g.split = i.split AND g.rank = i.rank "
-                "AND g.group_id = i.group_id"
-            )
-            existing = {
-                (s, sp, r, g): h
-                for s, sp, r, g, h in cur.fetchall()
-                if (s, sp, r, g) not in inserted
-            }
+        pooled.info["ingest_staging"] = True
+    _copy_rows(cur, "_ingest_groups", rows)
+    cols = GROUP_COLUMN_LIST
+    cur.execute(
+        f"INSERT INTO groups ({cols}) SELECT {cols} FROM _ingest_groups "
+        "ON CONFLICT DO NOTHING RETURNING step, split, rank, group_id"
+    )
+    inserted = {tuple(r) for r in cur.fetchall()}
+    existing: dict[tuple, int] = {}
+    if len(inserted) < len(rows):
+        cur.execute(
+            "SELECT g.step, g.split, g.rank, g.group_id, g.content_hash FROM groups g "
+            "JOIN _ingest_groups i ON g.run_key = i.run_key AND g.attempt = i.attempt "
+            "AND g.step = i.step AND g.split = i.split AND g.rank = i.rank "
+            "AND g.group_id = i.group_id"
+        )
+        existing = {
+            (s, sp, r, g): h for s, sp, r, g, h in cur.fetchall() if (s, sp, r, g) not in inserted
+        }
     return inserted, existing
 
 
 def _deltas(
-    batch: StepsBatch, inserted: set, summaries: dict[tuple, GroupSummary]
+    classified: list[_Classified], inserted: set, every_row: bool
 ) -> dict[tuple[str, int], _StepDelta]:
+    """What the batch adds to each (split, step): its records, and the groups it stored
+    (``every_row``: all it owned, the common case)."""
     deltas: dict[tuple[str, int], _StepDelta] = {}
-    for rec in batch.records:
+    for item in classified:
+        rec, cols = item.record, item.columns
         d = deltas.setdefault((rec.split, rec.step), _StepDelta())
         _merge_record(d, rec)
-    for key in inserted:
-        step, split, _rank, _gid = key
-        deltas[(split, step)].acc.add(summaries[key])
+        stored = item.owned
+        if not every_row:
+            stored = [
+                i for i in stored if (rec.step, rec.split, rec.rank, cols.group_ids[i]) in inserted
+            ]
+        if len(stored) == len(cols.cls):
+            cols.add_to(d.acc)
+        elif stored:
+            cols.add_to(d.acc, stored)
     return deltas
 
 
@@ -273,39 +269,32 @@ def _merge_record(d: _StepDelta, rec: StepRecord) -> None:
         d.time = rec.time
 
 
-def _lock_step_rows(
-    session: Session, run: Run, attempt: int, keys: list[tuple[str, int]], postgres: bool
+def _step_rows(
+    session: Session, run: Run, attempt: int, keys: list[tuple[str, int]]
 ) -> dict[tuple[str, int], Step]:
-    if postgres:
-        stmt = (
-            pg_insert(Step)
-            .values(
-                [
-                    dict(
-                        run_id=run.id,
-                        split=sp,
-                        step=st,
-                        attempt=attempt,
-                        ranks=[],
-                        acc={},
-                        effective_by_rank={},
-                        scalars={},
-                        world_size=run.world_size,
-                    )
-                    for sp, st in keys
-                ]
-            )
-            .on_conflict_do_nothing()
-        )
-        session.execute(stmt)
+    """The step rows of ``keys``, new ones added to the session. The caller holds the run's
+    lock (`vantage.server.locks.run_lock`), so no other writer touches them meanwhile."""
     conds = [and_(Step.split == sp, Step.step == st) for sp, st in keys]
     out: dict[tuple[str, int], Step] = {}
     for i in range(0, len(conds), 300):
         q = select(Step).where(Step.run_id == run.id, or_(*conds[i : i + 300]))
-        if postgres:
-            q = q.with_for_update()
         for row in session.scalars(q):
             out[(row.split, row.step)] = row
+    for split, step in keys:
+        if (split, step) not in out:
+            row = Step(
+                run_id=run.id,
+                split=split,
+                step=step,
+                attempt=attempt,
+                ranks=[],
+                acc={},
+                effective_by_rank={},
+                scalars={},
+                world_size=run.world_size,
+            )
+            session.add(row)
+            out[(split, step)] = row
     return out
 
 
@@ -361,63 +350,45 @@ def _apply_delta(row: Step, attempt: int, d: _StepDelta, run: Run) -> bool:
 
 
 def ingest_batch(session: Session, run: Run, batch: StepsBatch) -> IngestResult:
-    """Store one batch (the caller commits). Raises IngestError (422) or UnknownAttemptError."""
+    """Store one batch; the caller holds the run's lock and commits. Raises IngestError (422)
+    or UnknownAttemptError (409)."""
     if batch.attempt > run.attempt:
         raise UnknownAttemptError(
             f"attempt {batch.attempt} is unknown for run {run.id} (latest is {run.attempt}); "
             "POST /api/v1/runs first to register the launch"
         )
-    postgres = session.get_bind().dialect.name == "postgresql"
     result = IngestResult(has_rank0=any(r.rank == 0 for r in batch.records))
-    rows, summaries = _classify_batch(run, batch, result)
+    rows, classified = _classify_batch(run, batch, result)
     if not batch.records:
         return result
-    lock = _SQLITE_LOCK if not postgres else None
-    if lock:
-        lock.acquire()
-    try:
-        if rows:
-            if postgres:
-                inserted, existing = _insert_postgres(session, rows)
-            else:
-                inserted, existing = _insert_sqlite(session, run.id, batch.attempt, rows)
+    inserted, existing = _insert(session, run, batch.attempt, rows)
+    result.accepted = len(inserted)
+    for key, h in existing.items():
+        if h == rows[key][-1]:
+            result.duplicates += 1
         else:
-            inserted, existing = set(), {}
-        result.accepted = len(inserted)
-        for key, h in existing.items():
-            if h == rows[key][-1]:
-                result.duplicates += 1
-            else:
-                result.conflicts += 1
-        deltas = _deltas(batch, inserted, summaries)
-        keys = sorted(deltas)
-        step_rows = _lock_step_rows(session, run, batch.attempt, keys, postgres)
-        touched_rows: list[Step] = []
-        for key in keys:
-            row = step_rows.get(key)
-            if row is None:
-                row = Step(
-                    run_id=run.id,
-                    split=key[0],
-                    step=key[1],
-                    attempt=batch.attempt,
-                    ranks=[],
-                    acc={},
-                    effective_by_rank={},
-                    scalars={},
-                    world_size=run.world_size,
-                )
-                session.add(row)
-            if _apply_delta(row, batch.attempt, deltas[key], run):
-                touched_rows.append(row)
-            result.steps.append(step_answer(row))
-            result.touched.append(key)
-        _update_run_state(run, touched_rows, batch)
-        session.flush()
-    finally:
-        if lock:
-            lock.release()
+            result.conflicts += 1
+    deltas = _deltas(classified, inserted, every_row=len(inserted) == len(rows))
+    keys = sorted(deltas)
+    step_rows = _step_rows(session, run, batch.attempt, keys)
+    touched_rows: list[Step] = []
+    for key in keys:
+        row = step_rows[key]
+        if _apply_delta(row, batch.attempt, deltas[key], run):
+            touched_rows.append(row)
+        result.steps.append(step_answer(row))
+        result.touched.append(key)
+    _update_run_state(run, touched_rows, batch)
+    session.flush()
     return result
+
+
+def _insert(session: Session, run: Run, attempt: int, rows: dict[tuple, tuple]) -> tuple:
+    if not rows:
+        return set(), {}
+    if session.get_bind().dialect.name == "postgresql":
+        return _insert_postgres(session, rows)
+    return _insert_sqlite(session, run.key, attempt, rows)
 
 
 def _update_run_state(run: Run, rows: list[Step], batch: StepsBatch) -> None:

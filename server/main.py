@@ -61,7 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.session_factory = session_factory(engine)
     app.state.counters = Counter()
-    app.state.after_ingest = evaluator.after_ingest
+    app.state.evaluator = evaluator
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(DataError, _data_error)
     for module in (health, runs, ingest, metrics, commands, acr, alert_routes):

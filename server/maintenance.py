@@ -14,6 +14,13 @@ def prune_groups(session: Session, older_than_days: float) -> int:
     """Delete the group rows of runs that received nothing for ``older_than_days``; returns how
     many rows went. Steps, runs and commands stay, so charts and exports are unchanged."""
     cutoff = utcnow() - timedelta(days=older_than_days)
-    old = select(Run.id).where(Run.last_seen_at < cutoff)
-    result = session.execute(delete(Group).where(Group.run_id.in_(old)))
+    old = select(Run.key).where(Run.last_seen_at < cutoff)
+    result = session.execute(delete(Group).where(Group.run_key.in_(old)))
     return result.rowcount or 0
+
+
+def delete_run_data(session: Session, run: Run) -> None:
+    """Delete a run with everything it owns. Groups carry no foreign key (it slowed ingest), so
+    they go explicitly; the other tables cascade from the run row."""
+    session.execute(delete(Group).where(Group.run_key == run.key))
+    session.delete(run)

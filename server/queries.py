@@ -295,14 +295,15 @@ def run_prompts(
             func.sum(case((collapsed & (Group.side == "constant"), 1), else_=0)),
             func.max(Group.step),
         )
+        .join(Run, Run.key == Group.run_key)
         .join(
             Step,
-            (Step.run_id == Group.run_id)
+            (Step.run_id == Run.id)
             & (Step.split == Group.split)
             & (Step.step == Group.step)
             & (Step.attempt == Group.attempt),
         )
-        .where(Group.run_id == run_id, Group.prompt_id.is_not(None))
+        .where(Run.id == run_id, Group.prompt_id.is_not(None))
         .group_by(Group.prompt_id)
     )
     out = []

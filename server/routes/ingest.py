@@ -10,6 +10,7 @@ from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, Ste
 from ..commands import deliver_commands
 from ..deps import IngestKey, load_run
 from ..ingest import IngestError, UnknownAttemptError, ingest_batch
+from ..locks import run_lock
 from . import json_response, parse_body, raw_body_openapi, read_limited_body
 
 router = APIRouter(prefix="/api/v1/runs", tags=["ingest"])
@@ -32,8 +33,10 @@ async def post_steps(run_id: str, request: Request, key: IngestKey) -> Response:
 
 
 def _ingest(request: Request, run_id: str, batch: StepsBatch, key) -> dict:  # noqa: ANN001
+    """One transaction under the run's lock: store the batch, evaluate alerts (DESIGN.md §6),
+    collect commands for rank 0, commit."""
     app = request.app
-    with app.state.session_factory() as session:
+    with app.state.session_factory() as session, run_lock(session, run_id):
         run = load_run(session, run_id, key)
         try:
             result = ingest_batch(session, run, batch)
@@ -43,17 +46,16 @@ def _ingest(request: Request, run_id: str, batch: StepsBatch, key) -> dict:  # n
         except UnknownAttemptError as exc:
             session.rollback()
             raise HTTPException(409, str(exc)) from exc
+        queued = app.state.evaluator.after_ingest(session, run, result)
+        commands = deliver_commands(session, run_id) if result.has_rank0 else []
         session.commit()
-        app.state.counters["ingested_groups_total"] += result.accepted
-        app.state.counters["duplicate_groups_total"] += result.duplicates
-        app.state.counters["conflict_groups_total"] += result.conflicts
-        app.state.counters["ingest_requests_total"] += 1
-        app.state.after_ingest(session, run, result)
-        commands = []
-        if result.has_rank0:
-            commands = deliver_commands(session, run_id)
-            if session.dirty:  # a command changed state (delivered or expired)
-                session.commit()
+    if queued:
+        app.state.evaluator.notified()
+    counters = app.state.counters
+    counters["ingested_groups_total"] += result.accepted
+    counters["duplicate_groups_total"] += result.duplicates
+    counters["conflict_groups_total"] += result.conflicts
+    counters["ingest_requests_total"] += 1
     return {
         "accepted": result.accepted,
         "duplicates": result.duplicates,

@@ -10,6 +10,7 @@ from vantage.client.schema import Finish, Heartbeat, RunCreate, RunPatch
 
 from ..commands import deliver_commands
 from ..deps import AdminKey, ControlKey, IngestKey, ReadKey, SessionDep, SettingsDep, load_run
+from ..maintenance import delete_run_data
 from ..models import utcnow
 from ..queries import get_run, list_runs, run_dict
 from ..runs import create_or_resume_run
@@ -73,7 +74,7 @@ def patch_run(run_id: str, body: RunPatch, key: ControlKey, session: SessionDep)
 @router.delete("/{run_id}", status_code=204)
 def delete_run(run_id: str, key: AdminKey, session: SessionDep) -> Response:
     run = load_run(session, run_id, key)
-    session.delete(run)
+    delete_run_data(session, run)
     session.commit()
     return Response(status_code=204)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -161,13 +162,14 @@ def summarize_rewards(
     if lo == hi:
         return GroupSummary(GroupClass.COLLAPSED, _side(lo, settings), n, lo, 0.0, lo, hi, n_pass)
     s = max(abs(lo), abs(hi))
+    # (d * d, not d ** 2: the server's vectorised twin must reproduce every operation exactly)
     if s == 1.0:  # rewards in [-1, 1], the common case: no scaling needed
         mean_x = total / n
-        std_x = math.sqrt(math.fsum([(x - mean_x) ** 2 for x in values]) / (n - 1))
+        std_x = math.sqrt(math.fsum([(x - mean_x) * (x - mean_x) for x in values]) / (n - 1))
     else:
         xs = [x / s for x in values]
         mean_x = math.fsum(xs) / n
-        std_x = math.sqrt(math.fsum([(x - mean_x) ** 2 for x in xs]) / (n - 1))
+        std_x = math.sqrt(math.fsum([(x - mean_x) * (x - mean_x) for x in xs]) / (n - 1))
     # Round-off can put the mean a hair outside [min, max] for near-constant groups.
     mean_x = min(max(mean_x, lo / s), hi / s)
     cls, side = _classify(n, lo, hi, mean_x, std_x, s, settings)
@@ -326,6 +328,42 @@ class StepAccumulator:
                 self.n_constant += 1
         elif g.cls is GroupClass.NEAR_COLLAPSED:
             self.n_near_collapsed += 1
+
+    def add_many(
+        self,
+        classes: Sequence[GroupClass],
+        sides: Sequence[str | None],
+        sizes: Sequence[int],
+        means: Sequence[float | None],
+        n_passes: Sequence[int | None],
+    ) -> None:
+        """`add` for many classified groups given as columns (one entry per group): the same
+        counts, with the exact reward sum taken once per distinct (mean, size)."""
+        counts = Counter(classes)
+        self.n_groups += len(classes)
+        self.n_invalid += counts[GroupClass.INVALID]
+        self.n_degenerate += counts[GroupClass.DEGENERATE]
+        self.n_collapsed += counts[GroupClass.COLLAPSED]
+        self.n_near_collapsed += counts[GroupClass.NEAR_COLLAPSED]
+        valid = [i for i, c in enumerate(classes) if c in VALID_CLASSES]
+        self.n_valid += len(valid)
+        sizes_v = [sizes[i] for i in valid]
+        self.n_completions += sum(sizes_v)
+        for size, count in Counter(sizes_v).items():
+            self.group_sizes[size] = self.group_sizes.get(size, 0) + count
+        for (mean, size), count in Counter((means[i], sizes[i]) for i in valid).items():
+            if mean is not None:
+                num, den = mean.as_integer_ratio()
+                self.reward_sum += (num * size * count) << (EXACT_SHIFT - den.bit_length() + 1)
+        passes = [n_passes[i] for i in valid]
+        self.n_nonbinary += passes.count(None)
+        self.n_pass += sum(p for p in passes if p is not None)
+        collapsed = [i for i in valid if classes[i] is GroupClass.COLLAPSED]
+        self.wasted_rollouts += sum(sizes[i] for i in collapsed)
+        by_side = Counter(sides[i] for i in collapsed)
+        self.n_all_pass += by_side["all_pass"]
+        self.n_all_fail += by_side["all_fail"]
+        self.n_constant += len(collapsed) - by_side["all_pass"] - by_side["all_fail"]
 
     def add_effective(self, n_valid: int, n_zero_advantage: int) -> None:
         """Count one rank's effective statistics, reported by the trainer after mitigation."""

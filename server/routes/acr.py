@@ -6,8 +6,8 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from vantage.client.acr import ACRSettings, InconsistentStatsError, StepAccumulator
 from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, ACRRequest
 
+from ..classify import classify_groups
 from ..deps import ReadKey
-from ..ingest import summarize_group
 from . import json_response, parse_body, raw_body_openapi, read_limited_body
 
 router = APIRouter(prefix="/api/v1", tags=["acr"])
@@ -21,20 +21,15 @@ async def acr(request: Request, key: ReadKey) -> Response:
     if body.group_count() > MAX_GROUPS_PER_REQUEST:
         raise HTTPException(413, f"more than {MAX_GROUPS_PER_REQUEST} groups in one request")
     settings = ACRSettings(body.reward_min, body.reward_max, body.trainer_eps, body.tol)
+    try:
+        cols = classify_groups(body.normal_groups(), settings)
+    except InconsistentStatsError as exc:
+        raise HTTPException(422, str(exc)) from exc
     acc = StepAccumulator()
-    groups = []
-    for index, g in enumerate(body.normal_groups()):
-        try:
-            summary = summarize_group(g, settings)
-        except InconsistentStatsError as exc:
-            raise HTTPException(422, f"group {index} ('{g.group_id}'): {exc}") from exc
-        acc.add(summary)
-        groups.append(
-            {
-                "index": index,
-                "group_id": g.group_id,
-                "class": summary.cls.value,
-                "side": summary.side,
-            }
-        )
+    cols.add_to(acc)
+    classes = cols.classes()
+    groups = [
+        {"index": i, "group_id": cols.group_ids[i], "class": classes[i].value, "side": cols.side[i]}
+        for i in range(len(classes))
+    ]
     return json_response({"step": acc.metrics(), "groups": groups})

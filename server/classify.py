@@ -1,0 +1,286 @@
+"""Ingest's classification of many groups at once: the rules of `vantage.client.acr` (DESIGN.md
+§3), vectorised with numpy over the groups of a record that share a size, with results equal to
+`summarize_rewards` bit for bit (tests/test_classify.py checks it), plus each group's content
+hash.
+
+Why equal and not merely close: the same group may arrive alone or in a large batch, on one
+server or another, and must be classed and stored the same way. The scalar engine sums with
+`math.fsum` (correctly rounded); here a row's sum is numpy's wherever that sum is exact (every
+addend an integer multiple of 2^-30 below 2^11, at most 4,096 of them: binary and most graded
+rewards), which is then also the correctly rounded one, and `math.fsum` elsewhere. Every other
+step is the same IEEE operation in the same order.
+
+Groups with a mask, compact statistics or fewer than 2 rewards take the scalar path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+from vantage.client.acr import (
+    ACRSettings,
+    GroupClass,
+    GroupSummary,
+    InconsistentStatsError,
+    StepAccumulator,
+    summarize_rewards,
+    summarize_stats,
+)
+from vantage.client.schema import NormalGroup
+
+CLASS_CODES = {
+    GroupClass.INVALID: 0,
+    GroupClass.DEGENERATE: 1,
+    GroupClass.COLLAPSED: 2,
+    GroupClass.NEAR_COLLAPSED: 3,
+    GroupClass.LIVE: 4,
+}
+CLASS_BY_CODE = tuple(sorted(CLASS_CODES, key=CLASS_CODES.__getitem__))
+INVALID, COLLAPSED, NEAR, LIVE = (
+    CLASS_CODES[GroupClass(c)] for c in ("invalid", "collapsed", "near_collapsed", "live")
+)
+
+_EXACT_SHIFT = 2.0**30  # row sums are exact when every addend * 2^30 is an integer ...
+_EXACT_LIMIT = 2.0**41  # ... below 2^11 (2^41 in those units) ...
+_EXACT_MAX_TERMS = 4096  # ... and there are at most 2^12 of them: every partial sum fits 53 bits
+_NULL_WORD = 0xFFFF_FFFF_FFFF_FFFF  # a null reward; a NaN pattern that parsing never produces
+_MASK64 = 0xFFFF_FFFF_FFFF_FFFF
+_GOLDEN = 0x9E37_79B9_7F4A_7C15
+
+
+@dataclass(slots=True)
+class GroupColumns:
+    """One record's groups, classified, as columns in input order (DB codes for `cls`)."""
+
+    group_ids: list[str] = field(default_factory=list)
+    prompt_ids: list[str | None] = field(default_factory=list)
+    cls: list[int] = field(default_factory=list)
+    side: list[str | None] = field(default_factory=list)
+    n: list[int] = field(default_factory=list)
+    mean: list[float | None] = field(default_factory=list)
+    std: list[float | None] = field(default_factory=list)
+    min: list[float | None] = field(default_factory=list)
+    max: list[float | None] = field(default_factory=list)
+    n_pass: list[int | None] = field(default_factory=list)
+    hash: list[int] = field(default_factory=list)
+
+    def classes(self) -> list[GroupClass]:
+        return [CLASS_BY_CODE[c] for c in self.cls]
+
+    def add_to(self, acc: StepAccumulator, indices: list[int] | None = None) -> None:
+        """Count these groups (or those at ``indices``) into a step's accumulator."""
+        if indices is None:
+            acc.add_many(self.classes(), self.side, self.n, self.mean, self.n_pass)
+            return
+        acc.add_many(
+            [CLASS_BY_CODE[self.cls[i]] for i in indices],
+            [self.side[i] for i in indices],
+            [self.n[i] for i in indices],
+            [self.mean[i] for i in indices],
+            [self.n_pass[i] for i in indices],
+        )
+
+
+def classify_groups(groups: list[NormalGroup], settings: ACRSettings) -> GroupColumns:
+    """Classify a record's groups (vectorised where possible) and hash their content. Raises
+    InconsistentStatsError (naming the group) for impossible compact statistics."""
+    size = len(groups)
+    cols = GroupColumns(
+        group_ids=[g.group_id for g in groups],
+        prompt_ids=[g.prompt_id for g in groups],
+        cls=[INVALID] * size,
+        side=[None] * size,
+        n=[0] * size,
+        mean=[None] * size,
+        std=[None] * size,
+        min=[None] * size,
+        max=[None] * size,
+        n_pass=[None] * size,
+        hash=[0] * size,
+    )
+    by_size: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        if g.stats is not None:
+            _put_stats(cols, i, g, settings)
+        else:
+            by_size.setdefault(len(g.rewards or ()), []).append(i)
+    for g_size, indices in by_size.items():
+        rows = [groups[i].rewards or [] for i in indices]
+        x = np.array(rows, dtype=np.float64).reshape(len(rows), g_size)  # null -> NaN: invalid
+        for i, h in zip(indices, _reward_hashes(x, rows), strict=True):
+            cols.hash[i] = h
+        plain = [k for k, i in enumerate(indices) if groups[i].mask is None]
+        if g_size >= 2 and plain:
+            picked = x if len(plain) == len(indices) else x[plain]
+            _vectorised(cols, [indices[k] for k in plain], picked, settings)
+        for k, i in enumerate(indices):
+            g = groups[i]
+            if g.mask is not None or g_size < 2:
+                _put(cols, i, summarize_rewards(rows[k], g.mask, settings))
+            if g.mask is not None:
+                cols.hash[i] = _combine(cols.hash[i], b"m" + bytes(g.mask))
+    for i, g in enumerate(groups):
+        if g.prompt_id is not None:
+            cols.hash[i] = _combine(cols.hash[i], b"p" + g.prompt_id.encode())
+    return cols
+
+
+def _put_stats(cols: GroupColumns, i: int, g: NormalGroup, settings: ACRSettings) -> None:
+    s = g.stats
+    assert s is not None
+    try:
+        summary = summarize_stats(s.n, s.mean, s.std, s.min, s.max, s.n_pass, settings)
+    except InconsistentStatsError as exc:
+        raise InconsistentStatsError(f"group {i} ('{g.group_id}'): {exc}") from exc
+    cols.hash[i] = _digest(repr(("s", s.n, s.mean, s.std, s.min, s.max, s.n_pass)).encode())
+    _put(cols, i, summary)
+
+
+def _put(cols: GroupColumns, i: int, s: GroupSummary) -> None:
+    cols.cls[i], cols.side[i], cols.n[i] = CLASS_CODES[s.cls], s.side, s.n
+    cols.mean[i], cols.std[i], cols.min[i], cols.max[i] = s.mean, s.std, s.min, s.max
+    cols.n_pass[i] = s.n_pass
+
+
+def _vectorised(
+    cols: GroupColumns, indices: list[int], x: np.ndarray, settings: ACRSettings
+) -> None:
+    """Classify P unmasked groups of G ≥ 2 rewards each: x is [P, G] float64."""
+    g = x.shape[1]
+    with np.errstate(all="ignore"):
+        finite = np.isfinite(x).all(axis=1)
+        lo, hi = x.min(axis=1), x.max(axis=1)
+        n_max = (x == settings.reward_max).sum(axis=1)
+        binary = n_max + (x == settings.reward_min).sum(axis=1) == g
+        collapsed = finite & (lo == hi)
+        spread = finite & ~collapsed
+        s = np.where(spread, np.maximum(np.abs(lo), np.abs(hi)), 1.0)
+        xs = x / s[:, None]
+        mean_x = row_fsum(xs, spread) / g
+        mean_x = np.minimum(np.maximum(mean_x, lo / s), hi / s)
+        dev = xs - mean_x[:, None]
+        std_x = np.sqrt(row_fsum(dev * dev, spread) / (g - 1))
+        max_dev_x = np.maximum(hi / s - mean_x, mean_x - lo / s)
+        near = max_dev_x / (std_x + settings.trainer_eps / s) < settings.tol
+        mean, std = mean_x * s, std_x * s
+    code = np.where(finite, np.where(collapsed, COLLAPSED, np.where(near, NEAR, LIVE)), INVALID)
+    columns = zip(
+        indices,
+        code.tolist(),
+        lo.tolist(),
+        hi.tolist(),
+        _finite_list(mean),
+        _finite_list(std),
+        binary.tolist(),
+        n_max.tolist(),
+        strict=True,
+    )
+    for i, c, low, high, m, sd, is_binary, passes in columns:
+        cols.cls[i], cols.n[i] = c, g
+        if c == INVALID:
+            continue
+        cols.n_pass[i] = passes if is_binary else None
+        cols.min[i], cols.max[i] = low, high
+        if c == COLLAPSED:
+            cols.side[i], cols.mean[i], cols.std[i] = _side(low, settings), low, 0.0
+        else:
+            cols.mean[i], cols.std[i] = m, sd
+
+
+def _side(value: float, settings: ACRSettings) -> str:
+    if value == settings.reward_max:
+        return "all_pass"
+    if value == settings.reward_min:
+        return "all_fail"
+    return "constant"
+
+
+def _finite_list(a: np.ndarray) -> list[float | None]:
+    return [v if math.isfinite(v) else None for v in a.tolist()]
+
+
+def row_fsum(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Correctly rounded sums of the selected rows of ``a`` [P, G] (as `math.fsum`), NaN for the
+    others: numpy's sum where it is exact (see the module docstring), `math.fsum` elsewhere."""
+    out = np.full(a.shape[0], np.nan)
+    if not rows.any():
+        return out
+    scaled = a * _EXACT_SHIFT
+    exact = rows & np.all((scaled == np.rint(scaled)) & (np.abs(scaled) < _EXACT_LIMIT), axis=1)
+    if a.shape[1] > _EXACT_MAX_TERMS:
+        exact[:] = False
+    out[exact] = a[exact].sum(axis=1)
+    for k in np.flatnonzero(rows & ~exact).tolist():
+        out[k] = math.fsum(a[k].tolist())
+    return out
+
+
+# --------------------------------------------------------------------------- content hashes
+# A stable 64-bit digest of a group's content tells an identical re-send (duplicate) from a
+# different one (conflict). Rewards are hashed as their float64 bit patterns, each mixed with
+# its position (splitmix64, Steele et al. 2014) and summed mod 2^64: vectorised for a whole
+# record, and the same value from `reward_hash` for one group.
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    z = z + np.uint64(_GOLDEN)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58_476D_1CE4_E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D0_49BB_1331_11EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _hash_words(words: np.ndarray) -> list[int]:
+    """[P, G] uint64 words -> P signed 64-bit hashes."""
+    with np.errstate(over="ignore"):
+        g = words.shape[1]
+        positions = np.arange(g, dtype=np.uint64) * np.uint64(_GOLDEN)
+        total = _mix(words ^ positions).sum(axis=1, dtype=np.uint64)
+        out = _mix(total ^ np.uint64(g))
+    return out.view(np.int64).tolist()
+
+
+def _reward_hashes(x: np.ndarray, rows: list[list[float | None]]) -> list[int]:
+    words = np.ascontiguousarray(x, dtype="<f8").view("<u8").astype(np.uint64)
+    for k in np.flatnonzero(np.isnan(x).any(axis=1)).tolist():  # tell null from NaN
+        words[k] = [_word(v) for v in rows[k]]
+    return _hash_words(words)
+
+
+def _word(value: float | None) -> int:
+    if value is None:
+        return _NULL_WORD
+    return struct.unpack("<Q", struct.pack("<d", value))[0]
+
+
+def reward_hash(rewards: list[float | None]) -> int:
+    """The content hash of one list of rewards, in plain Python (equal to the vectorised one;
+    tests compare them)."""
+    total = 0
+    for j, value in enumerate(rewards):
+        total = (total + _mix_int(_word(value) ^ ((j * _GOLDEN) & _MASK64))) & _MASK64
+    return _signed(_mix_int(total ^ len(rewards)))
+
+
+def _mix_int(z: int) -> int:
+    """`_mix` for one Python integer."""
+    z = (z + _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58_476D_1CE4_E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D0_49BB_1331_11EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _signed(z: int) -> int:
+    return z - (1 << 64) if z >> 63 else z
+
+
+def _digest(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
+def _combine(h: int, extra: bytes) -> int:
+    """Fold more content (a mask, a prompt id) into a hash."""
+    return _signed(_mix_int((h & _MASK64) ^ (_digest(extra) & _MASK64)))

@@ -1,0 +1,103 @@
+"""The server's vectorised classification equals the client's scalar engine bit for bit, its
+content hashes equal the plain-Python ones, and `StepAccumulator.add_many` equals `add`."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from vantage.client.acr import ACRSettings, StepAccumulator, summarize_rewards
+from vantage.client.schema import NormalGroup
+from vantage.server.classify import CLASS_BY_CODE, classify_groups, reward_hash, row_fsum
+
+NAN, INF = float("nan"), float("inf")
+finite = st.floats(allow_nan=False, allow_infinity=False)
+graded = st.sampled_from([0.0, 1.0, 0.5, 0.25, 0.95, 0.35, -1.0, 2.0, 3.0])
+float32 = st.floats(width=32, allow_nan=False, allow_infinity=False).map(float)
+reward = st.one_of(finite, graded, graded, float32, st.none(), st.just(NAN), st.just(INF))
+binary = st.sampled_from([0.0, 1.0])
+size = st.integers(0, 10)
+
+
+@st.composite
+def record(draw) -> list[NormalGroup]:  # noqa: ANN001
+    """Groups of a few sizes (so buckets hold several rows), some masked, some with prompts."""
+    out = []
+    for i in range(draw(st.integers(0, 14))):
+        g = draw(st.sampled_from([2, 4, 8, draw(size)]))
+        element = draw(st.sampled_from([binary, graded, reward]))
+        rewards = draw(st.lists(element, min_size=g, max_size=g))
+        mask = draw(st.none() | st.lists(st.sampled_from([0, 1]), min_size=g, max_size=g))
+        prompt = draw(st.none() | st.sampled_from(["p1", "p2"]))
+        out.append(NormalGroup(str(i), prompt, rewards, mask))
+    return out
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    return a is None and b is None or (a is not None and b is not None and a == b)
+
+
+@settings(max_examples=400, deadline=None)
+@given(record(), st.sampled_from([ACRSettings(), ACRSettings(reward_min=-1.0, reward_max=3.0)]))
+def test_vectorised_classification_equals_the_scalar_engine(groups, acr_settings):
+    cols = classify_groups(groups, acr_settings)
+    for i, g in enumerate(groups):
+        s = summarize_rewards(g.rewards or [], g.mask, acr_settings)
+        assert CLASS_BY_CODE[cols.cls[i]] is s.cls, (g, s)
+        assert (cols.side[i], cols.n[i], cols.n_pass[i]) == (s.side, s.n, s.n_pass)
+        for name in ("mean", "std", "min", "max"):
+            assert _same(getattr(cols, name)[i], getattr(s, name)), (name, g, s)
+
+
+def test_float32_rounded_example_of_design():
+    # DESIGN §3: [0, .95 × 7] and [.35] × 8 → acr 0.5, also when the .35 values are float32
+    x35 = float(np.float32(0.35))
+    groups = [NormalGroup("0", None, [0] + [0.95] * 7), NormalGroup("1", None, [x35] * 8)]
+    cols = classify_groups(groups, ACRSettings())
+    assert [CLASS_BY_CODE[c].value for c in cols.cls] == ["live", "collapsed"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(reward, min_size=3, max_size=3), min_size=1, max_size=8))
+def test_vectorised_hashes_equal_plain_python(rows):
+    cols = classify_groups([NormalGroup(str(i), None, r) for i, r in enumerate(rows)], ACRSettings())
+    assert cols.hash == [reward_hash(r) for r in rows]
+
+
+def test_hashes_tell_content_apart():
+    base = classify_groups([NormalGroup("0", None, [1.0, 0.0, None])], ACRSettings()).hash[0]
+    others = [
+        NormalGroup("0", None, [1.0, 0.0, NAN]),  # null is not NaN
+        NormalGroup("0", None, [0.0, 1.0, None]),  # order matters
+        NormalGroup("0", "p", [1.0, 0.0, None]),  # so does the prompt
+        NormalGroup("0", None, [1.0, 0.0, None], [1, 1, 0]),  # and the mask
+    ]
+    hashes = {classify_groups([g], ACRSettings()).hash[0] for g in others}
+    assert base not in hashes and len(hashes) == len(others)
+    assert all(-(2**63) <= h < 2**63 for h in hashes)  # fits a BIGINT
+
+
+def test_row_fsum_is_correctly_rounded():
+    a = np.array([[1e16, 1.0, -1e16, 0.1], [0.5, 0.25, 1.0, 0.0], [0.1, 0.2, 0.3, 0.4]])
+    got = row_fsum(a, np.array([True, True, True]))
+    assert got.tolist() == [math.fsum(r) for r in a.tolist()]
+
+
+@settings(max_examples=200, deadline=None)
+@given(record())
+def test_add_many_equals_add(groups):
+    cols = classify_groups(groups, ACRSettings())
+    one, many = StepAccumulator(), StepAccumulator()
+    for g in groups:
+        one.add(summarize_rewards(g.rewards or [], g.mask))
+    many.add_many(cols.classes(), cols.side, cols.n, cols.mean, cols.n_pass)
+    assert one == many
+
+
+@pytest.mark.parametrize("bad", [[1.0, 0.5, None], [INF, 1.0, 1.0]])
+def test_non_finite_rows_are_invalid(bad):
+    cols = classify_groups([NormalGroup("0", None, bad)], ACRSettings())
+    assert CLASS_BY_CODE[cols.cls[0]].value == "invalid" and cols.mean[0] is None

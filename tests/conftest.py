@@ -1,5 +1,5 @@
 """Shared fixtures: real databases (SQLite file, and a fresh PostgreSQL database per test run) and
-real `vantage serve` processes over HTTP.
+real `vantage serve` processes over HTTP (started by tests/serving.py).
 
 PostgreSQL: ``VANTAGE_TEST_POSTGRES_URL`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``)
 is the maintenance database used to create and drop a database per run. When it is unreachable
@@ -9,29 +9,20 @@ the PostgreSQL tests skip, unless ``VANTAGE_REQUIRE_POSTGRES=1`` (set by .ci/run
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import pytest
 
-VANTAGE = str(Path(sys.executable).with_name("vantage"))
+# free_port and start_server are re-exported: the test modules import them from here.
+from tests.serving import VANTAGE, ServerProcess, free_port, start_server  # noqa: F401
+
 PG_ADMIN_URL = os.environ.get(
     "VANTAGE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
 REQUIRE_PG = os.environ.get("VANTAGE_REQUIRE_POSTGRES") == "1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pg_admin():  # noqa: ANN202
@@ -105,66 +96,6 @@ def create_key(database_url: str, scopes: str, name: str | None = None) -> str:
         database_url,
     )
     return out.stdout.strip().splitlines()[-1]
-
-
-@dataclass
-class ServerProcess:
-    url: str
-    database_url: str
-    proc: subprocess.Popen
-    keys: dict[str, str] = field(default_factory=dict)
-    log_path: Path | None = None
-
-    def client(self, scopes: str = "all", timeout: float = 30.0) -> httpx.Client:
-        headers = {}
-        if scopes in self.keys:
-            headers["Authorization"] = f"Bearer {self.keys[scopes]}"
-        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-
-def start_server(
-    database_url: str, log_dir: Path, *extra: str, port: int | None = None, env: dict | None = None
-) -> ServerProcess:
-    """Start `vantage serve` and wait until /readyz answers (schema upgraded)."""
-    port = port or free_port()
-    log = log_dir / f"server-{port}.log"
-    proc = subprocess.Popen(
-        [
-            VANTAGE,
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--database-url",
-            database_url,
-            *extra,
-        ],
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited {proc.returncode}: {log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return ServerProcess(url, database_url, proc, log_path=log)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"server did not become ready: {log.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import httpx
-from conftest import Server, free_port
+from client_helpers import Server, free_port
 from vantage.client import Monitor
 from vantage.client.spool import SPOOL_SUFFIX, Spool, sync
 

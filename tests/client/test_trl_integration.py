@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("trl")
 
 import torch  # noqa: E402
-from conftest import Server, free_port  # noqa: E402
+from client_helpers import Server, free_port  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
@@ -130,7 +130,7 @@ def test_commands_reach_the_trainer_and_are_acked(server: Server, tmp_path: Path
 DDP_SCRIPT = """
 import json, sys
 from pathlib import Path
-sys.path.insert(0, sys.argv[5])
+sys.path[:0] = [sys.argv[5], str(Path(sys.argv[5]).parents[1])]  # tests/client, the repo root
 from test_trl_integration import has_one, sure_or_parity, tiny_model_and_tokenizer
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer

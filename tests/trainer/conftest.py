@@ -7,10 +7,7 @@ and keeps every call, so the tests can check what the trainer sent and feed it c
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from trainer_helpers import RecordingMonitor, small_config  # noqa: E402
 from vantage.trainer.run import setup  # noqa: E402
+
+from tests.serving import start_server  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -59,47 +58,10 @@ def warm_policy(tmp_path_factory) -> str:
     return str(out / "policy")
 
 
-VANTAGE = str(Path(sys.executable).with_name("vantage"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server_url(tmp_path):
     """A real `vantage serve --insecure-no-auth` on a free port with its own SQLite file."""
-    httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi", reason="the server extra is not installed")
-    port = _free_port()
-    log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen(
-        [
-            VANTAGE,
-            "serve",
-            "--insecure-no-auth",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--database-url",
-            f"sqlite:///{tmp_path / 'vantage.db'}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited: {(tmp_path / 'server.log').read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(15)
+    srv = start_server(f"sqlite:///{tmp_path / 'vantage.db'}", tmp_path, "--insecure-no-auth")
+    yield srv.url
+    srv.stop()

@@ -28,8 +28,6 @@ import argparse
 import json
 import math
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,16 +39,12 @@ from pathlib import Path
 import httpx
 from vantage.client import Monitor
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.serving
+from tests.serving import free_port, start_server  # noqa: E402
+
 PG_ADMIN = os.environ.get(
     "VANTAGE_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-VANTAGE = str(Path(sys.executable).with_name("vantage"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -85,38 +79,6 @@ class Receiver:
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
-
-
-def start_server(database_url: str, log_path: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            VANTAGE,
-            "serve",
-            "--insecure-no-auth",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--database-url",
-            database_url,
-        ],
-        stdout=log_path.open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited: {log_path.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("server did not become ready")
 
 
 def episode(
@@ -189,7 +151,8 @@ def main() -> None:
     else:
         database_url = f"sqlite:///{work / 'vantage.db'}"
     receiver = Receiver()
-    proc, url = start_server(database_url, work / "server.log")
+    server = start_server(database_url, work, "--insecure-no-auth", timeout=120)
+    url = server.url
     webhook, command = [], []
     try:
         with httpx.Client(base_url=url, timeout=30) as api:
@@ -198,8 +161,7 @@ def main() -> None:
                 webhook.append(w)
                 command.append(c)
     finally:
-        proc.terminate()
-        proc.wait(15)
+        server.stop()
         receiver.httpd.shutdown()
         if drop is not None:
             drop()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import false, func, select, true, update
+from sqlalchemy import false, func, select, true
 from sqlalchemy.orm import Session
 
 from .models import Run, Step
@@ -16,35 +16,33 @@ def _aware(dt: datetime) -> datetime:
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
-def mark_evaluated(session: Session, rows: list[Step]) -> None:
-    """Flag evaluated rows, unless a newer attempt took one over meanwhile (then it is
-    evaluated again with the new attempt's data)."""
-    by_attempt: dict[int, list[int]] = {}
+def mark_evaluated(rows: list[Step]) -> None:
+    """Flag rows as evaluated; the flag is written with the transaction's next flush, together
+    with any change ingest made to the same rows. (The run's lock keeps other writers away, and
+    a newer attempt that takes a step over later resets the flag.)"""
     for row in rows:
-        by_attempt.setdefault(row.attempt, []).append(row.id)
-    steps = Step.__table__  # Core: the ORM objects are not used after this
-    for attempt, ids in by_attempt.items():
-        for i in range(0, len(ids), 500):
-            session.execute(
-                update(steps)
-                .where(steps.c.id.in_(ids[i : i + 500]), steps.c.attempt == attempt)
-                .values(evaluated=True)
-            )
+        row.evaluated = True
+
+
+def unevaluated_steps(session: Session, run: Run, splits: set[str] | None) -> list[Step]:
+    """The run's steps not yet evaluated (a partial index keeps this small)."""
+    q = select(Step).where(Step.run_id == run.id, Step.evaluated == false())
+    if splits is not None:
+        q = q.where(Step.split.in_(sorted(splits)))
+    return list(session.scalars(q))
 
 
 def evaluable_steps(
-    session: Session, run: Run, splits: set[str] | None, now: datetime, complete_after_s: float
+    session: Session, run: Run, candidates: list[Step], now: datetime, complete_after_s: float
 ) -> list[Step]:
     """Unevaluated steps that may be evaluated now, in step order, stopping at the first that
     may not. A step may be evaluated when every rank of its world_size reported it; when a later
     step of its attempt arrived and every rank known to the attempt reported it or a later step
     (ranks send in step order, and an integration that gathers groups to rank 0 has one known
     rank); when its first record is older than ``complete_after_s``; or when a later step was
-    already evaluated (it arrived late)."""
-    q = select(Step).where(Step.run_id == run.id, Step.evaluated == false())
-    if splits is not None:
-        q = q.where(Step.split.in_(sorted(splits)))
-    rows = list(session.scalars(q.order_by(Step.split, Step.step)))
+    already evaluated (it arrived late). ``candidates``: the run's unevaluated steps (those of
+    some splits suffice), as in the session now."""
+    rows = sorted((r for r in candidates if not r.evaluated), key=lambda r: (r.split, r.step))
     cutoff = now - timedelta(seconds=complete_after_s)
     out: list[Step] = []
     by_split: dict[str, list[Step]] = {}

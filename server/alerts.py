@@ -20,14 +20,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import and_, false, or_, select
 from sqlalchemy.orm import Session
 
 from .alert_metrics import series_values, stale_value, step_value
 from .alert_models import AlertEpisode, AlertRule, AlertState, Silence
-from .alert_steps import evaluable_steps, mark_evaluated
+from .alert_steps import evaluable_steps, mark_evaluated, unevaluated_steps
 from .commands import create_command
 from .locks import run_lock
 from .models import Run, Step, utcnow
@@ -35,6 +35,19 @@ from .notify import enqueue
 from .settings import Settings
 
 log = logging.getLogger("vantage.alerts")
+
+
+class EvaluationFailed(RuntimeError):
+    """Alert evaluation raised; the ingest transaction must be redone without it."""
+
+
+class Outcome(NamedTuple):
+    """What an evaluation did that its caller acts on after the commit."""
+
+    notified: bool = False  # a webhook message was queued: wake the outbox sender
+    issued: bool = False  # a command was issued: the answer to rank 0 must carry it
+
+
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": lambda v, t: v > t,
     ">=": lambda v, t: v >= t,
@@ -63,23 +76,36 @@ def past_clear(rule: AlertRule, value: float) -> bool:
     return value < clear if rule.op in (">", ">=") else value > clear
 
 
-def rules_for_run(session: Session, run: Run) -> list[AlertRule]:
+def _applies(run: Run) -> Any:
     """Enabled rules that apply to a run: its own, its project's, and global ones."""
-    q = (
-        select(AlertRule)
-        .where(
-            AlertRule.enabled.is_(True),
-            or_(
-                AlertRule.run_id == run.id,
-                and_(
-                    AlertRule.run_id.is_(None),
-                    or_(AlertRule.project.is_(None), AlertRule.project == run.project),
-                ),
+    return and_(
+        AlertRule.enabled.is_(True),
+        or_(
+            AlertRule.run_id == run.id,
+            and_(
+                AlertRule.run_id.is_(None),
+                or_(AlertRule.project.is_(None), AlertRule.project == run.project),
             ),
+        ),
+    )
+
+
+def rules_and_states(session: Session, run: Run) -> tuple[list[AlertRule], dict[int, AlertState]]:
+    """The rules that apply to a run and their per-run states, in one read."""
+    q = (
+        select(AlertRule, AlertState)
+        .outerjoin(
+            AlertState, and_(AlertState.rule_id == AlertRule.id, AlertState.run_id == run.id)
         )
+        .where(_applies(run))
         .order_by(AlertRule.id)
     )
-    return list(session.scalars(q))
+    rules, states = [], {}
+    for rule, state in session.execute(q):
+        rules.append(rule)
+        if state is not None:
+            states[rule.id] = state
+    return rules, states
 
 
 class _Context:
@@ -87,19 +113,15 @@ class _Context:
 
     def __init__(self, session: Session, run: Run, settings: Settings, now: datetime) -> None:
         self.session, self.run, self.settings, self.now = session, run, settings, now
-        self.rules = rules_for_run(session, run)
-        ids = [r.id for r in self.rules]
-        self.states: dict[int, AlertState] = {}
+        self.rules, self.states = rules_and_states(session, run)
         self.episodes: dict[int, AlertEpisode] = {}  # the open ones
-        if ids:
-            q = select(AlertState).where(AlertState.run_id == run.id, AlertState.rule_id.in_(ids))
-            self.states = {s.rule_id: s for s in session.scalars(q)}
-            open_ids = [s.episode_id for s in self.states.values() if s.episode_id is not None]
-            if open_ids:
-                q = select(AlertEpisode).where(AlertEpisode.id.in_(open_ids))
-                self.episodes = {e.id: e for e in session.scalars(q)}
+        open_ids = [s.episode_id for s in self.states.values() if s.episode_id is not None]
+        if open_ids:
+            q = select(AlertEpisode).where(AlertEpisode.id.in_(open_ids))
+            self.episodes = {e.id: e for e in session.scalars(q)}
         self._silences: list[Silence] | None = None
         self.queued = False  # a webhook message was queued
+        self.issued = False  # a command was issued
 
     def state(self, rule: AlertRule) -> AlertState:
         st = self.states.get(rule.id)
@@ -132,21 +154,18 @@ class Evaluator:
         self.settings = settings
         self.on_notify: Callable[[], None] | None = None  # wakes this process's outbox sender
 
-    def after_ingest(self, session: Session, run: Run, result: Any) -> bool:
+    def after_ingest(self, session: Session, run: Run, result: Any) -> Outcome:
         """Evaluate the steps of ``run`` that the batch made evaluable, inside the ingest
-        transaction (the caller holds the run's lock and commits). An error is logged, never
-        answered: the savepoint drops the evaluation, the batch still commits, and the periodic
-        pass retries. Returns whether a webhook message was queued (call `notified` after the
-        commit)."""
+        transaction, before anything is flushed (the caller holds the run's lock and commits).
+        Raises EvaluationFailed when evaluation fails: the caller then stores the batch alone
+        (it is never lost to an alert error) and the periodic pass evaluates later."""
         if not result.touched:
-            return False
-        splits = {split for split, _ in result.touched}
+            return Outcome()
         try:
-            with session.begin_nested():
-                return evaluate_locked(session, run, self.settings, splits=splits)
-        except Exception:  # noqa: BLE001
+            return evaluate_locked(session, run, self.settings, candidates=result.candidates)
+        except Exception as exc:
             log.exception("alert evaluation failed for run %s", run.id)
-            return False
+            raise EvaluationFailed(str(exc)) from exc
 
     def notified(self) -> None:
         """Wake this process's outbox sender (after the transaction that queued a message)."""
@@ -228,31 +247,33 @@ def evaluate_run(
 ) -> bool:
     """Take the run's lock, evaluate (`evaluate_locked`) and commit. Returns whether a webhook
     message was queued."""
-    with run_lock(session, run_id):
-        session.expire_all()  # re-read under the lock: another replica may have moved on
-        run = session.get(Run, run_id)
-        if run is None:
+    with run_lock(session, run_id) as locked:
+        if locked.run is None:
             session.rollback()
             return False
-        queued = evaluate_locked(session, run, settings, splits, stale)
+        candidates = unevaluated_steps(session, locked.run, splits)
+        outcome = evaluate_locked(session, locked.run, settings, candidates, stale)
         session.commit()
-        return queued
+        return outcome.notified
 
 
 def evaluate_locked(
     session: Session,
     run: Run,
     settings: Settings,
-    splits: set[str] | None = None,
+    candidates: list[Step],
     stale: bool = False,
-) -> bool:
-    """Evaluate every evaluable, unevaluated step of a run in step order, and its `stale` rules
-    (all of them when ``stale``, else only open episodes, which fresh data resolves). The caller
-    holds the run's lock and commits. Returns whether a webhook message was queued."""
+) -> Outcome:
+    """Evaluate, in step order, every evaluable step among ``candidates`` (the run's unevaluated
+    steps, of some splits at least), and the run's `stale` rules (all of them when ``stale``,
+    else only open episodes, which fresh data resolves). The caller holds the run's lock and
+    commits."""
     now = utcnow()
-    rows = evaluable_steps(session, run, splits, now, settings.step_complete_after_s)
+    with session.no_autoflush:  # the evaluated flags go out with ingest's own writes
+        rows = evaluable_steps(session, run, candidates, now, settings.step_complete_after_s)
+        mark_evaluated(rows)
     if not rows and not stale and not _open_stale_episode(session, run.id):
-        return False  # e.g. one rank of several: nothing to evaluate yet
+        return Outcome()  # e.g. one rank of several: nothing to evaluate yet
     ctx = _Context(session, run, settings, now)
     step_rules = [r for r in ctx.rules if r.metric != "stale"]
     series = {}
@@ -266,13 +287,12 @@ def evaluate_locked(
                 if rule.split == row.split:
                     value = step_value(row, rule.metric, series[row.split])
                     _evaluate_step(ctx, rule, row, value)
-    mark_evaluated(session, rows)
     for rule in ctx.rules:
         if rule.metric == "stale":
             st = ctx.states.get(rule.id)
             if stale or (st is not None and st.episode_id is not None):
                 _evaluate_stale(ctx, rule)
-    return ctx.queued
+    return Outcome(ctx.queued, ctx.issued)
 
 
 def _open_stale_episode(session: Session, run_id: str) -> bool:
@@ -401,6 +421,7 @@ def _fire(
                 ttl_s=ctx.settings.command_ttl_s,
             )
             st.last_mitigation_step = step
+            ctx.issued = True
 
 
 def _notify(

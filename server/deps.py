@@ -67,7 +67,11 @@ AdminKey = Annotated[KeyInfo, Depends(require("admin"))]
 
 def load_run(session: Session, run_id: str, key: KeyInfo) -> Run:
     """The run, or 404 (also for a run outside the key's project)."""
-    run = session.get(Run, run_id)
+    return authorized(session.get(Run, run_id), run_id, key)
+
+
+def authorized(run: Run | None, run_id: str, key: KeyInfo) -> Run:
+    """``run`` if it exists and the key may see it, else 404."""
     if run is None or not key.allows_project(run.project):
         raise HTTPException(404, f"run {run_id} not found")
     return run

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from sqlalchemy import and_, insert, or_, select
+from sqlalchemy import and_, false, insert, or_, select
 from sqlalchemy.orm import Session
 from vantage.client.acr import (
     STEP_METRIC_FIELDS,
@@ -53,6 +53,10 @@ class UnknownAttemptError(ValueError):
     """The batch names an attempt the run does not have."""
 
 
+class GroupsExist(RuntimeError):
+    """Some of the batch's groups are stored already: redo the transaction with ``dedup``."""
+
+
 @dataclass(slots=True)
 class _StepDelta:
     """What one batch adds to one (split, step)."""
@@ -75,6 +79,8 @@ class IngestResult:
     steps: list[dict[str, Any]] = field(default_factory=list)
     touched: list[tuple[str, int]] = field(default_factory=list)
     has_rank0: bool = False
+    # The run's unevaluated step rows, this batch's included, for alert evaluation.
+    candidates: list[Step] = field(default_factory=list)
 
 
 def run_settings(run: Run) -> ACRSettings:
@@ -177,24 +183,22 @@ PG_TYPES = [
 ]
 
 
-def _insert_postgres(session: Session, rows: dict[tuple, tuple]) -> tuple[set, dict]:
+def _insert_postgres(session: Session, rows: dict[tuple, tuple], dedup: bool) -> tuple[set, dict]:
     """Store new groups; return (keys inserted, {key: stored content hash} of keys that existed).
 
     The common case, a batch of new groups, is one binary COPY straight into `groups` (about
-    twice as fast as any INSERT). When a key already exists the COPY fails as a whole, and a
-    savepoint takes the batch back to the duplicate-safe path: COPY into a staging table, then
-    one INSERT ... SELECT ... ON CONFLICT DO NOTHING (NOTES.md)."""
+    twice as fast as any INSERT). A key that exists fails it with GroupsExist, and the caller
+    redoes the transaction with ``dedup``: COPY into a staging table, then one
+    INSERT ... SELECT ... ON CONFLICT DO NOTHING (NOTES.md)."""
     pooled = session.connection().connection  # the pool's record lives as long as the connection
-    conn = pooled.driver_connection
-    with conn.cursor() as cur:
-        cur.execute("SAVEPOINT ingest_copy")
+    with pooled.driver_connection.cursor() as cur:
+        if dedup:
+            return _insert_postgres_dedup(pooled, cur, rows)
         try:
             _copy_rows(cur, "groups", rows)
-        except psycopg.errors.UniqueViolation:
-            cur.execute("ROLLBACK TO SAVEPOINT ingest_copy")
-        else:
-            return set(rows), {}
-        return _insert_postgres_dedup(pooled, cur, rows)
+        except psycopg.errors.UniqueViolation as exc:
+            raise GroupsExist(str(exc)) from exc
+    return set(rows), {}
 
 
 def _copy_rows(cur: psycopg.Cursor, table: str, rows: dict[tuple, tuple]) -> None:
@@ -271,17 +275,23 @@ def _merge_record(d: _StepDelta, rec: StepRecord) -> None:
 
 def _step_rows(
     session: Session, run: Run, attempt: int, keys: list[tuple[str, int]]
-) -> dict[tuple[str, int], Step]:
-    """The step rows of ``keys``, new ones added to the session. The caller holds the run's
-    lock (`vantage.server.locks.run_lock`), so no other writer touches them meanwhile."""
-    conds = [and_(Step.split == sp, Step.step == st) for sp, st in keys]
+) -> tuple[dict[tuple[str, int], Step], list[Step]]:
+    """The step rows of ``keys`` (new ones added to the session), and every unevaluated step
+    row of the run, read together. The caller holds the run's lock
+    (`vantage.server.locks.run_lock`), so no other writer touches them meanwhile."""
     out: dict[tuple[str, int], Step] = {}
-    for i in range(0, len(conds), 300):
-        q = select(Step).where(Step.run_id == run.id, or_(*conds[i : i + 300]))
-        for row in session.scalars(q):
+    unevaluated: dict[int, Step] = {}
+    for i in range(0, len(keys), 300):
+        chunk = [and_(Step.split == sp, Step.step == st) for sp, st in keys[i : i + 300]]
+        if i == 0:
+            chunk.append(Step.evaluated == false())
+        for row in session.scalars(select(Step).where(Step.run_id == run.id, or_(*chunk))):
             out[(row.split, row.step)] = row
+            if not row.evaluated:
+                unevaluated[row.id] = row
     for split, step in keys:
-        if (split, step) not in out:
+        row = out.get((split, step))
+        if row is None:
             row = Step(
                 run_id=run.id,
                 split=split,
@@ -295,7 +305,7 @@ def _step_rows(
             )
             session.add(row)
             out[(split, step)] = row
-    return out
+    return out, list(unevaluated.values())
 
 
 def _accumulator(data: dict[str, Any]) -> StepAccumulator:
@@ -349,9 +359,12 @@ def _apply_delta(row: Step, attempt: int, d: _StepDelta, run: Run) -> bool:
     return True
 
 
-def ingest_batch(session: Session, run: Run, batch: StepsBatch) -> IngestResult:
-    """Store one batch; the caller holds the run's lock and commits. Raises IngestError (422)
-    or UnknownAttemptError (409)."""
+def ingest_batch(
+    session: Session, run: Run, batch: StepsBatch, dedup: bool = False
+) -> IngestResult:
+    """Store one batch; the caller holds the run's lock and commits (changes to step and run rows
+    are left unflushed, so that alert evaluation adds its flags to the same writes). Raises
+    IngestError (422), UnknownAttemptError (409), or GroupsExist (redo with ``dedup``)."""
     if batch.attempt > run.attempt:
         raise UnknownAttemptError(
             f"attempt {batch.attempt} is unknown for run {run.id} (latest is {run.attempt}); "
@@ -361,7 +374,7 @@ def ingest_batch(session: Session, run: Run, batch: StepsBatch) -> IngestResult:
     rows, classified = _classify_batch(run, batch, result)
     if not batch.records:
         return result
-    inserted, existing = _insert(session, run, batch.attempt, rows)
+    inserted, existing = _insert(session, run, batch.attempt, rows, dedup)
     result.accepted = len(inserted)
     for key, h in existing.items():
         if h == rows[key][-1]:
@@ -370,7 +383,7 @@ def ingest_batch(session: Session, run: Run, batch: StepsBatch) -> IngestResult:
             result.conflicts += 1
     deltas = _deltas(classified, inserted, every_row=len(inserted) == len(rows))
     keys = sorted(deltas)
-    step_rows = _step_rows(session, run, batch.attempt, keys)
+    step_rows, unevaluated = _step_rows(session, run, batch.attempt, keys)
     touched_rows: list[Step] = []
     for key in keys:
         row = step_rows[key]
@@ -379,15 +392,18 @@ def ingest_batch(session: Session, run: Run, batch: StepsBatch) -> IngestResult:
         result.steps.append(step_answer(row))
         result.touched.append(key)
     _update_run_state(run, touched_rows, batch)
-    session.flush()
+    result.candidates = [r for r in step_rows.values() if not r.evaluated]
+    result.candidates += [r for r in unevaluated if (r.split, r.step) not in step_rows]
     return result
 
 
-def _insert(session: Session, run: Run, attempt: int, rows: dict[tuple, tuple]) -> tuple:
+def _insert(
+    session: Session, run: Run, attempt: int, rows: dict[tuple, tuple], dedup: bool
+) -> tuple:
     if not rows:
         return set(), {}
     if session.get_bind().dialect.name == "postgresql":
-        return _insert_postgres(session, rows)
+        return _insert_postgres(session, rows, dedup)
     return _insert_sqlite(session, run.key, attempt, rows)
 
 

@@ -1,46 +1,52 @@
 """The per-run write lock: every transaction that writes a run's steps or alert state (ingest,
-alert evaluation) takes it first, so replicas and threads never interleave on one run and row
-locks are never needed (DESIGN.md §6: several server processes on one database never
+alert evaluation) takes it first, so replicas and threads never interleave on one run and step
+rows need no locks of their own (DESIGN.md §6: several server processes on one database never
 double-fire)."""
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
-from sqlalchemy import text, update
+from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
-from .models import Run
+from .commands import OPEN_STATES
+from .models import Command, Run
 
-LOCK_NAMESPACE = 0x56414C54  # "VALT"
 _SQLITE_LOCK = threading.RLock()
 
 
-def run_lock_key(run_id: str) -> int:
-    """The run's 32-bit advisory lock key (a stable digest of its id)."""
-    return int.from_bytes(
-        hashlib.blake2b(run_id.encode(), digest_size=4).digest(), "big", signed=True
-    )
+@dataclass(frozen=True, slots=True)
+class LockedRun:
+    """The run as read under its lock (None if it does not exist), and whether it has open
+    commands then (so that ingest reads the command table only when there is something)."""
+
+    run: Run | None
+    has_open_commands: bool
 
 
 @contextmanager
-def run_lock(session: Session, run_id: str) -> Iterator[None]:
+def run_lock(session: Session, run_id: str) -> Iterator[LockedRun]:
     """Hold the run's lock until the caller's transaction ends; commit inside the block.
 
-    PostgreSQL: a transaction-scoped advisory lock, shared by every process on the database.
-    SQLite: a process lock plus SQLite's own write lock, taken at once by a no-op write, so that
-    processes sharing one file also take turns and every read below is current."""
+    PostgreSQL: the run row's lock (``SELECT ... FOR UPDATE``), which also reads the row as
+    it is now, in the same statement. SQLite: a process lock plus SQLite's own write lock, taken
+    at once by a no-op write, so that processes sharing one file also take turns."""
+    has_open = exists().where(Command.run_id == Run.id, Command.status.in_(OPEN_STATES))
+    query = (
+        select(Run, has_open.label("has_open"))
+        .where(Run.id == run_id)
+        .execution_options(populate_existing=True)
+    )
     if session.get_bind().dialect.name == "postgresql":
-        session.execute(
-            text("SELECT pg_advisory_xact_lock(:ns, :key)"),
-            {"ns": LOCK_NAMESPACE, "key": run_lock_key(run_id)},
-        )
-        yield
+        row = session.execute(query.with_for_update(of=Run)).one_or_none()
+        yield LockedRun(row[0], bool(row[1])) if row else LockedRun(None, False)
         return
     with _SQLITE_LOCK:
         runs = Run.__table__  # Core: no ORM bookkeeping for a statement that changes nothing
         session.execute(update(runs).where(runs.c.id == run_id).values(attempt=runs.c.attempt))
-        yield
+        row = session.execute(query).one_or_none()
+        yield LockedRun(row[0], bool(row[1])) if row else LockedRun(None, False)

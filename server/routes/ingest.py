@@ -7,9 +7,10 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, StepsBatch
 
+from ..alerts import EvaluationFailed, Outcome
 from ..commands import deliver_commands
-from ..deps import IngestKey, load_run
-from ..ingest import IngestError, UnknownAttemptError, ingest_batch
+from ..deps import IngestKey, authorized
+from ..ingest import GroupsExist, IngestError, UnknownAttemptError, ingest_batch
 from ..locks import run_lock
 from . import json_response, parse_body, raw_body_openapi, read_limited_body
 
@@ -33,25 +34,37 @@ async def post_steps(run_id: str, request: Request, key: IngestKey) -> Response:
 
 
 def _ingest(request: Request, run_id: str, batch: StepsBatch, key) -> dict:  # noqa: ANN001
+    """Store the batch; redo the transaction when the fast path does not fit (some groups exist
+    already: the duplicate-safe path; alert evaluation failed: the batch alone)."""
+    dedup, evaluate = False, True
+    while True:
+        try:
+            return _ingest_once(request.app.state, run_id, batch, key, dedup, evaluate)
+        except GroupsExist:
+            dedup = True
+        except EvaluationFailed:
+            evaluate = False
+
+
+def _ingest_once(state, run_id, batch, key, dedup: bool, evaluate: bool) -> dict:  # noqa: ANN001
     """One transaction under the run's lock: store the batch, evaluate alerts (DESIGN.md §6),
     collect commands for rank 0, commit."""
-    app = request.app
-    with app.state.session_factory() as session, run_lock(session, run_id):
-        run = load_run(session, run_id, key)
+    with state.session_factory() as session, run_lock(session, run_id) as locked:
+        run = authorized(locked.run, run_id, key)
         try:
-            result = ingest_batch(session, run, batch)
+            result = ingest_batch(session, run, batch, dedup=dedup)
         except IngestError as exc:
-            session.rollback()
             raise HTTPException(422, str(exc)) from exc
         except UnknownAttemptError as exc:
-            session.rollback()
             raise HTTPException(409, str(exc)) from exc
-        queued = app.state.evaluator.after_ingest(session, run, result)
-        commands = deliver_commands(session, run_id) if result.has_rank0 else []
+        outcome = state.evaluator.after_ingest(session, run, result) if evaluate else Outcome()
+        commands = []
+        if result.has_rank0 and (locked.has_open_commands or outcome.issued):
+            commands = deliver_commands(session, run_id)
         session.commit()
-    if queued:
-        app.state.evaluator.notified()
-    counters = app.state.counters
+    if outcome.notified:
+        state.evaluator.notified()
+    counters = state.counters
     counters["ingested_groups_total"] += result.accepted
     counters["duplicate_groups_total"] += result.duplicates
     counters["conflict_groups_total"] += result.conflicts

@@ -14,7 +14,7 @@ from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, literal, select, union_all
 from sqlalchemy.orm import Session
 from vantage.client.acr import (
     DEFAULT_STREAK_THRESHOLD,
@@ -108,14 +108,7 @@ def series_values(
     # One read covers the batch and the 60 steps before it; on a short run that is everything,
     # and the bounded queries below are only needed for what it does not cover.
     limit = (hi - lo + 1) + 60
-    fetched = list(
-        session.execute(
-            select(Step.step, Step.acr, Step.n_collapsed, Step.n_valid, Step.reward_mean)
-            .where(*base, Step.step <= hi)
-            .order_by(Step.step.desc())
-            .limit(limit)
-        )
-    )[::-1]
+    fetched, first = _recent_and_first(session, base, hi, limit, "acr_100" in needs)
     whole = len(fetched) < limit  # the run's whole history up to hi
     head = [r for r in fetched if r[0] < lo]
     rows = [r for r in fetched if r[0] >= lo]
@@ -131,13 +124,6 @@ def series_values(
                 select(func.sum(Step.n_collapsed), func.sum(Step.n_valid)).where(*before, has_acr)
             ).one()
             collapsed, valid = int(c or 0), int(v or 0)
-    first: list[tuple[int, float]] = []
-    if "acr_100" in needs:
-        if whole:
-            first = [(r[0], r[1]) for r in fetched if r[1] is not None][:100]
-        else:
-            q = select(Step.step, Step.acr).where(*base, has_acr).order_by(Step.step).limit(100)
-            first = [(st, a) for st, a in session.execute(q)]
     last25: deque[float] = deque((r[1] for r in head_acr), maxlen=25)
     if "acr_volatility" in needs and len(last25) < 25 and not whole:
         q = select(Step.acr).where(*before, has_acr).order_by(Step.step.desc()).limit(25)
@@ -205,6 +191,24 @@ def series_values(
             values["reward_drop"] = reward_drop(list(rewards), run.reward_min)
         out[step] = values
     return out
+
+
+def _recent_and_first(
+    session: Session, base: tuple, hi: int, limit: int, with_first: bool
+) -> tuple[list[Any], list[tuple[int, float]]]:
+    """The newest ``limit`` steps up to ``hi`` (oldest first) and, ``with_first``, the first
+    100 steps that have an acr (for acr_100): one round trip."""
+    cols = (Step.step, Step.acr, Step.n_collapsed, Step.n_valid, Step.reward_mean)
+    recent = select(*cols, literal(0).label("part"))
+    recent = recent.where(*base, Step.step <= hi).order_by(Step.step.desc()).limit(limit)
+    query = recent
+    if with_first:
+        first = select(*cols, literal(1).label("part"))
+        first = first.where(*base, Step.acr.is_not(None)).order_by(Step.step).limit(100)
+        query = union_all(select(recent.subquery()), select(first.subquery()))
+    rows = session.execute(query).all()
+    fetched = sorted((tuple(r[:5]) for r in rows if r[5] == 0), key=lambda r: r[0])
+    return fetched, sorted((r[0], r[1]) for r in rows if r[5] == 1)
 
 
 def _streak_before(session: Session, before: tuple, has_acr: Any) -> int:

@@ -65,8 +65,6 @@ class AlertState(Base):
     episode_id: Mapped[int | None] = mapped_column(BigInteger)  # the open episode, if any
     streak: Mapped[int] = mapped_column(default=0)  # consecutive steps meeting the condition
     clear_streak: Mapped[int] = mapped_column(default=0)  # consecutive steps past clear_threshold
-    last_step: Mapped[int | None] = mapped_column(BigInteger)
-    last_attempt: Mapped[int | None]
     last_mitigation_step: Mapped[int | None] = mapped_column(BigInteger)
     # Highest fired_step that was notified: replayed steps of a resumed run never notify again.
     notified_through: Mapped[int | None] = mapped_column(BigInteger)

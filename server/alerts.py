@@ -272,6 +272,7 @@ def evaluate_locked(
     with session.no_autoflush:  # the evaluated flags go out with ingest's own writes
         rows = evaluable_steps(session, run, candidates, now, settings.step_complete_after_s)
         mark_evaluated(rows)
+        rows = _in_order(run, rows)
     if not rows and not stale and not _open_stale_episode(session, run.id):
         return Outcome()  # e.g. one rank of several: nothing to evaluate yet
     ctx = _Context(session, run, settings, now)
@@ -311,17 +312,26 @@ def _open_stale_episode(session: Session, run_id: str) -> bool:
 
 
 def _evaluate_step(ctx: _Context, rule: AlertRule, row: Step, value: float | None) -> None:
-    st = ctx.state(rule)
-    if (
-        st.last_step is not None
-        and row.step <= st.last_step
-        and row.attempt <= (st.last_attempt or 0)
-    ):
-        return  # a straggler of a step this rule already moved past
-    st.last_step, st.last_attempt = row.step, row.attempt
     if value is None or row.n_valid < rule.min_valid_groups:
         return  # neither advances nor resets for_steps
-    _advance(ctx, rule, st, row.step, value)
+    _advance(ctx, rule, ctx.state(rule), row.step, value)
+
+
+def _in_order(run: Run, rows: list[Step]) -> list[Step]:
+    """The rows the rules take, in step order: a straggler — at or before the step the run's
+    rules last took in its split, from the same or an older attempt — is flagged evaluated but
+    changes no rule (a resumed run's newer attempt replays its steps, and is taken)."""
+    progress = dict(run.eval_progress or {})
+    out = []
+    for row in rows:
+        last = progress.get(row.split)
+        if last is not None and row.step <= last[0] and row.attempt <= last[1]:
+            continue
+        progress[row.split] = [row.step, row.attempt]
+        out.append(row)
+    if out:
+        run.eval_progress = progress
+    return out
 
 
 def _evaluate_stale(ctx: _Context, rule: AlertRule) -> None:

@@ -99,6 +99,9 @@ class Run(Base):
     client_health: Mapped[dict[str, Any]] = mapped_column(default=dict)
     # The mitigation the trainer reported in its latest record (`mitigation` field).
     mitigation_reported: Mapped[dict[str, Any] | None]
+    # Per split, [step, attempt] of the step alert rules last took (server/alerts.py): a step
+    # at or before it from the same or an older attempt is a straggler.
+    eval_progress: Mapped[dict[str, Any] | None]
 
 
 class Launch(Base):

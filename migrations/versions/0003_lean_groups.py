@@ -1,6 +1,8 @@
 """lean groups: runs get a small integer `key`; `groups` is keyed by (run_key, attempt, step,
 split, rank, group_id) with no surrogate id and no foreign key, which makes ingest about twice
-as fast into PostgreSQL (benchmarks/ingest.py). Existing rows are copied over.
+as fast into PostgreSQL (benchmarks/ingest.py). Existing rows are copied over. Alert evaluation
+keeps its progress per run (`runs.eval_progress`) instead of per (rule, run), so a quiet step
+writes no alert state.
 
 Revision ID: 0003
 Revises: 0002
@@ -67,6 +69,10 @@ def upgrade() -> None:
     with op.batch_alter_table("runs") as batch_op:
         batch_op.alter_column("key", existing_type=sa.Integer(), nullable=False)
         batch_op.create_index("ix_runs_key", ["key"], unique=True)
+        batch_op.add_column(sa.Column("eval_progress", sa.JSON(), nullable=True))
+    with op.batch_alter_table("alert_states") as batch_op:
+        batch_op.drop_column("last_step")
+        batch_op.drop_column("last_attempt")
 
     _set_aside_old_groups()
     op.create_table(
@@ -121,6 +127,10 @@ def downgrade() -> None:
         "FROM groups_old g JOIN runs r ON r.key = g.run_key"
     )
     op.drop_table("groups_old")
+    with op.batch_alter_table("alert_states") as batch_op:
+        batch_op.add_column(sa.Column("last_step", sa.BigInteger(), nullable=True))
+        batch_op.add_column(sa.Column("last_attempt", sa.Integer(), nullable=True))
     with op.batch_alter_table("runs") as batch_op:
         batch_op.drop_index("ix_runs_key")
         batch_op.drop_column("key")
+        batch_op.drop_column("eval_progress")

@@ -17,9 +17,9 @@ def _aware(dt: datetime) -> datetime:
 
 
 def mark_evaluated(rows: list[Step]) -> None:
-    """Flag rows as evaluated; the flag is written with the transaction's next flush, together
-    with any change ingest made to the same rows. (The run's lock keeps other writers away, and
-    a newer attempt that takes a step over later resets the flag.)"""
+    """Flag rows as evaluated; the flag is written with the row (the ORM's next flush, or ingest's
+    `write_step_rows`), together with any change ingest made to it. (The run's lock keeps other
+    writers away, and a newer attempt that takes a step over later resets the flag.)"""
     for row in rows:
         row.evaluated = True
 

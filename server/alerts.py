@@ -154,15 +154,21 @@ class Evaluator:
         self.settings = settings
         self.on_notify: Callable[[], None] | None = None  # wakes this process's outbox sender
 
-    def after_ingest(self, session: Session, run: Run, result: Any) -> Outcome:
+    def after_ingest(
+        self, session: Session, run: Run, result: Any, write: Callable[[], None]
+    ) -> Outcome:
         """Evaluate the steps of ``run`` that the batch made evaluable, inside the ingest
-        transaction, before anything is flushed (the caller holds the run's lock and commits).
+        transaction (the caller holds the run's lock and commits). ``write`` stores ingest's
+        step rows; it is called once their evaluated flags are set, before anything is read.
         Raises EvaluationFailed when evaluation fails: the caller then stores the batch alone
         (it is never lost to an alert error) and the periodic pass evaluates later."""
         if not result.touched:
+            write()
             return Outcome()
         try:
-            return evaluate_locked(session, run, self.settings, candidates=result.candidates)
+            return evaluate_locked(
+                session, run, self.settings, candidates=result.candidates, before_reads=write
+            )
         except Exception as exc:
             log.exception("alert evaluation failed for run %s", run.id)
             raise EvaluationFailed(str(exc)) from exc
@@ -261,18 +267,22 @@ def evaluate_locked(
     session: Session,
     run: Run,
     settings: Settings,
-    candidates: list[Step],
+    candidates: list[Any],
     stale: bool = False,
+    before_reads: Callable[[], None] | None = None,
 ) -> Outcome:
     """Evaluate, in step order, every evaluable step among ``candidates`` (the run's unevaluated
-    steps, of some splits at least), and the run's `stale` rules (all of them when ``stale``,
-    else only open episodes, which fresh data resolves). The caller holds the run's lock and
-    commits."""
+    steps, of some splits at least: ORM rows, or ingest's plain rows that ``before_reads``
+    writes once their evaluated flags are set), and the run's `stale` rules (all of them when
+    ``stale``, else only open episodes, which fresh data resolves). The caller holds the run's
+    lock and commits."""
     now = utcnow()
     with session.no_autoflush:  # the evaluated flags go out with ingest's own writes
         rows = evaluable_steps(session, run, candidates, now, settings.step_complete_after_s)
         mark_evaluated(rows)
         rows = _in_order(run, rows)
+    if before_reads is not None:
+        before_reads()
     if not rows and not stale and not _open_stale_episode(session, run.id):
         return Outcome()  # e.g. one rank of several: nothing to evaluate yet
     ctx = _Context(session, run, settings, now)

@@ -9,10 +9,11 @@ identical re-send is a duplicate, a different one a conflict. The newest attempt
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
-from sqlalchemy import and_, false, insert, or_, select
+from sqlalchemy import and_, bindparam, false, insert, or_, select, update
 from sqlalchemy.orm import Session
 from vantage.client.acr import (
     STEP_METRIC_FIELDS,
@@ -79,14 +80,51 @@ class IngestResult:
     steps: list[dict[str, Any]] = field(default_factory=list)
     touched: list[tuple[str, int]] = field(default_factory=list)
     has_rank0: bool = False
-    # The run's unevaluated step rows, this batch's included, for alert evaluation.
-    candidates: list[Step] = field(default_factory=list)
+    # The batch's step rows and the run's other unevaluated ones (to write back), and the
+    # unevaluated ones among both, for alert evaluation.
+    step_rows: list[Any] = field(default_factory=list)
+    older_unevaluated: list[Any] = field(default_factory=list)
+    candidates: list[Any] = field(default_factory=list)
 
 
-def run_settings(run: Run) -> ACRSettings:
-    return ACRSettings(
-        reward_min=run.reward_min, reward_max=run.reward_max, trainer_eps=run.trainer_eps
-    )
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What storing a run's groups needs before its lock: fields fixed when the run is created,
+    so a process may keep them (`run_info`); ingest compares them with the locked row."""
+
+    key: int
+    project: str | None
+    settings: ACRSettings
+
+    @classmethod
+    def of(cls, run: Run) -> RunInfo:
+        settings = ACRSettings(
+            reward_min=run.reward_min, reward_max=run.reward_max, trainer_eps=run.trainer_eps
+        )
+        return cls(run.key, run.project, settings)
+
+
+_RUN_INFO: dict[str, RunInfo] = {}
+_RUN_INFO_MAX = 10_000
+
+
+def run_info(session: Session, run_id: str) -> RunInfo | None:
+    """The run's fixed fields, from this process's cache or the database (None: no such run).
+    A run deleted and created again under the same id is caught by the check under the lock."""
+    info = _RUN_INFO.get(run_id)
+    if info is None:
+        run = session.get(Run, run_id)
+        if run is None:
+            return None
+        if len(_RUN_INFO) >= _RUN_INFO_MAX:
+            _RUN_INFO.clear()
+        info = _RUN_INFO[run_id] = RunInfo.of(run)
+    return info
+
+
+def forget_run(run_id: str) -> None:
+    """Drop a run's cached fields (it was deleted, or they no longer match)."""
+    _RUN_INFO.pop(run_id, None)
 
 
 @dataclass(slots=True)
@@ -99,11 +137,11 @@ class _Classified:
 
 
 def _classify_batch(
-    run: Run, batch: StepsBatch, result: IngestResult
+    info: RunInfo, batch: StepsBatch, result: IngestResult
 ) -> tuple[dict[tuple, tuple], list[_Classified]]:
     """Classify every record's groups; returns the rows to store by group key (the first of
     keys repeated within the batch; repeats count as duplicates or conflicts)."""
-    settings = run_settings(run)
+    settings = info.settings
     rows: dict[tuple, tuple] = {}
     out = []
     for ri, rec in enumerate(batch.records):
@@ -112,7 +150,7 @@ def _classify_batch(
         except InconsistentStatsError as exc:
             raise IngestError(f"record {ri}, {exc}") from exc
         owned = []
-        head = (run.key, batch.attempt, rec.step, rec.split, rec.rank)
+        head = (info.key, batch.attempt, rec.step, rec.split, rec.rank)
         for i, row in enumerate(
             zip(
                 cols.group_ids,
@@ -273,39 +311,56 @@ def _merge_record(d: _StepDelta, rec: StepRecord) -> None:
         d.time = rec.time
 
 
+STEPS = Step.__table__  # ingest reads and writes step rows with Core: no unit-of-work overhead
+STEP_COLUMNS = tuple(c.name for c in STEPS.columns if c.name != "id")
+_UPDATE_STEP = update(STEPS).where(STEPS.c.id == bindparam("row_id"))
+
+
 def _step_rows(
     session: Session, run: Run, attempt: int, keys: list[tuple[str, int]]
-) -> tuple[dict[tuple[str, int], Step], list[Step]]:
-    """The step rows of ``keys`` (new ones added to the session), and every unevaluated step
-    row of the run, read together. The caller holds the run's lock
-    (`vantage.server.locks.run_lock`), so no other writer touches them meanwhile."""
-    out: dict[tuple[str, int], Step] = {}
-    unevaluated: dict[int, Step] = {}
+) -> tuple[dict[tuple[str, int], SimpleNamespace], list[SimpleNamespace]]:
+    """The step rows of ``keys`` (new ones made up, id None), and every unevaluated step row of
+    the run, read together, as plain objects with the columns as attributes. The caller holds
+    the run's lock (`vantage.server.locks.run_lock`), so no other writer touches them; it
+    writes them back with `write_step_rows`."""
+    out: dict[tuple[str, int], SimpleNamespace] = {}
+    unevaluated: dict[int, SimpleNamespace] = {}
     for i in range(0, len(keys), 300):
-        chunk = [and_(Step.split == sp, Step.step == st) for sp, st in keys[i : i + 300]]
+        chunk = [and_(STEPS.c.split == sp, STEPS.c.step == st) for sp, st in keys[i : i + 300]]
         if i == 0:
-            chunk.append(Step.evaluated == false())
-        for row in session.scalars(select(Step).where(Step.run_id == run.id, or_(*chunk))):
+            chunk.append(STEPS.c.evaluated == false())
+        query = select(STEPS).where(STEPS.c.run_id == run.id, or_(*chunk))
+        for mapping in session.execute(query).mappings():
+            row = SimpleNamespace(**mapping)
             out[(row.split, row.step)] = row
             if not row.evaluated:
                 unevaluated[row.id] = row
+    now = utcnow()
     for split, step in keys:
-        row = out.get((split, step))
-        if row is None:
-            row = Step(
-                run_id=run.id,
-                split=split,
-                step=step,
-                attempt=attempt,
-                ranks=[],
-                acc={},
-                effective_by_rank={},
-                scalars={},
-                world_size=run.world_size,
-            )
-            session.add(row)
-            out[(split, step)] = row
+        if (split, step) not in out:
+            out[(split, step)] = _new_step_row(run, split, step, attempt, now)
     return out, list(unevaluated.values())
+
+
+def _new_step_row(run: Run, split: str, step: int, attempt: int, now: Any) -> SimpleNamespace:
+    row = SimpleNamespace(**{c.name: None for c in STEPS.columns})
+    row.run_id, row.split, row.step, row.attempt = run.id, split, step, attempt
+    row.first_seen_at = row.updated_at = now
+    row.world_size, row.evaluated = run.world_size, False
+    row.ranks, row.acc, row.effective_by_rank, row.scalars = [], {}, {}, {}
+    return row
+
+
+def write_step_rows(session: Session, result: IngestResult) -> None:
+    """Write the batch's step rows (inserting new ones) and any unevaluated row that alert
+    evaluation has flagged since; one statement for each kind."""
+    rows = [*result.step_rows, *(r for r in result.older_unevaluated if r.evaluated)]
+    new = [{c: getattr(r, c) for c in STEP_COLUMNS} for r in rows if r.id is None]
+    old = [{"row_id": r.id, **{c: getattr(r, c) for c in STEP_COLUMNS}} for r in rows if r.id]
+    if new:
+        session.execute(insert(STEPS), new)
+    if old:
+        session.execute(_UPDATE_STEP, old)
 
 
 def _accumulator(data: dict[str, Any]) -> StepAccumulator:
@@ -327,7 +382,7 @@ def _dump_accumulator(acc: StepAccumulator) -> dict[str, Any]:
     return out
 
 
-def _apply_delta(row: Step, attempt: int, d: _StepDelta, run: Run) -> bool:
+def _apply_delta(row: Any, attempt: int, d: _StepDelta, run: Run) -> bool:
     """Add a batch's delta to a step row it may own; returns False when a newer attempt owns it."""
     fresh = not row.acc
     if row.attempt > attempt and not fresh:
@@ -359,32 +414,51 @@ def _apply_delta(row: Step, attempt: int, d: _StepDelta, run: Run) -> bool:
     return True
 
 
-def ingest_batch(
-    session: Session, run: Run, batch: StepsBatch, dedup: bool = False
-) -> IngestResult:
-    """Store one batch; the caller holds the run's lock and commits (changes to step and run rows
-    are left unflushed, so that alert evaluation adds its flags to the same writes). Raises
-    IngestError (422), UnknownAttemptError (409), or GroupsExist (redo with ``dedup``)."""
-    if batch.attempt > run.attempt:
-        raise UnknownAttemptError(
-            f"attempt {batch.attempt} is unknown for run {run.id} (latest is {run.attempt}); "
-            "POST /api/v1/runs first to register the launch"
-        )
-    result = IngestResult(has_rank0=any(r.rank == 0 for r in batch.records))
-    rows, classified = _classify_batch(run, batch, result)
-    if not batch.records:
-        return result
-    inserted, existing = _insert(session, run, batch.attempt, rows, dedup)
+@dataclass(slots=True)
+class StoredGroups:
+    """A batch's groups after `store_groups`: what was classified and what was inserted."""
+
+    classified: list[_Classified]
+    inserted: set
+    every_row: bool  # every group the batch owned was inserted (the common case)
+
+
+def store_groups(
+    session: Session, info: RunInfo, batch: StepsBatch, result: IngestResult, dedup: bool
+) -> StoredGroups:
+    """Classify and insert a batch's groups (within the caller's transaction; on PostgreSQL it
+    need not hold the run's lock yet: the primary key arbitrates). Counts accepted groups,
+    duplicates, conflicts and invalid groups into ``result``. Raises IngestError (422) or
+    GroupsExist (redo the transaction with ``dedup``)."""
+    rows, classified = _classify_batch(info, batch, result)
+    inserted, existing = _insert(session, info.key, batch.attempt, rows, dedup)
     result.accepted = len(inserted)
     for key, h in existing.items():
         if h == rows[key][-1]:
             result.duplicates += 1
         else:
             result.conflicts += 1
-    deltas = _deltas(classified, inserted, every_row=len(inserted) == len(rows))
+    return StoredGroups(classified, inserted, len(inserted) == len(rows))
+
+
+def apply_to_steps(
+    session: Session, run: Run, batch: StepsBatch, stored: StoredGroups, result: IngestResult
+) -> None:
+    """Add a stored batch to its step rows and the run's latest state. The caller holds the
+    run's lock and commits; changes are left unflushed, so that alert evaluation adds its flags
+    to the same writes. Raises UnknownAttemptError (409)."""
+    if batch.attempt > run.attempt:
+        raise UnknownAttemptError(
+            f"attempt {batch.attempt} is unknown for run {run.id} (latest is {run.attempt}); "
+            "POST /api/v1/runs first to register the launch"
+        )
+    result.has_rank0 = any(r.rank == 0 for r in batch.records)
+    if not batch.records:
+        return
+    deltas = _deltas(stored.classified, stored.inserted, stored.every_row)
     keys = sorted(deltas)
     step_rows, unevaluated = _step_rows(session, run, batch.attempt, keys)
-    touched_rows: list[Step] = []
+    touched_rows: list[SimpleNamespace] = []
     for key in keys:
         row = step_rows[key]
         if _apply_delta(row, batch.attempt, deltas[key], run):
@@ -392,22 +466,23 @@ def ingest_batch(
         result.steps.append(step_answer(row))
         result.touched.append(key)
     _update_run_state(run, touched_rows, batch)
-    result.candidates = [r for r in step_rows.values() if not r.evaluated]
-    result.candidates += [r for r in unevaluated if (r.split, r.step) not in step_rows]
-    return result
+    result.step_rows = list(step_rows.values())
+    result.older_unevaluated = [r for r in unevaluated if (r.split, r.step) not in step_rows]
+    result.candidates = [r for r in result.step_rows if not r.evaluated]
+    result.candidates += result.older_unevaluated
 
 
 def _insert(
-    session: Session, run: Run, attempt: int, rows: dict[tuple, tuple], dedup: bool
+    session: Session, run_key: int, attempt: int, rows: dict[tuple, tuple], dedup: bool
 ) -> tuple:
     if not rows:
         return set(), {}
     if session.get_bind().dialect.name == "postgresql":
         return _insert_postgres(session, rows, dedup)
-    return _insert_sqlite(session, run.key, attempt, rows)
+    return _insert_sqlite(session, run_key, attempt, rows)
 
 
-def _update_run_state(run: Run, rows: list[Step], batch: StepsBatch) -> None:
+def _update_run_state(run: Run, rows: list[Any], batch: StepsBatch) -> None:
     run.last_seen_at = utcnow()
     train = [r for r in rows if r.split == "train"]
     if train:
@@ -420,7 +495,7 @@ def _update_run_state(run: Run, rows: list[Step], batch: StepsBatch) -> None:
             run.mitigation_reported = rec.mitigation
 
 
-def step_answer(row: Step) -> dict[str, Any]:
+def step_answer(row: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"step": row.step, "split": row.split, "attempt": row.attempt}
     for name in STEP_METRIC_FIELDS:
         out[name] = getattr(row, name)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, StepsBatch
@@ -10,7 +12,18 @@ from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, Ste
 from ..alerts import EvaluationFailed, Outcome
 from ..commands import deliver_commands
 from ..deps import IngestKey, authorized
-from ..ingest import GroupsExist, IngestError, UnknownAttemptError, ingest_batch
+from ..ingest import (
+    GroupsExist,
+    IngestError,
+    IngestResult,
+    RunInfo,
+    UnknownAttemptError,
+    apply_to_steps,
+    forget_run,
+    run_info,
+    store_groups,
+    write_step_rows,
+)
 from ..locks import run_lock
 from . import json_response, parse_body, raw_body_openapi, read_limited_body
 
@@ -35,7 +48,8 @@ async def post_steps(run_id: str, request: Request, key: IngestKey) -> Response:
 
 def _ingest(request: Request, run_id: str, batch: StepsBatch, key) -> dict:  # noqa: ANN001
     """Store the batch; redo the transaction when the fast path does not fit (some groups exist
-    already: the duplicate-safe path; alert evaluation failed: the batch alone)."""
+    already: the duplicate-safe path; alert evaluation failed: the batch alone; the run's cached
+    fields are stale: read them again)."""
     dedup, evaluate = False, True
     while True:
         try:
@@ -44,24 +58,47 @@ def _ingest(request: Request, run_id: str, batch: StepsBatch, key) -> dict:  # n
             dedup = True
         except EvaluationFailed:
             evaluate = False
+        except StaleRunInfo:
+            forget_run(run_id)
+
+
+class StaleRunInfo(RuntimeError):
+    """The run's cached fields differ from its row (deleted and created again)."""
 
 
 def _ingest_once(state, run_id, batch, key, dedup: bool, evaluate: bool) -> dict:  # noqa: ANN001
-    """One transaction under the run's lock: store the batch, evaluate alerts (DESIGN.md §6),
-    collect commands for rank 0, commit."""
-    with state.session_factory() as session, run_lock(session, run_id) as locked:
-        run = authorized(locked.run, run_id, key)
+    """One transaction: store the groups; then, under the run's lock, the step rows and alert
+    evaluation (DESIGN.md §6) and the commands for rank 0; commit. On PostgreSQL the groups go
+    in before the lock, so one run's concurrent batches (ranks) overlap there."""
+    with state.session_factory() as session:
+        info = run_info(session, run_id)
+        if info is None or not key.allows_project(info.project):
+            raise HTTPException(404, f"run {run_id} not found")
+        result = IngestResult()
+        early = session.get_bind().dialect.name == "postgresql"
         try:
-            result = ingest_batch(session, run, batch, dedup=dedup)
+            stored = store_groups(session, info, batch, result, dedup) if early else None
+            with run_lock(session, run_id) as locked:
+                run = authorized(locked.run, run_id, key)
+                if RunInfo.of(run) != info:
+                    raise StaleRunInfo(run_id)
+                if stored is None:
+                    stored = store_groups(session, info, batch, result, dedup)
+                apply_to_steps(session, run, batch, stored, result)
+                write = partial(write_step_rows, session, result)
+                outcome = Outcome()
+                if evaluate:
+                    outcome = state.evaluator.after_ingest(session, run, result, write)
+                else:
+                    write()
+                commands = []
+                if result.has_rank0 and (locked.has_open_commands or outcome.issued):
+                    commands = deliver_commands(session, run_id)
+                session.commit()
         except IngestError as exc:
             raise HTTPException(422, str(exc)) from exc
         except UnknownAttemptError as exc:
             raise HTTPException(409, str(exc)) from exc
-        outcome = state.evaluator.after_ingest(session, run, result) if evaluate else Outcome()
-        commands = []
-        if result.has_rank0 and (locked.has_open_commands or outcome.issued):
-            commands = deliver_commands(session, run_id)
-        session.commit()
     if outcome.notified:
         state.evaluator.notified()
     counters = state.counters

@@ -10,6 +10,7 @@ from vantage.client.schema import Finish, Heartbeat, RunCreate, RunPatch
 
 from ..commands import deliver_commands
 from ..deps import AdminKey, ControlKey, IngestKey, ReadKey, SessionDep, SettingsDep, load_run
+from ..ingest import forget_run
 from ..maintenance import delete_run_data
 from ..models import utcnow
 from ..queries import get_run, list_runs, run_dict
@@ -76,6 +77,7 @@ def delete_run(run_id: str, key: AdminKey, session: SessionDep) -> Response:
     run = load_run(session, run_id, key)
     delete_run_data(session, run)
     session.commit()
+    forget_run(run_id)
     return Response(status_code=204)
 
 

@@ -6,10 +6,12 @@ PostgreSQL. One client process sends the same groups to each, in the same batch 
 - MLflow: ``log_batch`` with two metric points per group (``group_mean``, ``group_std``; step = the
   training step; a distinct millisecond timestamp per group), ``--batch`` groups = 2·batch points
   per call (MLflow allows 1,000 metrics per call, so --batch is at most 500).
-The two are measured in alternating rounds (these machines are noisy) after a warm-up, and the
+Both servers run ``--workers`` processes (default 2, one per core here), and the client sends from
+``--concurrency`` threads (default 2, as two ranks of one job would) and from one thread. The two
+servers are measured in alternating rounds (these machines are noisy) after a warm-up, and the
 ratio of their steady-state rates is printed. MLflow's stored point count is checked in its
-database. Also measured for Vantage: latency of 1,000-group batches and the read time of the
-metrics of a 20,000-step run.
+database. Also measured for Vantage: latency of 1,000-group batches from one sender and the read
+time of the metrics of a 20,000-step run.
 
     python benchmarks/ingest.py --quick      # under 5 minutes
 
@@ -27,8 +29,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -78,22 +82,41 @@ def make_groups(rng: random.Random, n: int, g: int) -> list[list[float]]:
     return out
 
 
-class VantageSender:
-    def __init__(self, url: str, group_size: int):
-        self.client = httpx.Client(base_url=url, timeout=60)
-        body = {"name": "bench", "group_size": group_size}
-        run = self.client.post("/api/v1/runs", json=body).json()
-        self.run_id, self.attempt = run["run_id"], run["attempt"]
+class _Sender:
+    """Sends batches from one or more threads; steps and timestamps come from shared counters,
+    so concurrent senders (like the ranks of one job) never repeat a step."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._local = threading.local()
         self.step = 0
         self.latencies: list[float] = []
 
+    def next_step(self) -> int:
+        with self._lock:
+            self.step += 1
+            return self.step
+
+
+class VantageSender(_Sender):
+    def __init__(self, url: str, group_size: int):
+        super().__init__()
+        self.url = url
+        with httpx.Client(base_url=url, timeout=60) as client:
+            body = {"name": "bench", "group_size": group_size}
+            run = client.post("/api/v1/runs", json=body).json()
+        self.run_id, self.attempt = run["run_id"], run["attempt"]
+
     def send(self, groups: list[list[float]]) -> int:
-        self.step += 1
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = httpx.Client(base_url=self.url, timeout=60)
+        step = self.next_step()
         body = orjson.dumps(
-            {"attempt": self.attempt, "records": [{"step": self.step, "groups": groups}]}
+            {"attempt": self.attempt, "records": [{"step": step, "groups": groups}]}
         )
         t0 = time.perf_counter()
-        r = self.client.post(
+        r = client.post(
             f"/api/v1/runs/{self.run_id}/steps",
             content=body,
             headers={"content-type": "application/json"},
@@ -105,36 +128,48 @@ class VantageSender:
         return accepted
 
 
-class MlflowSender:
+class MlflowSender(_Sender):
     def __init__(self, url: str):
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(tracking_uri=url)
-        exp = self.client.create_experiment(f"bench-{uuid.uuid4().hex[:6]}")
-        self.run_id = self.client.create_run(exp).info.run_id
-        self.step = 0
+        super().__init__()
+        self.url = url
+        client = MlflowClient(tracking_uri=url)
+        exp = client.create_experiment(f"bench-{uuid.uuid4().hex[:6]}")
+        self.run_id = client.create_run(exp).info.run_id
         self.ts = int(time.time() * 1000)
         self.sent_points = 0
 
+    def _timestamps(self, n: int) -> range:
+        with self._lock:  # a distinct millisecond timestamp per group
+            start, self.ts = self.ts + 1, self.ts + n
+        return range(start, start + n)
+
     def send(self, groups: list[list[float]]) -> int:
         from mlflow.entities import Metric
+        from mlflow.tracking import MlflowClient
 
-        self.step += 1
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = MlflowClient(tracking_uri=self.url)
+        step = self.next_step()
         metrics = []
-        for rewards in groups:
-            self.ts += 1  # a distinct millisecond timestamp per group
+        for rewards, ts in zip(groups, self._timestamps(len(groups)), strict=True):
             mean = sum(rewards) / len(rewards)
             std = statistics.stdev(rewards) if len(rewards) > 1 else 0.0
-            metrics.append(Metric("group_mean", mean, self.ts, self.step))
-            metrics.append(Metric("group_std", std, self.ts, self.step))
-        self.client.log_batch(self.run_id, metrics=metrics)
-        self.sent_points += len(metrics)
+            metrics.append(Metric("group_mean", mean, ts, step))
+            metrics.append(Metric("group_std", std, ts, step))
+        client.log_batch(self.run_id, metrics=metrics)
+        with self._lock:
+            self.sent_points += len(metrics)
         return len(groups)
 
 
-def timed_round(sender, batches: list[list[list[float]]]) -> float:
+def timed_round(sender: _Sender, batches: list[list[list[float]]], concurrency: int) -> float:
+    """Groups per second sending ``batches`` from ``concurrency`` threads."""
     t0 = time.perf_counter()
-    n = sum(sender.send(b) for b in batches)
+    with ThreadPoolExecutor(concurrency) as pool:
+        n = sum(pool.map(sender.send, batches))
     return n / (time.perf_counter() - t0)
 
 
@@ -168,9 +203,19 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=500, help="groups per request (≤ 500)")
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument(
+        "--workers", type=int, default=2, help="server processes, for both servers (default 2)"
+    )
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=2,
+        help="sending threads, for both servers, as the ranks of one job (default 2); every "
+        "round also measures one sender",
+    )
     args = ap.parse_args()
     rounds = args.rounds or (3 if args.quick else 6)
-    v_batches, m_batches = (40, 4) if args.quick else (100, 8)
+    v_batches, m_batches = (40, 8) if args.quick else (100, 16)
 
     admin = psycopg.connect(PG_ADMIN, autocommit=True)
     base = PG_ADMIN.rsplit("/", 1)[0]
@@ -190,6 +235,8 @@ def main() -> None:
                     str(vport),
                     "--database-url",
                     f"{base}/{vdb}",
+                    "--workers",
+                    str(args.workers),
                 ],
                 stdout=(tmp / "vantage.log").open("w"),
                 stderr=subprocess.STDOUT,
@@ -208,7 +255,7 @@ def main() -> None:
                     "--port",
                     str(mport),
                     "--workers",
-                    "1",
+                    str(args.workers),
                     "--default-artifact-root",
                     str(tmp / "art"),
                 ],
@@ -226,16 +273,21 @@ def main() -> None:
         for b in warm:  # warm-up: connections, caches, first inserts
             vantage.send(b)
             mlflow_.send(b)
-        v_rates, m_rates = [], []
+        rates: dict[tuple[str, int], list[float]] = {}
+        levels = sorted({args.concurrency, 1}, reverse=True)
         for r in range(rounds):  # alternating rounds, same batches for both
             vb = [make_groups(rng, args.batch, args.group_size) for _ in range(v_batches)]
-            v_rates.append(timed_round(vantage, vb))
-            m_rates.append(timed_round(mlflow_, vb[:m_batches]))
-            print(
-                f"round {r + 1}/{rounds}: vantage {v_rates[-1]:,.0f} groups/s, "
-                f"mlflow {m_rates[-1]:,.0f} groups/s, ratio {v_rates[-1] / m_rates[-1]:.1f}",
-                flush=True,
-            )
+            line = []
+            for level in levels:
+                v = timed_round(vantage, vb, level)
+                m = timed_round(mlflow_, vb[:m_batches], level)
+                rates.setdefault(("vantage", level), []).append(v)
+                rates.setdefault(("mlflow", level), []).append(m)
+                line.append(
+                    f"{level} sender{'s' if level > 1 else ''}: vantage {v:,.0f}, mlflow {m:,.0f} "
+                    f"groups/s, ratio {v / m:.1f}"
+                )
+            print(f"round {r + 1}/{rounds}: " + "; ".join(line), flush=True)
 
         with psycopg.connect(f"{base}/{mdb}") as conn:
             stored = conn.execute(
@@ -258,13 +310,22 @@ def main() -> None:
             flush=True,
         )
 
-        v, m = statistics.median(v_rates), statistics.median(m_rates)
+        median = {k: statistics.median(v) for k, v in rates.items()}
+        v, m = median[("vantage", args.concurrency)], median[("mlflow", args.concurrency)]
+        v1, m1 = median[("vantage", 1)], median[("mlflow", 1)]
         print(
             json.dumps(
                 {
                     "vantage_groups_per_s": round(v),
                     "mlflow_groups_per_s": round(m),
                     "ratio": round(v / m, 1),
+                    "senders": args.concurrency,
+                    "workers": args.workers,
+                    "one_sender": {
+                        "vantage_groups_per_s": round(v1),
+                        "mlflow_groups_per_s": round(m1),
+                        "ratio": round(v1 / m1, 1),
+                    },
                     "batch_1000_p50_ms": round(p50, 1),
                     "batch_1000_p99_ms": round(p99, 1),
                     "metrics_20k_p50_ms": round(read["p50_ms"], 1),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -63,13 +64,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if not args.no_upgrade:
         upgrade(settings.database_url)
-    app = create_app(settings)
     print(
         f"Vantage API on http://{args.host}:{args.port} (dashboard at /dashboard/)", file=sys.stderr
     )
-    uvicorn.run(
-        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
+    options = dict(
+        host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
     )
+    if args.workers <= 1:
+        uvicorn.run(create_app(settings), **options)
+        return 0
+    # Worker processes build their own app from the environment: hand them what the command
+    # line decided. They share nothing but the database (DESIGN.md §8, scale-out).
+    os.environ["VANTAGE_DATABASE_URL"] = settings.database_url
+    os.environ["VANTAGE_AUTH_ENABLED"] = "true" if settings.auth_enabled else "false"
+    uvicorn.run("vantage.server.main:create_app", factory=True, workers=args.workers, **options)
     return 0
 
 
@@ -194,6 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-upgrade", action="store_true", help="skip the schema upgrade on start")
     p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes sharing the port (default 1; on PostgreSQL, 2 or more use more "
+        "cores: each takes batches of its own)",
+    )
     _db_arg(p)
     p.set_defaults(func=cmd_serve)
 

@@ -110,3 +110,37 @@ def test_schemathesis_finds_no_server_error(server, tmp_path):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-6000:]
+
+
+def test_serve_with_workers_on_postgres(postgres_url, tmp_path):
+    """`--workers 2`: two processes share the port and one run; concurrent batches of several
+    steps all land once, with their metrics; SIGTERM stops them all within 10 s."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .conftest import new_postgres_database
+
+    url, drop = new_postgres_database()
+    srv = start_server(url, tmp_path, "--insecure-no-auth", "--workers", "2")
+    try:
+        with srv.client(None) as c:
+            run = new_run(c)
+
+            def send(step: int) -> dict:
+                groups = [[1, 1, 1, 1], [0, 1, 0, 1]] * 50  # 100 groups, half collapsed
+                with srv.client(None) as own:
+                    return post_steps(own, run, [{"step": step, "groups": groups}])
+
+            with ThreadPoolExecutor(4) as pool:
+                answers = list(pool.map(send, range(40)))
+            assert sum(a["accepted"] for a in answers) == 4000
+            points = c.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"]
+            assert [p["step"] for p in points] == list(range(40))
+            assert {p["acr"] for p in points} == {0.5} and {p["n_groups"] for p in points} == {100}
+            assert c.get(f"/api/v1/runs/{run['run_id']}").json()["last_step"] == 39
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        srv.proc.wait(15)
+        assert time.monotonic() - t0 < 10
+    finally:
+        srv.stop()
+        drop()

@@ -63,7 +63,9 @@ def test_float32_rounded_example_of_design():
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(reward, min_size=3, max_size=3), min_size=1, max_size=8))
 def test_vectorised_hashes_equal_plain_python(rows):
-    cols = classify_groups([NormalGroup(str(i), None, r) for i, r in enumerate(rows)], ACRSettings())
+    cols = classify_groups(
+        [NormalGroup(str(i), None, r) for i, r in enumerate(rows)], ACRSettings()
+    )
     assert cols.hash == [reward_hash(r) for r in rows]
 
 

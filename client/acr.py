@@ -32,6 +32,7 @@ __all__ = [
     "summarize_step",
     "window_metrics",
     "InconsistentStatsError",
+    "collapsed_side",
 ]
 
 
@@ -93,7 +94,8 @@ def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _side(value: float, settings: ACRSettings) -> str:
+def collapsed_side(value: float, settings: ACRSettings) -> str:
+    """The side of a collapsed group whose rewards all equal ``value`` (DESIGN.md §3)."""
     if value == settings.reward_max:
         return "all_pass"
     if value == settings.reward_min:
@@ -106,7 +108,7 @@ def _classify(
 ) -> tuple[GroupClass, str | None]:
     """Class and side of a valid-size group from scaled statistics (x = r / s)."""
     if hi == lo:
-        return GroupClass.COLLAPSED, _side(lo, settings)
+        return GroupClass.COLLAPSED, collapsed_side(lo, settings)
     # max_i |r_i - mean| is attained at min or max; divide by s on both sides of the ratio so
     # nothing overflows: |r - mean| / (std + eps) == |x - mean_x| / (std_x + eps / s).
     max_dev_x = max(hi / s - mean_x, mean_x - lo / s)
@@ -160,7 +162,9 @@ def summarize_rewards(
     lo, hi = float(min(values)), float(max(values))
     n_pass = _binary_passes(values, n, settings)
     if lo == hi:
-        return GroupSummary(GroupClass.COLLAPSED, _side(lo, settings), n, lo, 0.0, lo, hi, n_pass)
+        return GroupSummary(
+            GroupClass.COLLAPSED, collapsed_side(lo, settings), n, lo, 0.0, lo, hi, n_pass
+        )
     s = max(abs(lo), abs(hi))
     # (d * d, not d ** 2: the server's vectorised twin must reproduce every operation exactly)
     if s == 1.0:  # rewards in [-1, 1], the common case: no scaling needed

@@ -27,6 +27,7 @@ from vantage.client.acr import (
     GroupSummary,
     InconsistentStatsError,
     StepAccumulator,
+    collapsed_side,
     summarize_rewards,
     summarize_stats,
 )
@@ -186,17 +187,9 @@ def _vectorised(
         cols.n_pass[i] = passes if is_binary else None
         cols.min[i], cols.max[i] = low, high
         if c == COLLAPSED:
-            cols.side[i], cols.mean[i], cols.std[i] = _side(low, settings), low, 0.0
+            cols.side[i], cols.mean[i], cols.std[i] = collapsed_side(low, settings), low, 0.0
         else:
             cols.mean[i], cols.std[i] = m, sd
-
-
-def _side(value: float, settings: ACRSettings) -> str:
-    if value == settings.reward_max:
-        return "all_pass"
-    if value == settings.reward_min:
-        return "all_fail"
-    return "constant"
 
 
 def _finite_list(a: np.ndarray) -> list[float | None]:

@@ -70,7 +70,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = dict(
         host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
     )
-    if args.workers <= 1:
+    workers = args.workers or settings.workers
+    if workers <= 1:
         uvicorn.run(create_app(settings), **options)
         return 0
     # Worker processes build their own app from the environment: hand them what the command
@@ -205,9 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workers",
         type=int,
-        default=1,
-        help="server processes sharing the port (default 1; on PostgreSQL, 2 or more use more "
-        "cores: each takes batches of its own)",
+        default=None,
+        help="server processes sharing the port (default VANTAGE_WORKERS, else 1; on "
+        "PostgreSQL, 2 or more use more cores: each takes batches of its own)",
     )
     _db_arg(p)
     p.set_defaults(func=cmd_serve)

@@ -43,3 +43,6 @@ class Settings(BaseSettings):
     outbox_poll_s: float = 0.25
     # Run the periodic alert pass and the outbox sender in this process.
     alert_worker: bool = True
+    # `vantage serve` processes sharing the port (`--workers` overrides); on PostgreSQL more
+    # than one uses more cores. Each runs its own alert pass and outbox sender.
+    workers: int = Field(default=1, ge=1, le=64)

@@ -82,6 +82,48 @@ def _safe(text: str, limit: int = 40) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:limit]
 
 
+MAX_STEP = 2**62  # the server's limit (DESIGN.md §4)
+MAX_RANK = 65_535
+
+
+def _count(name: str, value: Any, top: int = MAX_STEP) -> int:
+    """A step, rank or count as the server takes it: an integer in [0, top]; else ValueError,
+    so that a bad call is dropped alone instead of failing the batch it would join."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, not a bool")
+    number = int(value)
+    if number != value and not isinstance(value, str):
+        raise ValueError(f"{name} must be a whole number, not {value!r}")
+    if not 0 <= number <= top:
+        raise ValueError(f"{name} {number} is outside [0, {top}]")
+    return number
+
+
+def _pack_or_drop(records: dict[Any, Any], spool: Any) -> list[tuple[bytes, int]]:
+    """Request bodies for the records; a record that cannot be encoded is dropped and counted,
+    never the batch around it."""
+    try:
+        return pack_records(list(records.values()))
+    except (TypeError, ValueError):
+        pass
+    good = []
+    for header, chunks in records.values():
+        try:
+            pack_records([(header, chunks)])
+        except (TypeError, ValueError) as exc:
+            lost = sum(n for _, n in chunks)
+            log.warning(
+                "vantage: step %s could not be encoded (%s); dropped %d groups",
+                header.get("step"),
+                exc,
+                lost,
+            )
+            spool.count_dropped(lost)
+            continue
+        good.append((header, chunks))
+    return pack_records(good) if good else []
+
+
 class Monitor:
     """Sends a GRPO run's reward groups, effective statistics and scalars to a Vantage server and
     carries its commands back, without ever blocking the training thread.
@@ -265,10 +307,11 @@ class Monitor:
         nested lists; ragged rows allowed). Without ``group_ids`` the groups are numbered by a
         counter per (step, split, rank) that continues across calls. Never blocks; when the queue
         is full the groups are dropped and counted."""
+        step = _count("step", step)
         rows, p = capture(rewards, "rewards")
         if p == 0:
             return
-        rank = self.rank if rank is None else int(rank)
+        rank = self.rank if rank is None else _count("rank", rank, MAX_RANK)
         ids = None
         start = 0
         if group_ids is not None:
@@ -313,12 +356,12 @@ class Monitor:
     ) -> None:
         """Queue the trainer's own statistics after mitigation (feeds ``acr_effective``)."""
         eff = {
-            "n_valid": int(n_valid),
-            "n_zero_advantage": int(n_zero_advantage),
-            "n_virtual": int(n_virtual),
+            "n_valid": _count("n_valid", n_valid),
+            "n_zero_advantage": _count("n_zero_advantage", n_zero_advantage),
+            "n_virtual": _count("n_virtual", n_virtual),
         }
-        rank = self.rank if rank is None else int(rank)
-        self._enqueue(("e", int(step), split, rank, time.time(), 0, eff), 0)
+        rank = self.rank if rank is None else _count("rank", rank, MAX_RANK)
+        self._enqueue(("e", _count("step", step), split, rank, time.time(), 0, eff), 0)
 
     def log_scalars(self, step: int, scalars: Any, *args: Any, **kwargs: Any) -> None:
         """Queue named numbers for ``step`` (loss, kl, ...). Bad input is logged and skipped."""
@@ -331,8 +374,8 @@ class Monitor:
         self, step: int, scalars: Mapping[str, Any], split: str = "train", rank: int | None = None
     ) -> None:
         """Queue named numbers for ``step`` (loss, kl, ...); tensors are converted off-thread."""
-        rank = self.rank if rank is None else int(rank)
-        self._enqueue(("s", int(step), split, rank, time.time(), 0, dict(scalars)), 0)
+        rank = self.rank if rank is None else _count("rank", rank, MAX_RANK)
+        self._enqueue(("s", _count("step", step), split, rank, time.time(), 0, dict(scalars)), 0)
 
     def poll_commands(self) -> list[Command]:
         """Commands received since the last poll, each once (de-duplicated by ``command_id``)."""
@@ -522,7 +565,7 @@ class Monitor:
                         log.debug("vantage: scalar %r is not a number; skipped", name)
             time.sleep(0)  # let a waiting training thread have the GIL
         self._spool.count_dropped(dropped)
-        for body, n_groups in pack_records(list(records.values())):
+        for body, n_groups in _pack_or_drop(records, self._spool):
             if not self._spool.append(body, n_groups):
                 log.warning(
                     "vantage: spool full (%d bytes); dropped %d groups",

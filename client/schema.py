@@ -7,6 +7,7 @@ group that failed, so a 422 says what to fix.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -30,22 +31,29 @@ Reward = Annotated[float, Strict()] | None
 """A reward: a JSON number (NaN and ±Infinity allowed, classed non-finite) or null."""
 
 
+def _storable_text(text: str, kind: str = "text fields") -> str:
+    """Text a database can hold: no NUL character and no lone UTF-16 surrogate."""
+    if "\x00" in text:
+        raise ValueError(f"{kind} cannot contain NUL characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{kind} cannot contain lone surrogates (such as \\ud800)") from None
+    return text
+
+
 def _identifier(kind: str):  # noqa: ANN202
     def check(value: str | int) -> str:
         text = str(value)
         if len(text) > 128:
             raise ValueError(f"{kind} has {len(text)} characters; at most 128 are allowed")
-        if "\x00" in text:
-            raise ValueError(f"{kind} contains a NUL character")
-        return text
+        return _storable_text(text, kind)
 
     return check
 
 
 def _no_nul(text: str) -> str:
-    if "\x00" in text:
-        raise ValueError("text fields cannot contain NUL characters")
-    return text
+    return _storable_text(text)
 
 
 GroupId = Annotated[StrictStr | StrictInt, AfterValidator(_identifier("group_id"))]
@@ -216,7 +224,7 @@ class StepRecord(GroupsForm):
     time: float | None = None
     effective: Effective | None = None
     scalars: dict[ScalarName, Reward] | None = None
-    mitigation: dict[str, Any] | None = None
+    mitigation: StorableJSON = None
 
     @model_validator(mode="before")
     @classmethod
@@ -254,15 +262,26 @@ class ACRRequest(GroupsForm):
     reward_min: Annotated[float, Field(allow_inf_nan=False)] = 0.0
     reward_max: Annotated[float, Field(allow_inf_nan=False)] = 1.0
 
+    @model_validator(mode="after")
+    def _bounds(self) -> ACRRequest:
+        if self.reward_min >= self.reward_max:
+            raise ValueError(
+                f"reward_min {self.reward_min} must be below reward_max {self.reward_max}"
+            )
+        return self
+
 
 class RunCreate(_Strict):
     """Body of ``POST /api/v1/runs``."""
 
-    run_id: Text | None = Field(default=None, max_length=64)
+    # A path segment of the API: letters, digits, '_', '-', '.', not starting with '.'.
+    run_id: str | None = Field(
+        default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$"
+    )
     launch_id: Text | None = Field(default=None, min_length=1, max_length=128)
     name: Text = Field(default="run", min_length=1, max_length=200)
     project: Text | None = Field(default=None, max_length=200)
-    config: dict[str, Any] | None = None
+    config: StorableJSON = None
     reward_min: Annotated[float, Field(allow_inf_nan=False)] = 0.0
     reward_max: Annotated[float, Field(allow_inf_nan=False)] = 1.0
     group_size: Annotated[int, Field(ge=1, le=MAX_GROUP_SIZE)] | None = None
@@ -292,11 +311,11 @@ class RunPatch(_Strict):
 class Heartbeat(_Strict):
     """Body of ``POST /api/v1/runs/{run_id}/heartbeat``; counters are the client's totals."""
 
-    attempt: Annotated[int, Field(ge=1)]
-    rank: Annotated[int, Field(ge=0)] = 0
-    spooled_groups: Annotated[int, Field(ge=0)] | None = None
-    dropped_groups: Annotated[int, Field(ge=0)] | None = None
-    dead_letter_batches: Annotated[int, Field(ge=0)] | None = None
+    attempt: Annotated[int, Field(ge=1, le=2**31 - 1)]
+    rank: Annotated[int, Field(ge=0, le=65_535)] = 0
+    spooled_groups: Annotated[int, Field(ge=0, le=2**62)] | None = None
+    dropped_groups: Annotated[int, Field(ge=0, le=2**62)] | None = None
+    dead_letter_batches: Annotated[int, Field(ge=0, le=2**62)] | None = None
 
 
 class Finish(_Strict):
@@ -320,22 +339,44 @@ class CommandCreate(_Strict):
         return self
 
 
-def _check_storable(value: Any) -> None:
-    """Integers beyond 64 bits cannot be stored in the server's JSON columns (nor read by most
-    trainers' JSON parsers)."""
-    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
-        raise ValueError("command params hold an integer beyond 64 bits")
-    if isinstance(value, dict):
-        for v in value.values():
-            _check_storable(v)
+MAX_JSON_DEPTH = 32
+
+
+def check_storable(value: Any, depth: int = 0) -> Any:
+    """Free-form JSON (a run's config, a record's mitigation, command params) that the server
+    can store and send back: integers within 64 bits, nesting at most 32 levels, text without NUL
+    or lone surrogates. Raises ValueError saying which rule a value breaks; returns it."""
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return value
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:
+            raise ValueError("an integer beyond 64 bits (send it as a string)")
+    elif isinstance(value, str):
+        _storable_text(value, "JSON strings")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _storable_text(str(k), "JSON keys")
+            check_storable(v, depth + 1)
     elif isinstance(value, list):
         for v in value:
-            _check_storable(v)
+            check_storable(v, depth + 1)
+    return value
+
+
+def _storable_json(value: Any) -> Any:
+    return value if value is None else check_storable(value)
+
+
+StorableJSON = Annotated[dict[str, Any] | None, AfterValidator(_storable_json)]
 
 
 def validate_command_params(kind: str, params: dict[str, Any]) -> None:
     """Raise ValueError when a command's params cannot be applied by the trainer."""
-    _check_storable(params)
+    check_storable(params)
+    if len(json.dumps(params)) > 16_384:
+        raise ValueError("command params take at most 16 KiB of JSON")
     if kind == "set_mitigation":
         mode = params.get("mode")
         if mode not in MITIGATION_MODES:
@@ -348,5 +389,5 @@ def validate_command_params(kind: str, params: dict[str, Any]) -> None:
 
 class CommandAck(_Strict):
     status: Literal["applied", "rejected"]
-    step: Annotated[int, Field(ge=0)] | None = None
+    step: Annotated[int, Field(ge=0, le=2**62)] | None = None
     detail: Text | None = Field(default=None, max_length=2000)

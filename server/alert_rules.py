@@ -65,11 +65,11 @@ class RulePatch(BaseModel):
     for_steps: int | None = Field(default=None, ge=1, le=1_000_000)
     clear_threshold: float | None = None
     clear_steps: int | None = Field(default=None, ge=1, le=1_000_000)
-    min_valid_groups: int | None = Field(default=None, ge=0)
+    min_valid_groups: int | None = Field(default=None, ge=0, le=10**9)
     severity: str | None = Field(default=None, min_length=1, max_length=32)
     notify: list[str] | None = Field(default=None, max_length=20)
     mitigation: Mitigation | None = None
-    cooldown_steps: int | None = Field(default=None, ge=0)
+    cooldown_steps: int | None = Field(default=None, ge=0, le=10**12)
     split: str | None = Field(default=None, min_length=1, max_length=64)
     enabled: bool | None = None
     description: str | None = Field(default=None, max_length=2000)
@@ -128,7 +128,23 @@ def _apply(session: Session, rule: AlertRule, fields: dict[str, Any], allow: str
         if name == "mitigation" and value is not None:
             value = {"type": value["type"], "params": value.get("params") or {}}
         setattr(rule, name, value)
+    _check_clear_side(rule)
     rule.updated_at = utcnow()
+
+
+def _check_clear_side(rule: AlertRule) -> None:
+    """A clear threshold on the condition's side would resolve and fire the alert in turns."""
+    clear = rule.clear_threshold
+    if clear is None:
+        return
+    if (rule.op in (">", ">=") and clear > rule.threshold) or (
+        rule.op in ("<", "<=") and clear < rule.threshold
+    ):
+        side = "at or below" if rule.op in (">", ">=") else "at or above"
+        raise ValueError(
+            f"clear_threshold {clear:g} must be {side} the threshold {rule.threshold:g} for "
+            f"op '{rule.op}': the alert resolves once the value is past it"
+        )
 
 
 def create_rule(session: Session, body: RuleCreate, allow: str | None) -> dict[str, Any]:

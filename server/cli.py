@@ -60,10 +60,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .main import create_app
-    from .migrate import upgrade
 
-    if not args.no_upgrade:
-        upgrade(settings.database_url)
+    if not args.no_upgrade and not _upgrade(settings.database_url):
+        return 1
     print(
         f"Vantage API on http://{args.host}:{args.port} (dashboard at /dashboard/)", file=sys.stderr
     )
@@ -84,11 +83,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    from .migrate import upgrade
-
-    upgrade(settings.database_url)
+    if not _upgrade(settings.database_url):
+        return 1
     print("database is at the newest schema", file=sys.stderr)
     return 0
+
+
+def _upgrade(database_url: str) -> bool:
+    """Upgrade the schema; on failure say why in one line (password hidden) instead of a
+    traceback."""
+    from .db import safe_url
+    from .migrate import upgrade
+
+    try:
+        upgrade(database_url)
+    except Exception as exc:  # noqa: BLE001 - any failure here means the database is unusable
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(
+            f"error: cannot use the database at {safe_url(database_url)}: {reason}",
+            file=sys.stderr,
+        )
+        return False
+    return True
 
 
 def _session(args: argparse.Namespace):  # noqa: ANN202
@@ -161,8 +177,13 @@ def cmd_runs_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from vantage.client import spool
 
+    if not Path(args.spool_dir).is_dir():
+        print(f"error: {args.spool_dir} is not a folder (a client spool)", file=sys.stderr)
+        return 2
     result = spool.sync(args.spool_dir, server=args.server, api_key=args.api_key)
     print(json.dumps(result))
     return 0 if not result.get("failed") else 1
@@ -183,6 +204,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def _bounded_int(name: str, lo: int, hi: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, not {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{name} must be between {lo} and {hi}")
+        return value
+
+    return parse
+
+
+_port = _bounded_int("the port", 0, 65_535)
+_workers = _bounded_int("--workers", 1, 64)
+
+
+def _positive_days(text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"DAYS must be a number, not {text!r}") from None
+    if not days > 0:  # 0 would strip the groups of runs that are still sending
+        raise argparse.ArgumentTypeError("DAYS must be above 0")
+    return days
+
+
 def _db_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--database-url",
@@ -197,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="serve the API and dashboard")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=8000)
     p.add_argument(
         "--insecure-no-auth", action="store_true", help="no API keys (loopback hosts only)"
     )
@@ -205,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="warning")
     p.add_argument(
         "--workers",
-        type=int,
+        type=_workers,
         default=None,
         help="server processes sharing the port (default VANTAGE_WORKERS, else 1; on "
         "PostgreSQL, 2 or more use more cores: each takes batches of its own)",
@@ -237,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="runs_cmd", required=True
     )
     p = runs.add_parser("prune", help="delete per-group rows, keep per-step metrics")
-    p.add_argument("--older-than", type=float, required=True, metavar="DAYS")
+    p.add_argument("--older-than", type=_positive_days, required=True, metavar="DAYS")
     _db_arg(p)
     p.set_defaults(func=cmd_runs_prune)
 
@@ -256,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a shorter run; exit when done")
     p.add_argument("--no-browser", action="store_true")
     p.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=8000)
     _db_arg(p)
     p.set_defaults(func=cmd_demo)
     return parser

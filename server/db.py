@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import orjson
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
-from tenacity import retry, stop_after_delay, wait_exponential
+from tenacity import RetryCallState, retry, stop_after_delay, wait_exponential
+
+log = logging.getLogger("vantage.db")
 
 
 def normalize_url(url: str) -> str:
@@ -63,7 +66,26 @@ def session_factory(engine: Engine) -> Callable[[], Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
-@retry(stop=stop_after_delay(60), wait=wait_exponential(multiplier=0.2, max=3), reraise=True)
+def safe_url(url: str) -> str:
+    """The URL with its password hidden, for messages."""
+    try:
+        return make_url(normalize_url(url)).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - a URL that does not parse has nothing to hide yet
+        return "<a URL that does not parse>"
+
+
+def _say_waiting(state: RetryCallState) -> None:
+    if state.attempt_number == 1:
+        engine = state.args[0]
+        log.warning("waiting up to 60 s for the database at %s", safe_url(str(engine.url)))
+
+
+@retry(
+    stop=stop_after_delay(60),
+    wait=wait_exponential(multiplier=0.2, max=3),
+    reraise=True,
+    before_sleep=_say_waiting,
+)
 def wait_for_database(engine: Engine) -> None:
     """Block until the database answers (up to 60 s), as the pre-start step of the template."""
     with engine.connect() as conn:

@@ -185,6 +185,7 @@ def _train(
 
 def run_demo(args: argparse.Namespace) -> int:
     """The `vantage demo` command; returns the exit status."""
+    from .db import safe_url
     from .migrate import upgrade
     from .settings import Settings
 
@@ -192,7 +193,7 @@ def run_demo(args: argparse.Namespace) -> int:
     port = args.port if args.port and _port_free(args.port) else _free_port()
     base = f"http://127.0.0.1:{port}"
     work = Path(tempfile.mkdtemp(prefix="vantage-demo-"))
-    _say(f"database: {database_url}")
+    _say(f"database: {safe_url(database_url)}")
     upgrade(database_url)
     trainer_key, viewer_key = _create_keys(database_url)
     proc = _start_server(database_url, port, work / "server.log")
@@ -217,7 +218,7 @@ def run_demo(args: argparse.Namespace) -> int:
         if args.quick:
             _say(
                 f"\n--quick: the server stops now. To browse this run later: vantage serve "
-                f"--port {port} --database-url {database_url}"
+                f"--port {port} --database-url {safe_url(database_url)}"
             )
         else:
             _say(f"\nStill serving {dashboard_url} — press Ctrl-C to stop.")

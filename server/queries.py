@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from sqlalchemy import BigInteger, Text, bindparam, case, cast, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, STEP_METRIC_FIELDS, window_metrics
 
@@ -124,12 +125,16 @@ def _raw_rows(session: Session, statement: Any) -> list[tuple]:
     # psycopg's binary format parses numbers faster than text (SQLite has no such option)
     binary = conn.dialect.name == "postgresql"
     cursor = dbapi.cursor(binary=True) if binary else dbapi.cursor()
+    params = (
+        [compiled.params[k] for k in compiled.positiontup]
+        if compiled.positiontup is not None
+        else compiled.params
+    )
     try:
-        if compiled.positiontup is not None:
-            cursor.execute(str(compiled), [compiled.params[k] for k in compiled.positiontup])
-        else:
-            cursor.execute(str(compiled), compiled.params)
+        cursor.execute(str(compiled), params)
         return cursor.fetchall()
+    except conn.dialect.loaded_dbapi.DataError as exc:  # a value the database refuses: 422
+        raise DataError(str(compiled), params, exc) from exc
     finally:
         cursor.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
+import httpx
 import pytest
 from vantage.client.acr import window_metrics
 
@@ -385,3 +386,59 @@ def test_nul_characters_and_impossible_stats_are_422(api):
     r = api.post("/api/v1/runs", json={"name": "cfg", "config": {"note": "a\u0000b"}})
     assert r.status_code in (201, 422), r.text  # SQLite stores it; PostgreSQL refuses: never 500
     assert api.get(f"/api/v1/runs/{rid}/metrics").json()["points"] == []
+
+
+def test_concurrent_launches_of_one_run_get_distinct_attempts(server):
+    """Eight ranks of eight new launches register at once: each gets its own attempt, no 5xx
+    (SQLite used to answer 500 on the race; found by a fresh-user trial)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with server.client() as c:
+        run = new_run(c)
+
+    def register(i: int) -> httpx.Response:
+        with server.client() as own:
+            body = {"run_id": run["run_id"], "name": "x", "launch_id": f"launch-{i}"}
+            return own.post("/api/v1/runs", json=body)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(register, range(8)))
+    assert [r.status_code for r in answers] == [200] * 8
+    assert sorted(r.json()["attempt"] for r in answers) == list(range(2, 10))
+
+
+BAD_BODIES = [
+    # (path, raw JSON body) that used to reach the database and answer 500 (fresh-user trial)
+    ("/api/v1/runs", '{"name": "a", "config": {"x": 100000000000000000000000}}'),
+    ("/api/v1/runs", '{"name": "a", "config": {"x": ' + "[" * 300 + "]" * 300 + "}}"),
+    ("/api/v1/runs", '{"name": "a", "run_id": "a\\ud800"}'),
+    ("/api/v1/runs", '{"name": "a", "tags": ["\\ud800"]}'),
+    ("/api/v1/runs", '{"name": "a", "config": {"k": "\\udfff"}}'),
+    ("/api/v1/runs", '{"name": "a", "run_id": "a/b"}'),
+    ("/api/v1/runs", '{"name": "a", "run_id": ".."}'),
+]
+
+
+@pytest.mark.parametrize("path,body", BAD_BODIES)
+def test_unstorable_values_are_422_not_500(api, path, body):
+    r = api.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+
+
+def test_unstorable_values_in_records_heartbeats_and_acks_are_422(api):
+    run = new_run(api)
+    rid = run["run_id"]
+    huge = 10**30
+    steps = {"attempt": 1, "records": [{"step": 1, "groups": [[1, 0]], "mitigation": {"x": huge}}]}
+    assert api.post(f"/api/v1/runs/{rid}/steps", json=steps).status_code == 422
+    beat = {"attempt": 1, "dropped_groups": huge}
+    assert api.post(f"/api/v1/runs/{rid}/heartbeat", json=beat).status_code == 422
+    cmd = api.post(f"/api/v1/runs/{rid}/commands", json={"type": "stop"}).json()
+    ack = {"status": "applied", "step": huge}
+    r = api.post(f"/api/v1/runs/{rid}/commands/{cmd['command_id']}/ack", json=ack)
+    assert r.status_code == 422 and "database" not in r.text
+    rule = {"name": "flappy", "metric": "acr", "op": ">", "threshold": 0.5, "clear_threshold": 0.9}
+    r = api.post("/api/v1/alert-rules", json=rule)
+    assert r.status_code == 422 and "clear_threshold" in r.text
+    acr = {"groups": [[1, 0]], "reward_min": 1, "reward_max": 0}
+    assert api.post("/api/v1/acr", json=acr).status_code == 422

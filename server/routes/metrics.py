@@ -20,7 +20,10 @@ from ..queries import (
 from . import json_response
 
 router = APIRouter(prefix="/api/v1/runs", tags=["metrics"])
-Split = Annotated[str, Query(min_length=1, max_length=64)]
+# The same rule as a record's split (DESIGN.md §3), so no query reaches the database with a value
+# it would refuse.
+Split = Annotated[str, Query(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+StepBound = Annotated[int | None, Query(ge=-(2**62), le=2**62)]
 
 
 @router.get("/{run_id}/metrics")
@@ -29,8 +32,8 @@ def metrics(
     key: ReadKey,
     session: SessionDep,
     split: Split = "train",
-    from_step: int | None = None,
-    to_step: int | None = None,
+    from_step: StepBound = None,
+    to_step: StepBound = None,
     max_points: int = DEFAULT_MAX_POINTS,
 ) -> Response:
     """Per-step metrics ordered by step; downsampling keeps each bucket's extremes of acr."""

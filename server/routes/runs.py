@@ -11,6 +11,7 @@ from vantage.client.schema import Finish, Heartbeat, RunCreate, RunPatch
 from ..commands import deliver_commands
 from ..deps import AdminKey, ControlKey, IngestKey, ReadKey, SessionDep, SettingsDep, load_run
 from ..ingest import forget_run
+from ..locks import run_lock
 from ..maintenance import delete_run_data
 from ..models import utcnow
 from ..queries import get_run, list_runs, run_dict
@@ -31,12 +32,15 @@ def create_run(
         project = key.project
     for attempt_no in range(2):
         try:
-            run, attempt, created = create_or_resume_run(
-                session, body, project, settings.default_mitigation_mode
-            )
-            if not key.allows_project(run.project):
-                raise HTTPException(404, f"run {run.id} not found")
-            session.commit()
+            # The run's lock makes concurrent registrations of one run take turns (on SQLite,
+            # which has no row locks, they would otherwise pick the same attempt number).
+            with run_lock(session, body.run_id or ""):
+                run, attempt, created = create_or_resume_run(
+                    session, body, project, settings.default_mitigation_mode
+                )
+                if not key.allows_project(run.project):
+                    raise HTTPException(404, f"run {run.id} not found")
+                session.commit()
             break
         except IntegrityError:  # a concurrent rank registered the same run or launch first
             session.rollback()

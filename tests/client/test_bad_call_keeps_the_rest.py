@@ -17,6 +17,9 @@ def test_unreadable_rewards_drop_only_their_call(tmp_path):
             mon.log_groups(step, [[1, 1], [1, 0]])
         mon.log_groups(5, [[[1, 0], [0, 1]]])  # one level too deep
         mon.log_groups(6, [["a", "b"]])  # strings
+        mon.log_groups(2**70, [[1, 1]])  # a step the server cannot take (found by a trial too)
+        mon.log_effective(2**64, n_valid=1, n_zero_advantage=0)
+        mon.log_scalars(-1, {"loss": 1.0})
         for step in (7, 8):
             mon.log_groups(step, [[1, 1], [1, 0]])
         mon.close(timeout=20)

@@ -310,7 +310,8 @@ def run_prompts(
             & (Step.step == Group.step)
             & (Step.attempt == Group.attempt),
         )
-        .where(Run.id == run_id, Group.prompt_id.is_not(None))
+        # valid groups only (collapsed, near-collapsed, live), as the ACR counts them
+        .where(Run.id == run_id, Group.prompt_id.is_not(None), Group.cls >= 2)
         .group_by(Group.prompt_id)
     )
     out = []

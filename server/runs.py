@@ -22,6 +22,25 @@ def _new_attempt(session: Session, run: Run, launch_id: str | None) -> int:
     return attempt
 
 
+FIXED_FIELDS = ("reward_min", "reward_max", "trainer_eps")
+
+
+class RunSettingsConflict(ValueError):
+    """A known run registered again with different reward bounds or eps (answered 409)."""
+
+
+def _check_same_settings(run: Run, body: RunCreate) -> None:
+    """A run's classification settings are fixed when it is created: a launch that explicitly
+    sends other values would be scored against the old ones, so it is refused, not ignored."""
+    for name in FIXED_FIELDS:
+        if name in body.model_fields_set and getattr(body, name) != getattr(run, name):
+            raise RunSettingsConflict(
+                f"run {run.id} was created with {name} {getattr(run, name)!r}, not "
+                f"{getattr(body, name)!r}; a run's reward bounds and eps cannot change (start a "
+                "new run for new ones)"
+            )
+
+
 def create_or_resume_run(
     session: Session, body: RunCreate, project: str | None, default_mode: str
 ) -> tuple[Run, int, bool]:
@@ -55,6 +74,7 @@ def create_or_resume_run(
         session.add(Launch(run_id=run_id, attempt=1, launch_id=body.launch_id))
         session.flush()
         return run, 1, True
+    _check_same_settings(run, body)
     if body.launch_id is not None:
         known = session.scalar(
             select(Launch.attempt).where(

@@ -442,3 +442,21 @@ def test_unstorable_values_in_records_heartbeats_and_acks_are_422(api):
     assert r.status_code == 422 and "clear_threshold" in r.text
     acr = {"groups": [[1, 0]], "reward_min": 1, "reward_max": 0}
     assert api.post("/api/v1/acr", json=acr).status_code == 422
+
+
+def test_registering_a_run_again_with_other_reward_bounds_is_409(api):
+    run = new_run(api, reward_max=5.0)
+    again = {"run_id": run["run_id"], "name": "x", "launch_id": "second", "reward_max": 1.0}
+    r = api.post("/api/v1/runs", json=again)
+    assert r.status_code == 409 and "reward_max" in r.json()["detail"]
+    same = {"run_id": run["run_id"], "name": "x", "launch_id": "second", "reward_max": 5.0}
+    assert api.post("/api/v1/runs", json=same).json()["attempt"] == 2
+    assert api.post("/api/v1/runs", json={"run_id": run["run_id"]}).json()["attempt"] == 3
+
+
+def test_prompts_count_valid_groups_only(api):
+    run = new_run(api)
+    groups = [{"prompt_id": "q", "rewards": [1, 1]}, {"prompt_id": "q", "rewards": [1, None]}]
+    post_steps(api, run, [{"step": 1, "groups": groups}])
+    (row,) = api.get(f"/api/v1/runs/{run['run_id']}/prompts").json()["prompts"]
+    assert (row["groups"], row["collapsed"], row["collapse_rate"]) == (1, 1, 1.0)

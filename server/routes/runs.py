@@ -15,7 +15,7 @@ from ..locks import run_lock
 from ..maintenance import delete_run_data
 from ..models import utcnow
 from ..queries import get_run, list_runs, run_dict
-from ..runs import create_or_resume_run
+from ..runs import RunSettingsConflict, create_or_resume_run
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 
@@ -42,6 +42,8 @@ def create_run(
                     raise HTTPException(404, f"run {run.id} not found")
                 session.commit()
             break
+        except RunSettingsConflict as exc:
+            raise HTTPException(409, str(exc)) from exc
         except IntegrityError:  # a concurrent rank registered the same run or launch first
             session.rollback()
             if attempt_no:

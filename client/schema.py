@@ -254,16 +254,14 @@ class StepsBatch(_Strict):
         return sum(r.group_count() for r in self.records)
 
 
-class ACRRequest(GroupsForm):
-    """Body of the stateless ``POST /api/v1/acr``."""
+class _RewardBounds(_Strict):
+    """reward_min below reward_max: they name the sides of a collapsed group (DESIGN.md §3)."""
 
-    trainer_eps: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-4
-    tol: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-3
     reward_min: Annotated[float, Field(allow_inf_nan=False)] = 0.0
     reward_max: Annotated[float, Field(allow_inf_nan=False)] = 1.0
 
     @model_validator(mode="after")
-    def _bounds(self) -> ACRRequest:
+    def _bounds(self) -> Any:
         if self.reward_min >= self.reward_max:
             raise ValueError(
                 f"reward_min {self.reward_min} must be below reward_max {self.reward_max}"
@@ -271,7 +269,14 @@ class ACRRequest(GroupsForm):
         return self
 
 
-class RunCreate(_Strict):
+class ACRRequest(GroupsForm, _RewardBounds):
+    """Body of the stateless ``POST /api/v1/acr``."""
+
+    trainer_eps: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-4
+    tol: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-3
+
+
+class RunCreate(_RewardBounds):
     """Body of ``POST /api/v1/runs``."""
 
     # A path segment of the API: letters, digits, '_', '-', '.', not starting with '.'.
@@ -282,21 +287,11 @@ class RunCreate(_Strict):
     name: Text = Field(default="run", min_length=1, max_length=200)
     project: Text | None = Field(default=None, max_length=200)
     config: StorableJSON = None
-    reward_min: Annotated[float, Field(allow_inf_nan=False)] = 0.0
-    reward_max: Annotated[float, Field(allow_inf_nan=False)] = 1.0
     group_size: Annotated[int, Field(ge=1, le=MAX_GROUP_SIZE)] | None = None
     trainer_eps: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-4
     world_size: Annotated[int, Field(ge=1, le=65_536)] = 1
     heartbeat_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] = 10.0
     tags: list[Annotated[Text, Field(max_length=100)]] = Field(default_factory=list, max_length=50)
-
-    @model_validator(mode="after")
-    def _bounds(self) -> RunCreate:
-        if self.reward_min >= self.reward_max:
-            raise ValueError(
-                f"reward_min {self.reward_min} must be below reward_max {self.reward_max}"
-            )
-        return self
 
 
 class RunPatch(_Strict):

@@ -460,3 +460,10 @@ def test_prompts_count_valid_groups_only(api):
     post_steps(api, run, [{"step": 1, "groups": groups}])
     (row,) = api.get(f"/api/v1/runs/{run['run_id']}/prompts").json()["prompts"]
     assert (row["groups"], row["collapsed"], row["collapse_rate"]) == (1, 1, 1.0)
+
+
+def test_command_params_are_bounded(api):
+    run = new_run(api)
+    big = {"type": "stop", "params": {"note": list(range(100_000))}}
+    r = api.post(f"/api/v1/runs/{run['run_id']}/commands", json=big)
+    assert r.status_code == 422 and "16 KiB" in r.text

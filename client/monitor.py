@@ -664,17 +664,8 @@ class Monitor:
             if outcome == "empty" or self._queue or time.monotonic() >= self._deadline:
                 break
         if now >= self._next_heartbeat:
-            body = orjson.dumps(
-                {
-                    "attempt": self.attempt,
-                    "rank": self.rank,
-                    "spooled_groups": self._spool.pending_groups + self._queued,
-                    "dropped_groups": self.dropped_groups,
-                    "dead_letter_batches": self._spool.dead_letter_batches,
-                }
-            )
             reply = self._transport.post(
-                f"/runs/{self.run_id}/heartbeat", body, timeout=self._remaining()
+                f"/runs/{self.run_id}/heartbeat", self._health(), timeout=self._remaining()
             )
             if reply.kind == "retry":
                 return reply
@@ -682,6 +673,18 @@ class Monitor:
             if reply.kind == "ok":
                 self._take_commands(reply.data)
         return None
+
+    def _health(self) -> bytes:
+        """The heartbeat body: this rank's client-health counters (DESIGN.md §4)."""
+        return orjson.dumps(
+            {
+                "attempt": self.attempt,
+                "rank": self.rank,
+                "spooled_groups": self._spool.pending_groups + self._queued,
+                "dropped_groups": self.dropped_groups,
+                "dead_letter_batches": self._spool.dead_letter_batches,
+            }
+        )
 
     def _finish(self) -> None:
         if (
@@ -692,6 +695,11 @@ class Monitor:
             or self._spool.pending_batches
         ):
             return
+        remaining = self._deadline - time.monotonic()
+        if remaining > 0.1:  # the final counts (a batch may have been dead-lettered since)
+            self._transport.post(
+                f"/runs/{self.run_id}/heartbeat", self._health(), timeout=remaining / 2
+            )
         remaining = self._deadline - time.monotonic()
         if remaining > 0.05:
             self._transport.post(

@@ -31,3 +31,18 @@ def test_unreadable_rewards_drop_only_their_call(tmp_path):
         assert mon.dropped_groups == 2
     finally:
         srv.stop()
+
+
+def test_a_dead_letter_reaches_the_server_before_finish(tmp_path):
+    """The server's client-health counters hear of a batch the server refused even when the run
+    finishes before the next periodic heartbeat (found by a fresh-user trial)."""
+    srv = start_server(f"sqlite:///{tmp_path}/d.db", tmp_path, "--insecure-no-auth")
+    try:
+        mon = Monitor(srv.url, None, run_name="dead", spool_dir=str(tmp_path / "spool"))
+        mon.log_groups(1, [[1, 0]], group_ids=["x" * 200])  # the server refuses ids over 128
+        mon.close(timeout=20)
+        assert mon.dead_letter_batches == 1
+        run = httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}").json()
+        assert run["client"]["dead_letter_batches"] == 1 and run["status"] == "finished"
+    finally:
+        srv.stop()

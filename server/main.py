@@ -55,7 +55,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="Vantage",
         version="0.1.0",
         lifespan=lifespan,
-        description="Advantage-collapse monitoring for GRPO runs. DESIGN.md §4.",
+        description='Advantage-collapse monitoring for GRPO runs. The README ("HTTP API") '
+        "defines the step and window metrics and the identity of groups.",
     )
     app.state.settings = settings
     app.state.engine = engine

@@ -467,3 +467,17 @@ def test_command_params_are_bounded(api):
     big = {"type": "stop", "params": {"note": list(range(100_000))}}
     r = api.post(f"/api/v1/runs/{run['run_id']}/commands", json=big)
     assert r.status_code == 422 and "16 KiB" in r.text
+
+
+def test_a_run_deleted_and_created_again_is_scored_with_its_new_bounds(api):
+    """The server keeps each run's fixed fields per process; a run deleted and created again
+    under the same id must not be scored with the old ones."""
+    run = new_run(api, run_id=f"again-{uuid.uuid4().hex[:8]}")
+    rid = run["run_id"]
+    assert post_steps(api, run, [{"step": 1, "groups": [[1, 1]]}])["steps"][0]["acr_all_pass"] == 1
+    assert api.delete(f"/api/v1/runs/{rid}").status_code == 204
+    body = {"attempt": 1, "records": [{"step": 2, "groups": [[1, 1]]}]}
+    assert api.post(f"/api/v1/runs/{rid}/steps", json=body).status_code == 404
+    run = new_run(api, run_id=rid, reward_max=2.0)
+    step = post_steps(api, run, [{"step": 3, "groups": [[1, 1], [2, 2]]}])["steps"][0]
+    assert (step["acr_constant"], step["acr_all_pass"]) == (0.5, 0.5)

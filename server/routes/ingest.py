@@ -51,7 +51,7 @@ def _ingest(request: Request, run_id: str, batch: StepsBatch, key) -> dict:  # n
     already: the duplicate-safe path; alert evaluation failed: the batch alone; the run's cached
     fields are stale: read them again)."""
     dedup, evaluate = False, True
-    while True:
+    for _ in range(4):  # each cause can send the batch round once (a stale cache twice at most)
         try:
             return _ingest_once(request.app.state, run_id, batch, key, dedup, evaluate)
         except GroupsExist:
@@ -60,6 +60,7 @@ def _ingest(request: Request, run_id: str, batch: StepsBatch, key) -> dict:  # n
             evaluate = False
         except StaleRunInfo:
             forget_run(run_id)
+    raise HTTPException(503, f"run {run_id} changed while this batch was stored; send it again")
 
 
 class StaleRunInfo(RuntimeError):
@@ -79,6 +80,8 @@ def _ingest_once(state, run_id, batch, key, dedup: bool, evaluate: bool) -> dict
         try:
             stored = store_groups(session, info, batch, result, dedup) if early else None
             with run_lock(session, run_id) as locked:
+                if locked.run is None:
+                    forget_run(run_id)  # deleted since this process cached it
                 run = authorized(locked.run, run_id, key)
                 if RunInfo.of(run) != info:
                     raise StaleRunInfo(run_id)

@@ -1,13 +1,13 @@
 """Alert evaluation (DESIGN.md §6): rules over evaluated steps, episodes, notifications and
 automatic mitigation.
 
-Ingest stores a batch, then calls `Evaluator.after_ingest` in the same transaction, behind a
-savepoint (a failed evaluation is rolled back alone; the batch commits and the periodic pass
-retries). It evaluates — in step order, on the newest-attempt view — the steps of that run that
-became evaluable: every rank of its `world_size` reported it or a later step (ranks send in step
-order, so a rank that moved on will not send it), or its first record is older than
-`step_complete_after_s` (the periodic pass). Each step is evaluated once (`steps.evaluated`; a
-newer attempt taking a step over resets it).
+Ingest stores a batch, then calls `Evaluator.after_ingest` in the same transaction, before the
+commit (if evaluation raises, ingest redoes the transaction without it: the batch is stored and
+the periodic pass evaluates later). It evaluates — in step order, on the newest-attempt view —
+the steps of that run that became evaluable: every rank of its `world_size` reported it or a
+later step (ranks send in step order, so a rank that moved on will not send it), or its first
+record is older than `step_complete_after_s` (the periodic pass). Each step is evaluated once
+(`steps.evaluated`; a newer attempt taking a step over resets it).
 
 Replicas: every writer of a run's steps and alert state holds the run's lock
 (`vantage.server.locks.run_lock`) for its whole transaction, so two processes ingesting one run

@@ -1,7 +1,7 @@
 """The per-run write lock: every transaction that writes a run's steps or alert state (ingest,
-alert evaluation) takes it first, so replicas and threads never interleave on one run and step
-rows need no locks of their own (DESIGN.md §6: several server processes on one database never
-double-fire)."""
+alert evaluation), or registers a launch of it, takes it first, so replicas and threads never
+interleave on one run and step rows need no locks of their own (DESIGN.md §6: several server
+processes on one database never double-fire)."""
 
 from __future__ import annotations
 

@@ -48,11 +48,12 @@ def create_or_resume_run(
 
     Returns (run, attempt, created). A known launch_id returns its attempt (idempotent for every
     rank and retry); a new or absent launch_id on a known run is the next attempt. The caller
-    commits; a concurrent insert of the same launch surfaces as IntegrityError, which the route
-    retries once.
+    holds the run's lock (`vantage.server.locks.run_lock`) and commits; two first registrations
+    of a new run race on its primary key (IntegrityError), which the route retries once. Raises
+    RunSettingsConflict when a known run is sent other reward bounds or eps.
     """
     run_id = body.run_id or str(uuid.uuid4())
-    run = session.get(Run, run_id, with_for_update=session.get_bind().dialect.name != "sqlite")
+    run = session.get(Run, run_id)  # read under the run's lock, which the caller holds
     if run is None:
         run = Run(
             id=run_id,

@@ -1,0 +1,72 @@
+"""Ingest's redo paths, in-process against a real database (SQLite and PostgreSQL): a failing
+alert evaluation never costs the batch, and a stale per-process cache of a run's fixed fields
+(another process deleted and re-created the run) is caught under the run's lock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from vantage.client.acr import ACRSettings
+from vantage.server import alerts, ingest
+from vantage.server.main import create_app
+from vantage.server.migrate import upgrade
+from vantage.server.models import Group, Run, Step
+from vantage.server.settings import Settings
+
+from tests.conftest import new_postgres_database
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def app_client(request: pytest.FixtureRequest, tmp_path) -> Iterator[TestClient]:  # noqa: ANN001
+    drop = None
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'redo.db'}"
+    else:
+        request.getfixturevalue("postgres_url")  # skips (or fails in CI) without PostgreSQL
+        url, drop = new_postgres_database()
+    upgrade(url)
+    app = create_app(Settings(database_url=url, auth_enabled=False, alert_worker=False))
+    try:
+        with TestClient(app) as client:
+            yield client
+    finally:
+        app.state.engine.dispose()
+        if drop:
+            drop()
+
+
+def _steps(client: TestClient, run_id: str, step: int) -> dict:
+    body = {"attempt": 1, "records": [{"step": step, "groups": [[1, 1], [0, 1]]}]}
+    r = client.post(f"/api/v1/runs/{run_id}/steps", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_failing_alert_evaluation_keeps_the_batch(app_client, monkeypatch):
+    run_id = app_client.post("/api/v1/runs", json={"name": "redo"}).json()["run_id"]
+
+    def broken(*_args, **_kwargs):  # noqa: ANN002, ANN003
+        raise RuntimeError("rule store unavailable")
+
+    monkeypatch.setattr(alerts, "evaluate_locked", broken)
+    answer = _steps(app_client, run_id, 1)
+    assert answer["accepted"] == 2 and answer["steps"][0]["acr"] == 0.5
+    points = app_client.get(f"/api/v1/runs/{run_id}/metrics").json()["points"]
+    assert [(p["step"], p["n_groups"]) for p in points] == [(1, 2)]
+    with app_client.app.state.session_factory() as session:  # left for the periodic pass
+        assert session.scalar(select(Step.evaluated).where(Step.run_id == run_id)) is False
+
+
+def test_a_stale_cached_run_is_read_again(app_client):
+    run_id = app_client.post("/api/v1/runs", json={"name": "stale"}).json()["run_id"]
+    _steps(app_client, run_id, 1)
+    # as if another process had cached a run of this id that was deleted and created again
+    ingest._RUN_INFO[run_id] = ingest.RunInfo(key=999_999, project=None, settings=ACRSettings())
+    assert _steps(app_client, run_id, 2)["accepted"] == 2
+    with app_client.app.state.session_factory() as session:
+        key = session.scalar(select(Run.key).where(Run.id == run_id))
+        keys = set(session.scalars(select(Group.run_key)))
+    assert keys == {key} and ingest._RUN_INFO[run_id].key == key

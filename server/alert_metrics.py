@@ -1,10 +1,11 @@
 """The values a rule can watch (DESIGN.md §6): step metrics, window metrics, `reward_drop`,
 `scalars.NAME` and `stale`.
 
-Window values for a batch of evaluated steps are computed incrementally: the state before the
-batch's first step comes from a few bounded queries (first 100 ACRs, last 25 ACRs, last 25
-rewards, a sum), then the rows of the batch's step range are walked once. Evaluating one step of
-a long run reads about 150 rows, and a batch of 2,000 steps reads each of its rows once.
+Window values are computed incrementally (`Window`). Alert evaluation keeps the window as of
+the step the rules last took with the run's progress, so the common case, the next steps in
+order, reads nothing. When that window is missing or stale (a late rank or a resumed run changed
+an earlier step), it is rebuilt from a few bounded queries (first 100 ACRs, last 25 ACRs, last
+25 rewards, sums) and the rows of the batch's step range are walked once.
 """
 
 from __future__ import annotations
@@ -93,119 +94,202 @@ def _sample_std(xs: list[float]) -> float:
     return math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
 
 
+class Window:
+    """The running state of the window metrics over a split's steps, walked in step order
+    (DESIGN.md §3 "Window metrics": newest-attempt view, steps with a null acr skipped) plus the
+    recent `reward_mean`s for `reward_drop`. Alert evaluation keeps it with the run's progress
+    (`runs.eval_progress`), so evaluating the next steps in order reads nothing; `dump`/`load`
+    are its JSON form (exact: floats round-trip, counts are integers)."""
+
+    __slots__ = ("collapsed", "valid", "first", "acr_100", "last25", "streak", "ema", "rewards")
+
+    def __init__(self) -> None:
+        self.collapsed = self.valid = 0  # Σ n_collapsed, Σ n_valid over steps with an acr
+        self.first: list[float] = []  # the first acrs, until there are 100 ...
+        self.acr_100: float | None = None  # ... then their mean
+        self.last25: deque[float] = deque(maxlen=25)
+        self.streak = 0
+        self.ema: float | None = None
+        self.rewards: deque[float] = deque(maxlen=REWARD_WINDOW + REWARD_LOOKBACK)
+
+    def add(
+        self, acr: float | None, n_collapsed: int | None, n_valid: int | None, reward: float | None
+    ) -> None:
+        """Walk one step (the next in step order)."""
+        if acr is not None:
+            self.collapsed += int(n_collapsed or 0)
+            self.valid += int(n_valid or 0)
+            self._add_acr(acr)
+        if reward is not None and math.isfinite(reward):
+            self.rewards.append(reward)
+
+    def _add_acr(self, acr: float) -> None:
+        if self.acr_100 is None:
+            self.first.append(acr)
+            if len(self.first) == 100:
+                self.acr_100, self.first = math.fsum(self.first) / 100, []
+        self.last25.append(acr)
+        self.streak = self.streak + 1 if acr > DEFAULT_STREAK_THRESHOLD else 0
+        self.ema = acr if self.ema is None else self.ema + EMA_ALPHA * (acr - self.ema)
+
+    def values(self, needs: set[str], reward_min: float) -> dict[str, float | None]:
+        """The metrics named in ``needs`` at the step walked last."""
+        out: dict[str, float | None] = {}
+        if "acr_pooled" in needs:
+            out["acr_pooled"] = self.collapsed / self.valid if self.valid else None
+        if "acr_100" in needs:
+            out["acr_100"] = self.acr_100
+        if "acr_volatility" in needs:
+            full = len(self.last25) == 25
+            out["acr_volatility"] = _sample_std(list(self.last25)) if full else None
+        if "acr_streak" in needs:
+            out["acr_streak"] = float(self.streak)
+        if "acr_ema" in needs:
+            out["acr_ema"] = self.ema
+        if "reward_drop" in needs:
+            out["reward_drop"] = reward_drop(list(self.rewards), reward_min)
+        return out
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            "collapsed": self.collapsed,
+            "valid": self.valid,
+            "first": self.first,
+            "acr_100": self.acr_100,
+            "last25": list(self.last25),
+            "streak": self.streak,
+            "ema": self.ema,
+            "rewards": list(self.rewards),
+        }
+
+    @classmethod
+    def load(cls, data: Any) -> Window | None:
+        """The window `dump` wrote, or None for anything else (then the caller reads it from
+        the database)."""
+        if not isinstance(data, dict):
+            return None
+        w = cls()
+        try:
+            w.collapsed, w.valid = int(data["collapsed"]), int(data["valid"])
+            w.first = [float(a) for a in data["first"]]
+            w.acr_100 = None if data["acr_100"] is None else float(data["acr_100"])
+            w.last25.extend(float(a) for a in data["last25"])
+            w.streak = int(data["streak"])
+            w.ema = None if data["ema"] is None else float(data["ema"])
+            w.rewards.extend(float(r) for r in data["rewards"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return w
+
+
+def drop_stale_windows(progress: dict[str, Any] | None, keys: list[tuple[str, int]]) -> Any:
+    """``progress`` (`runs.eval_progress`) without the windows that data just written to
+    ``keys`` (split, step) made stale: those kept at or after one of its steps. Returns the same
+    object when nothing changes."""
+    if not progress:
+        return progress
+    out = None
+    for split, step in keys:
+        entry = progress.get(split)
+        if entry is not None and len(entry) > 2 and step <= entry[0]:
+            out = out if out is not None else dict(progress)
+            out[split] = entry[:2]
+    return progress if out is None else out
+
+
 def series_values(
-    session: Session, run: Run, split: str, steps: list[int], needs: set[str]
-) -> dict[int, dict[str, float | None]]:
-    """Window metrics (DESIGN.md §3, newest-attempt view, steps with a null acr skipped) and
-    `reward_drop` at each of ``steps``, for the metrics named in ``needs``."""
+    session: Session,
+    run: Run,
+    split: str,
+    steps: list[int],
+    needs: set[str],
+    start: Window | None = None,
+    rows: list[Any] | None = None,
+) -> tuple[dict[int, dict[str, float | None]], Window]:
+    """Window metrics and `reward_drop` at each of ``steps``, for the metrics named in
+    ``needs``, and the window after the last of them.
+
+    Fast path: ``start`` is the window just before ``rows``, the step rows of ``steps`` and of
+    every step between them (objects with `step`, `acr`, `n_collapsed`, `n_valid`,
+    `reward_mean`): nothing is read. Otherwise the window is read from the database."""
     needs = needs & SERIES_METRICS
-    if not needs or not steps:
-        return {}
+    if start is not None and rows is not None:
+        window, out = start, {}
+        for r in sorted(rows, key=lambda r: r.step):
+            window.add(r.acr, r.n_collapsed, r.n_valid, r.reward_mean)
+            out[r.step] = window.values(needs, run.reward_min)
+        return out, window
     lo, hi = min(steps), max(steps)
+    fetched, window = _window_before(session, run, split, lo, hi)
+    wanted, out = set(steps), {}
+    for step, acr, n_col, n_val, reward in fetched:
+        window.add(acr, n_col, n_val, reward)
+        if step in wanted:
+            out[step] = window.values(needs, run.reward_min)
+    return out, window
+
+
+def _window_before(
+    session: Session, run: Run, split: str, lo: int, hi: int
+) -> tuple[list[Any], Window]:
+    """The window just before step ``lo``, and the step rows from ``lo`` to ``hi``, read with
+    as few queries as the run's length allows: one read covers the range and the 60 steps
+    before it (on a short run, everything); bounded queries fill in what it does not."""
     base = (Step.run_id == run.id, Step.split == split)
     has_acr = Step.acr.is_not(None)
     before = (*base, Step.step < lo)
-    # One read covers the batch and the 60 steps before it; on a short run that is everything,
-    # and the bounded queries below are only needed for what it does not cover.
     limit = (hi - lo + 1) + 60
-    fetched, first = _recent_and_first(session, base, hi, limit, "acr_100" in needs)
+    fetched, first = _recent_and_first(session, base, hi, limit)
     whole = len(fetched) < limit  # the run's whole history up to hi
     head = [r for r in fetched if r[0] < lo]
-    rows = [r for r in fetched if r[0] >= lo]
     head_acr = [r for r in head if r[1] is not None]
-
-    collapsed = valid = 0
-    if "acr_pooled" in needs:
-        if whole:
-            collapsed = sum(int(r[2] or 0) for r in head_acr)
-            valid = sum(int(r[3] or 0) for r in head_acr)
-        else:
-            c, v = session.execute(
-                select(func.sum(Step.n_collapsed), func.sum(Step.n_valid)).where(*before, has_acr)
-            ).one()
-            collapsed, valid = int(c or 0), int(v or 0)
-    last25: deque[float] = deque((r[1] for r in head_acr), maxlen=25)
-    if "acr_volatility" in needs and len(last25) < 25 and not whole:
-        q = select(Step.acr).where(*before, has_acr).order_by(Step.step.desc()).limit(25)
-        last25 = deque(reversed(list(session.scalars(q))), maxlen=25)
+    window = Window()
+    if whole:
+        for r in head:
+            window.add(*r[1:])
+        return [r for r in fetched if r[0] >= lo], window
+    c, v = session.execute(
+        select(func.sum(Step.n_collapsed), func.sum(Step.n_valid)).where(*before, has_acr)
+    ).one()
+    window.collapsed, window.valid = int(c or 0), int(v or 0)
+    first_acrs = [a for s, a in first if s < lo]
+    if len(first_acrs) == 100:
+        window.acr_100 = math.fsum(first_acrs) / 100
+    else:
+        window.first = first_acrs
+    q = select(Step.acr).where(*before, has_acr).order_by(Step.step.desc()).limit(25)
+    window.last25.extend(reversed(list(session.scalars(q))))
     streak = 0
-    if "acr_streak" in needs:
-        for r in reversed(head_acr):
-            if r[1] <= DEFAULT_STREAK_THRESHOLD:
-                break
-            streak += 1
-        else:
-            if not whole:  # the streak may go back further than the read
-                streak = _streak_before(session, before, has_acr)
-    ema = None
-    if "acr_ema" in needs:
-        source = (
-            (r[1] for r in head_acr)
-            if whole
-            else session.scalars(select(Step.acr).where(*before, has_acr).order_by(Step.step))
-        )
-        for a in source:
-            ema = a if ema is None else ema + EMA_ALPHA * (a - ema)
-    n_rewards = REWARD_WINDOW + REWARD_LOOKBACK
-    rewards: deque[float] = deque(
-        (r[4] for r in head if r[4] is not None and math.isfinite(r[4])), maxlen=n_rewards
+    for r in reversed(head_acr):
+        if r[1] <= DEFAULT_STREAK_THRESHOLD:
+            break
+        streak += 1
+    else:  # the streak may go back further than the read
+        streak = _streak_before(session, before, has_acr)
+    window.streak = streak
+    for (a,) in session.execute(select(Step.acr).where(*before, has_acr).order_by(Step.step)):
+        window.ema = a if window.ema is None else window.ema + EMA_ALPHA * (a - window.ema)
+    q = (
+        select(Step.reward_mean)
+        .where(*before, Step.reward_mean.is_not(None))
+        .order_by(Step.step.desc())
+        .limit(REWARD_WINDOW + REWARD_LOOKBACK)
     )
-    if "reward_drop" in needs and len(rewards) < n_rewards and not whole:
-        q = (
-            select(Step.reward_mean)
-            .where(*before, Step.reward_mean.is_not(None))
-            .order_by(Step.step.desc())
-            .limit(n_rewards)
-        )
-        values = reversed(list(session.scalars(q)))
-        rewards = deque((v for v in values if math.isfinite(v)), maxlen=n_rewards)
-
-    wanted = set(steps)
-    out: dict[int, dict[str, float | None]] = {}
-    n_first = 0
-    for step, acr, n_col, n_val, reward in rows:
-        if acr is not None:
-            collapsed += int(n_col or 0)
-            valid += int(n_val or 0)
-            last25.append(acr)
-            streak = streak + 1 if acr > DEFAULT_STREAK_THRESHOLD else 0
-            ema = acr if ema is None else ema + EMA_ALPHA * (acr - ema)
-        if reward is not None and math.isfinite(reward):
-            rewards.append(reward)
-        if step not in wanted:
-            continue
-        while n_first < len(first) and first[n_first][0] <= step:
-            n_first += 1
-        values: dict[str, float | None] = {}
-        if "acr_pooled" in needs:
-            values["acr_pooled"] = collapsed / valid if valid else None
-        if "acr_100" in needs:
-            values["acr_100"] = math.fsum(a for _, a in first) / 100 if n_first == 100 else None
-        if "acr_volatility" in needs:
-            values["acr_volatility"] = _sample_std(list(last25)) if len(last25) == 25 else None
-        if "acr_streak" in needs:
-            values["acr_streak"] = float(streak)
-        if "acr_ema" in needs:
-            values["acr_ema"] = ema
-        if "reward_drop" in needs:
-            values["reward_drop"] = reward_drop(list(rewards), run.reward_min)
-        out[step] = values
-    return out
+    window.rewards.extend(v for v in reversed(list(session.scalars(q))) if math.isfinite(v))
+    return [r for r in fetched if r[0] >= lo], window
 
 
 def _recent_and_first(
-    session: Session, base: tuple, hi: int, limit: int, with_first: bool
+    session: Session, base: tuple, hi: int, limit: int
 ) -> tuple[list[Any], list[tuple[int, float]]]:
-    """The newest ``limit`` steps up to ``hi`` (oldest first) and, ``with_first``, the first
-    100 steps that have an acr (for acr_100): one round trip."""
+    """The newest ``limit`` steps up to ``hi`` (oldest first) and the first 100 steps that have
+    an acr (for acr_100): one round trip."""
     cols = (Step.step, Step.acr, Step.n_collapsed, Step.n_valid, Step.reward_mean)
     recent = select(*cols, literal(0).label("part"))
     recent = recent.where(*base, Step.step <= hi).order_by(Step.step.desc()).limit(limit)
-    query = recent
-    if with_first:
-        first = select(*cols, literal(1).label("part"))
-        first = first.where(*base, Step.acr.is_not(None)).order_by(Step.step).limit(100)
-        query = union_all(select(recent.subquery()), select(first.subquery()))
+    first = select(*cols, literal(1).label("part"))
+    first = first.where(*base, Step.acr.is_not(None)).order_by(Step.step).limit(100)
+    query = union_all(select(recent.subquery()), select(first.subquery()))
     rows = session.execute(query).all()
     fetched = sorted((tuple(r[:5]) for r in rows if r[5] == 0), key=lambda r: r[0])
     return fetched, sorted((r[0], r[1]) for r in rows if r[5] == 1)

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import and_, false, or_, select
 from sqlalchemy.orm import Session
 
-from .alert_metrics import series_values, stale_value, step_value
+from .alert_metrics import SERIES_METRICS, Window, series_values, stale_value, step_value
 from .alert_models import AlertEpisode, AlertRule, AlertState, Silence
 from .alert_steps import evaluable_steps, mark_evaluated, unevaluated_steps
 from .commands import create_command
@@ -280,7 +280,8 @@ def evaluate_locked(
     with session.no_autoflush:  # the evaluated flags go out with ingest's own writes
         rows = evaluable_steps(session, run, candidates, now, settings.step_complete_after_s)
         mark_evaluated(rows)
-        rows = _in_order(run, rows)
+        progress = dict(run.eval_progress or {})
+        rows = _in_order(progress, rows)
     if before_reads is not None:
         before_reads()
     if not rows and not stale and not _open_stale_episode(session, run.id):
@@ -288,10 +289,12 @@ def evaluate_locked(
     ctx = _Context(session, run, settings, now)
     step_rules = [r for r in ctx.rules if r.metric != "stale"]
     series = {}
-    for split in {r.split for r in rows}:
+    for split in sorted({r.split for r in rows}):
         needs = {r.metric for r in step_rules if r.split == split}
-        steps = [r.step for r in rows if r.split == split]
-        series[split] = series_values(session, run, split, steps, needs)
+        split_rows = [r for r in rows if r.split == split]
+        series[split], progress[split] = _walk(session, run, split_rows, needs, progress.get(split))
+    if rows:
+        run.eval_progress = progress
     with session.no_autoflush:  # one flush at commit, not one per query
         for row in rows:
             for rule in step_rules:
@@ -327,21 +330,35 @@ def _evaluate_step(ctx: _Context, rule: AlertRule, row: Step, value: float | Non
     _advance(ctx, rule, ctx.state(rule), row.step, value)
 
 
-def _in_order(run: Run, rows: list[Step]) -> list[Step]:
-    """The rows the rules take, in step order: a straggler — at or before the step the run's
-    rules last took in its split, from the same or an older attempt — is flagged evaluated but
-    changes no rule (a resumed run's newer attempt replays its steps, and is taken)."""
-    progress = dict(run.eval_progress or {})
-    out = []
-    for row in rows:
-        last = progress.get(row.split)
-        if last is not None and row.step <= last[0] and row.attempt <= last[1]:
-            continue
-        progress[row.split] = [row.step, row.attempt]
-        out.append(row)
-    if out:
-        run.eval_progress = progress
-    return out
+def _in_order(progress: dict[str, Any], rows: list[Step]) -> list[Step]:
+    """The rows the rules take, in step order. ``progress`` (`runs.eval_progress`) holds per
+    split [step, attempt, window?] of the step the rules last took: a straggler — at or before
+    it, from the same or an older attempt — is flagged evaluated but changes no rule (a resumed
+    run's newer attempt replays its steps, and is taken)."""
+    return [
+        row
+        for row in rows
+        if (last := progress.get(row.split)) is None or row.step > last[0] or row.attempt > last[1]
+    ]
+
+
+def _walk(
+    session: Session, run: Run, rows: list[Step], needs: set[str], last: list[Any] | None
+) -> tuple[dict[int, dict[str, float | None]], list[Any]]:
+    """Window values at a split's taken ``rows`` (in step order), and the split's new progress
+    entry [step, attempt, window]. The window kept in ``last`` (the entry before) is walked on
+    when the rows follow its step; otherwise it is read again, if a rule needs it."""
+    start = None
+    if last is not None and len(last) > 2 and rows[0].step > last[0]:
+        start = Window.load(last[2])
+    entry: list[Any] = [rows[-1].step, rows[-1].attempt]
+    if start is None and not needs & SERIES_METRICS:
+        return {}, entry
+    steps = [r.step for r in rows]
+    values, window = series_values(
+        session, run, rows[0].split, steps, needs, start, rows if start is not None else None
+    )
+    return values, [*entry, window.dump()]
 
 
 def _evaluate_stale(ctx: _Context, rule: AlertRule) -> None:

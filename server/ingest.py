@@ -23,6 +23,7 @@ from vantage.client.acr import (
 )
 from vantage.client.schema import StepRecord, StepsBatch
 
+from .alert_metrics import drop_stale_windows
 from .classify import INVALID, GroupColumns, classify_groups
 from .models import Group, Run, Step, utcnow
 
@@ -459,17 +460,27 @@ def apply_to_steps(
     keys = sorted(deltas)
     step_rows, unevaluated = _step_rows(session, run, batch.attempt, keys)
     touched_rows: list[SimpleNamespace] = []
+    moved: list[tuple[str, int]] = []  # steps whose window inputs changed
     for key in keys:
         row = step_rows[key]
+        before = _window_inputs(row)
         if _apply_delta(row, batch.attempt, deltas[key], run):
             touched_rows.append(row)
+            if _window_inputs(row) != before:
+                moved.append(key)
         result.steps.append(step_answer(row))
         result.touched.append(key)
     _update_run_state(run, touched_rows, batch)
+    run.eval_progress = drop_stale_windows(run.eval_progress, moved)
     result.step_rows = list(step_rows.values())
     result.older_unevaluated = [r for r in unevaluated if (r.split, r.step) not in step_rows]
     result.candidates = [r for r in result.step_rows if not r.evaluated]
     result.candidates += result.older_unevaluated
+
+
+def _window_inputs(row: Any) -> tuple:
+    """What a step adds to the window metrics (`vantage.server.alert_metrics.Window`)."""
+    return row.acr, row.n_collapsed, row.n_valid, row.reward_mean
 
 
 def _insert(

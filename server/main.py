@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from contextlib import asynccontextmanager
 
@@ -42,6 +43,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
+        # Everything imported and built so far lives as long as the process: keep it out of the
+        # cyclic collector's scans, which otherwise re-walk it as requests allocate (ingest's
+        # parse of a 1,000-group batch was measured about 1.5× slower without this).
+        gc.freeze()
         worker = None
         if settings.alert_worker:  # periodic alert pass and webhook outbox (DESIGN.md §6)
             worker = AlertWorker(settings, app.state.session_factory, evaluator)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import random
 
+import orjson
 import pytest
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 from vantage.client.acr import window_metrics
-from vantage.server.alert_metrics import reward_drop, series_values
+from vantage.server.alert_metrics import Window, reward_drop, series_values
 from vantage.server.db import make_engine
 from vantage.server.migrate import upgrade
 from vantage.server.models import Run, Step
@@ -60,16 +62,29 @@ def test_series_values_match_window_metrics(tmp_path):
         rewards = [r["reward"] for r in rows]
         # Batches and single steps, on short histories (read whole) and long ones: all match
         # the reference implementation.
-        early = series_values(s, run, "train", list(range(1, 41)), needs)
-        late = series_values(s, run, "train", list(range(90, 161)), needs)
+        early, _ = series_values(s, run, "train", list(range(1, 41)), needs)
+        late, _ = series_values(s, run, "train", list(range(90, 161)), needs)
         for step in (1, 5, 30, 40, 61, 90, 100, 120, 160):
             expected = window_metrics(rows[:step])
             batch = early if step <= 40 else late if step >= 90 else {}
-            single = series_values(s, run, "train", [step], needs)
+            single, _ = series_values(s, run, "train", [step], needs)
             for got in [g[step] for g in (batch, single) if step in g]:
                 for name, value in expected.items():
                     assert got[name] == pytest.approx(value), (step, name)
                 assert got["reward_drop"] == pytest.approx(reward_drop(rewards[:step][-25:], 0.0))
+        # The fast path: walking on from a kept window (through its JSON form) in chunks.
+        by_step = {r.step: r for r in s.scalars(select(Step).where(Step.run_id == "r"))}
+        window, step = Window(), 1
+        while step <= 160:
+            chunk = [by_step[k] for k in range(step, min(step + rng.randint(1, 9), 161))]
+            got, window = series_values(s, run, "train", [], needs, window, chunk)
+            window = Window.load(orjson.loads(orjson.dumps(window.dump())))
+            for r in chunk:
+                for name, value in window_metrics(rows[: r.step]).items():
+                    assert got[r.step][name] == pytest.approx(value), (r.step, name)
+                expected_drop = reward_drop(rewards[: r.step][-25:], 0.0)
+                assert got[r.step]["reward_drop"] == pytest.approx(expected_drop)
+            step += len(chunk)
         # A streak longer than what one read covers.
         s.add(Run(id="long", name="long", tags=[], client_health={}))
         for step in range(1, 151):
@@ -89,7 +104,7 @@ def test_series_values_match_window_metrics(tmp_path):
                 )
             )
         s.commit()
-        got = series_values(s, s.get(Run, "long"), "train", [150], {"acr_streak"})[150]
+        got = series_values(s, s.get(Run, "long"), "train", [150], {"acr_streak"})[0][150]
         assert got["acr_streak"] == 150
     engine.dispose()
 

@@ -492,3 +492,27 @@ def test_project_rules_apply_to_their_project_only(api):
     assert api.delete(f"/api/v1/runs/{mine['run_id']}").status_code == 204
     everything = api.get("/api/v1/alerts", params={"rule": "vision-only"}).json()["alerts"]
     assert everything == []
+
+
+def test_window_metrics_follow_late_data_for_earlier_steps(api):
+    """Window values walk on from the window kept at the last evaluated step; data that changes
+    an earlier step (a late rank here) makes the server read the window again."""
+    run = new_run(api)
+    make_rule(api, name="pooled", run_id=run["run_id"], metric="acr_pooled", op=">=", threshold=0)
+
+    def pooled_value() -> float:
+        (alert,) = alerts_of(api, run["run_id"], "pooled")
+        return alert["value"]
+
+    post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])  # 4 of 4 collapsed
+    post_steps(api, run, [{"step": 2, "groups": LIVE}])
+    assert pooled_value() == pytest.approx(4 / 8)
+    post_steps(api, run, [{"step": 1, "rank": 1, "groups": LIVE}])  # step 1 is now 4 of 8
+    post_steps(api, run, [{"step": 3, "groups": LIVE}])
+    assert pooled_value() == pytest.approx(4 / 16)
+    post_steps(api, run, [{"step": 4, "groups": LIVE}])
+    assert pooled_value() == pytest.approx(4 / 20)
+    # Scalars sent for an evaluated step change no window input: the window is kept.
+    post_steps(api, run, [{"step": 4, "scalars": {"loss": 1.0}}])
+    post_steps(api, run, [{"step": 5, "groups": ALL_FAIL}])
+    assert pooled_value() == pytest.approx(8 / 24)

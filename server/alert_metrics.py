@@ -24,6 +24,7 @@ from vantage.client.acr import (
     WINDOW_METRIC_FIELDS,
 )
 
+from .locks import RunState
 from .models import Run, Step
 
 STEP_METRICS = frozenset(STEP_METRIC_FIELDS)
@@ -199,7 +200,7 @@ def drop_stale_windows(progress: dict[str, Any] | None, keys: list[tuple[str, in
 
 def series_values(
     session: Session,
-    run: Run,
+    run: Run | RunState,
     split: str,
     steps: list[int],
     needs: set[str],
@@ -230,7 +231,7 @@ def series_values(
 
 
 def _window_before(
-    session: Session, run: Run, split: str, lo: int, hi: int
+    session: Session, run: RunState, split: str, lo: int, hi: int
 ) -> tuple[list[Any], Window]:
     """The window just before step ``lo``, and the step rows from ``lo`` to ``hi``, read with
     as few queries as the run's length allows: one read covers the range and the 60 steps
@@ -310,7 +311,7 @@ def _streak_before(session: Session, before: tuple, has_acr: Any) -> int:
         offset += chunk
 
 
-def stale_value(run: Run, now: datetime) -> float:
+def stale_value(run: Run | RunState, now: datetime) -> float:
     """Heartbeat periods since the run last sent a heartbeat or data (0 once it has finished)."""
     if run.status != "running":
         return 0.0

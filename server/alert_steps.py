@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import false, func, select, true
 from sqlalchemy.orm import Session
 
-from .models import Run, Step
+from .locks import RunState
+from .models import Step
 
 
 def _aware(dt: datetime) -> datetime:
@@ -24,7 +25,7 @@ def mark_evaluated(rows: list[Step]) -> None:
         row.evaluated = True
 
 
-def unevaluated_steps(session: Session, run: Run, splits: set[str] | None) -> list[Step]:
+def unevaluated_steps(session: Session, run: RunState, splits: set[str] | None) -> list[Step]:
     """The run's steps not yet evaluated (a partial index keeps this small)."""
     q = select(Step).where(Step.run_id == run.id, Step.evaluated == false())
     if splits is not None:
@@ -33,7 +34,11 @@ def unevaluated_steps(session: Session, run: Run, splits: set[str] | None) -> li
 
 
 def evaluable_steps(
-    session: Session, run: Run, candidates: list[Step], now: datetime, complete_after_s: float
+    session: Session,
+    run: RunState,
+    candidates: list[Step],
+    now: datetime,
+    complete_after_s: float,
 ) -> list[Step]:
     """Unevaluated steps that may be evaluated now, in step order, stopping at the first that
     may not. A step may be evaluated when every rank of its world_size reported it; when a later

@@ -29,7 +29,7 @@ from .alert_metrics import SERIES_METRICS, Window, series_values, stale_value, s
 from .alert_models import AlertEpisode, AlertRule, AlertState, Silence
 from .alert_steps import evaluable_steps, mark_evaluated, unevaluated_steps
 from .commands import create_command
-from .locks import run_lock
+from .locks import RunState, run_lock, save_run_state
 from .models import Run, Step, utcnow
 from .notify import enqueue
 from .settings import Settings
@@ -76,7 +76,7 @@ def past_clear(rule: AlertRule, value: float) -> bool:
     return value < clear if rule.op in (">", ">=") else value > clear
 
 
-def _applies(run: Run) -> Any:
+def _applies(run: RunState) -> Any:
     """Enabled rules that apply to a run: its own, its project's, and global ones."""
     return and_(
         AlertRule.enabled.is_(True),
@@ -90,7 +90,9 @@ def _applies(run: Run) -> Any:
     )
 
 
-def rules_and_states(session: Session, run: Run) -> tuple[list[AlertRule], dict[int, AlertState]]:
+def rules_and_states(
+    session: Session, run: RunState
+) -> tuple[list[AlertRule], dict[int, AlertState]]:
     """The rules that apply to a run and their per-run states, in one read."""
     q = (
         select(AlertRule, AlertState)
@@ -111,7 +113,7 @@ def rules_and_states(session: Session, run: Run) -> tuple[list[AlertRule], dict[
 class _Context:
     """What one evaluation of one run shares: the run, its rules, states, silences, time."""
 
-    def __init__(self, session: Session, run: Run, settings: Settings, now: datetime) -> None:
+    def __init__(self, session: Session, run: RunState, settings: Settings, now: datetime) -> None:
         self.session, self.run, self.settings, self.now = session, run, settings, now
         self.rules, self.states = rules_and_states(session, run)
         self.episodes: dict[int, AlertEpisode] = {}  # the open ones
@@ -155,7 +157,7 @@ class Evaluator:
         self.on_notify: Callable[[], None] | None = None  # wakes this process's outbox sender
 
     def after_ingest(
-        self, session: Session, run: Run, result: Any, write: Callable[[], None]
+        self, session: Session, run: RunState, result: Any, write: Callable[[], None]
     ) -> Outcome:
         """Evaluate the steps of ``run`` that the batch made evaluable, inside the ingest
         transaction (the caller holds the run's lock and commits). ``write`` stores ingest's
@@ -259,13 +261,14 @@ def evaluate_run(
             return False
         candidates = unevaluated_steps(session, locked.run, splits)
         outcome = evaluate_locked(session, locked.run, settings, candidates, stale)
+        save_run_state(session, locked.run)
         session.commit()
         return outcome.notified
 
 
 def evaluate_locked(
     session: Session,
-    run: Run,
+    run: RunState,
     settings: Settings,
     candidates: list[Any],
     stale: bool = False,
@@ -343,7 +346,7 @@ def _in_order(progress: dict[str, Any], rows: list[Step]) -> list[Step]:
 
 
 def _walk(
-    session: Session, run: Run, rows: list[Step], needs: set[str], last: list[Any] | None
+    session: Session, run: RunState, rows: list[Step], needs: set[str], last: list[Any] | None
 ) -> tuple[dict[int, dict[str, float | None]], list[Any]]:
     """Window values at a split's taken ``rows`` (in step order), and the split's new progress
     entry [step, attempt, window]. The window kept in ``last`` (the entry before) is walked on

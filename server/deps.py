@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, HTTPException, Request
 from sqlalchemy.orm import Session
@@ -70,7 +70,10 @@ def load_run(session: Session, run_id: str, key: KeyInfo) -> Run:
     return authorized(session.get(Run, run_id), run_id, key)
 
 
-def authorized(run: Run | None, run_id: str, key: KeyInfo) -> Run:
+RunT = TypeVar("RunT", bound=Any)  # an ORM Run, or the plain run that `run_lock` reads
+
+
+def authorized(run: RunT | None, run_id: str, key: KeyInfo) -> RunT:
     """``run`` if it exists and the key may see it, else 404."""
     if run is None or not key.allows_project(run.project):
         raise HTTPException(404, f"run {run_id} not found")

@@ -25,6 +25,7 @@ from vantage.client.schema import StepRecord, StepsBatch
 
 from .alert_metrics import drop_stale_windows
 from .classify import INVALID, GroupColumns, classify_groups
+from .locks import RunState
 from .models import Group, Run, Step, utcnow
 
 GROUP_COLUMNS = (
@@ -98,7 +99,7 @@ class RunInfo:
     settings: ACRSettings
 
     @classmethod
-    def of(cls, run: Run) -> RunInfo:
+    def of(cls, run: Run | RunState) -> RunInfo:
         settings = ACRSettings(
             reward_min=run.reward_min, reward_max=run.reward_max, trainer_eps=run.trainer_eps
         )
@@ -318,7 +319,7 @@ _UPDATE_STEP = update(STEPS).where(STEPS.c.id == bindparam("row_id"))
 
 
 def _step_rows(
-    session: Session, run: Run, attempt: int, keys: list[tuple[str, int]]
+    session: Session, run: RunState, attempt: int, keys: list[tuple[str, int]]
 ) -> tuple[dict[tuple[str, int], SimpleNamespace], list[SimpleNamespace]]:
     """The step rows of ``keys`` (new ones made up, id None), and every unevaluated step row of
     the run, read together, as plain objects with the columns as attributes. The caller holds
@@ -343,7 +344,7 @@ def _step_rows(
     return out, list(unevaluated.values())
 
 
-def _new_step_row(run: Run, split: str, step: int, attempt: int, now: Any) -> SimpleNamespace:
+def _new_step_row(run: RunState, split: str, step: int, attempt: int, now: Any) -> SimpleNamespace:
     row = SimpleNamespace(**{c.name: None for c in STEPS.columns})
     row.run_id, row.split, row.step, row.attempt = run.id, split, step, attempt
     row.first_seen_at = row.updated_at = now
@@ -383,7 +384,7 @@ def _dump_accumulator(acc: StepAccumulator) -> dict[str, Any]:
     return out
 
 
-def _apply_delta(row: Any, attempt: int, d: _StepDelta, run: Run) -> bool:
+def _apply_delta(row: Any, attempt: int, d: _StepDelta, run: RunState) -> bool:
     """Add a batch's delta to a step row it may own; returns False when a newer attempt owns it."""
     fresh = not row.acc
     if row.attempt > attempt and not fresh:
@@ -443,7 +444,7 @@ def store_groups(
 
 
 def apply_to_steps(
-    session: Session, run: Run, batch: StepsBatch, stored: StoredGroups, result: IngestResult
+    session: Session, run: RunState, batch: StepsBatch, stored: StoredGroups, result: IngestResult
 ) -> None:
     """Add a stored batch to its step rows and the run's latest state. The caller holds the
     run's lock and commits; changes are left unflushed, so that alert evaluation adds its flags
@@ -493,7 +494,7 @@ def _insert(
     return _insert_sqlite(session, run_key, attempt, rows)
 
 
-def _update_run_state(run: Run, rows: list[Any], batch: StepsBatch) -> None:
+def _update_run_state(run: RunState, rows: list[Any], batch: StepsBatch) -> None:
     run.last_seen_at = utcnow()
     train = [r for r in rows if r.split == "train"]
     if train:

@@ -9,8 +9,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import Row, exists, select, update
 from sqlalchemy.orm import Session
 
 from .commands import OPEN_STATES
@@ -19,34 +20,81 @@ from .models import Command, Run
 _SQLITE_LOCK = threading.RLock()
 
 
+RUNS = Run.__table__
+RunState = SimpleNamespace
+"""A run as `run_lock` reads it: its `STATE_COLUMNS` as attributes."""
+
+# What ingest and alert evaluation read of a run under its lock: not its config, tags or notes,
+# which can be large. Read and written with Core: the ORM's bookkeeping for one row cost about
+# as much as the rest of the lock (measured per request, benchmarks/ingest.py).
+STATE_COLUMNS = (
+    "id",
+    "key",
+    "name",
+    "project",
+    "reward_min",
+    "reward_max",
+    "trainer_eps",
+    "world_size",
+    "heartbeat_s",
+    "mitigation_mode",
+    "status",
+    "attempt",
+    "last_seen_at",
+    "last_step",
+    "latest_acr",
+    "mitigation_reported",
+    "eval_progress",
+)
+# The columns of those that ingest and alert evaluation change (`save_run_state`).
+CHANGED_COLUMNS = (
+    "last_seen_at",
+    "last_step",
+    "latest_acr",
+    "mitigation_reported",
+    "eval_progress",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class LockedRun:
-    """The run as read under its lock (None if it does not exist), and whether it has open
-    commands then (so that ingest reads the command table only when there is something)."""
+    """The run as read under its lock (None if it does not exist): a plain object with the
+    `STATE_COLUMNS` as attributes; and whether it has open commands then (so that ingest reads
+    the command table only when there is something)."""
 
-    run: Run | None
+    run: RunState | None
     has_open_commands: bool
 
 
 @contextmanager
 def run_lock(session: Session, run_id: str) -> Iterator[LockedRun]:
-    """Hold the run's lock until the caller's transaction ends; commit inside the block.
+    """Hold the run's lock until the caller's transaction ends; commit inside the block, after
+    `save_run_state` if the run's state changed.
 
     PostgreSQL: the run row's lock (``SELECT ... FOR UPDATE``), which also reads the row as
     it is now, in the same statement. SQLite: a process lock plus SQLite's own write lock, taken
     at once by a no-op write, so that processes sharing one file also take turns."""
-    has_open = exists().where(Command.run_id == Run.id, Command.status.in_(OPEN_STATES))
-    query = (
-        select(Run, has_open.label("has_open"))
-        .where(Run.id == run_id)
-        .execution_options(populate_existing=True)
+    has_open = exists().where(Command.run_id == RUNS.c.id, Command.status.in_(OPEN_STATES))
+    query = select(*(RUNS.c[c] for c in STATE_COLUMNS), has_open.label("has_open")).where(
+        RUNS.c.id == run_id
     )
     if session.get_bind().dialect.name == "postgresql":
-        row = session.execute(query.with_for_update(of=Run)).one_or_none()
-        yield LockedRun(row[0], bool(row[1])) if row else LockedRun(None, False)
+        yield _locked(session.execute(query.with_for_update(of=RUNS)).one_or_none())
         return
     with _SQLITE_LOCK:
-        runs = Run.__table__  # Core: no ORM bookkeeping for a statement that changes nothing
-        session.execute(update(runs).where(runs.c.id == run_id).values(attempt=runs.c.attempt))
-        row = session.execute(query).one_or_none()
-        yield LockedRun(row[0], bool(row[1])) if row else LockedRun(None, False)
+        session.execute(update(RUNS).where(RUNS.c.id == run_id).values(attempt=RUNS.c.attempt))
+        yield _locked(session.execute(query).one_or_none())
+
+
+def _locked(row: Row | None) -> LockedRun:
+    if row is None:
+        return LockedRun(None, False)
+    fields = row._asdict()
+    has_open = bool(fields.pop("has_open"))
+    return LockedRun(SimpleNamespace(**fields), has_open)
+
+
+def save_run_state(session: Session, run: RunState) -> None:
+    """Write the `CHANGED_COLUMNS` of a run read by `run_lock` (the caller holds the lock)."""
+    values = {c: getattr(run, c) for c in CHANGED_COLUMNS}
+    session.execute(update(RUNS).where(RUNS.c.id == run.id).values(**values))

@@ -24,7 +24,7 @@ from ..ingest import (
     store_groups,
     write_step_rows,
 )
-from ..locks import run_lock
+from ..locks import run_lock, save_run_state
 from . import json_response, parse_body, raw_body_openapi, read_limited_body
 
 router = APIRouter(prefix="/api/v1/runs", tags=["ingest"])
@@ -97,6 +97,7 @@ def _ingest_once(state, run_id, batch, key, dedup: bool, evaluate: bool) -> dict
                 commands = []
                 if result.has_rank0 and (locked.has_open_commands or outcome.issued):
                     commands = deliver_commands(session, run_id)
+                save_run_state(session, run)
                 session.commit()
         except IngestError as exc:
             raise HTTPException(422, str(exc)) from exc

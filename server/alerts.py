@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
-from sqlalchemy import and_, false, or_, select
+from sqlalchemy import and_, bindparam, false, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from .alert_metrics import SERIES_METRICS, Window, series_values, stale_value, step_value
@@ -67,7 +69,7 @@ def _iso(dt: datetime | None) -> str | None:
     return None if dt is None else dt.isoformat()
 
 
-def past_clear(rule: AlertRule, value: float) -> bool:
+def past_clear(rule: AlertRule | RuleRow, value: float) -> bool:
     """Strictly past the clear threshold, on the side away from the condition. Without one, the
     threshold: the condition fails (so `n_invalid > 0` clears at 0)."""
     if rule.clear_threshold is None:
@@ -76,38 +78,85 @@ def past_clear(rule: AlertRule, value: float) -> bool:
     return value < clear if rule.op in (">", ">=") else value > clear
 
 
-def _applies(run: RunState) -> Any:
-    """Enabled rules that apply to a run: its own, its project's, and global ones."""
-    return and_(
-        AlertRule.enabled.is_(True),
+RULES, STATES = AlertRule.__table__, AlertState.__table__
+RuleRow = SimpleNamespace
+"""A rule as evaluation reads it (`rules_and_states`): its columns as attributes."""
+STATE_FIELDS = ("episode_id", "streak", "clear_streak", "last_mitigation_step", "notified_through")
+# The enabled rules that apply to a run (its own, its project's, global ones) with the run's
+# state of each, read with Core and built once (ingest runs it for every evaluated step).
+_RULES_AND_STATES = (
+    select(RULES, *(STATES.c[f].label(f"state_{f}") for f in STATE_FIELDS))
+    .add_columns(STATES.c.rule_id.label("state_rule_id"))
+    .outerjoin(STATES, and_(STATES.c.rule_id == RULES.c.id, STATES.c.run_id == bindparam("run_id")))
+    .where(
+        RULES.c.enabled.is_(True),
         or_(
-            AlertRule.run_id == run.id,
+            RULES.c.run_id == bindparam("run_id"),
             and_(
-                AlertRule.run_id.is_(None),
-                or_(AlertRule.project.is_(None), AlertRule.project == run.project),
+                RULES.c.run_id.is_(None),
+                or_(RULES.c.project.is_(None), RULES.c.project == bindparam("project")),
             ),
         ),
     )
+    .order_by(RULES.c.id)
+)
+_INSERT_STATE = insert(STATES)
+_UPDATE_STATE = (
+    update(STATES)
+    .where(STATES.c.rule_id == bindparam("key_rule_id"), STATES.c.run_id == bindparam("key_run_id"))
+    .values({f: bindparam(f) for f in STATE_FIELDS})
+)
 
 
-def rules_and_states(
-    session: Session, run: RunState
-) -> tuple[list[AlertRule], dict[int, AlertState]]:
-    """The rules that apply to a run and their per-run states, in one read."""
-    q = (
-        select(AlertRule, AlertState)
-        .outerjoin(
-            AlertState, and_(AlertState.rule_id == AlertRule.id, AlertState.run_id == run.id)
-        )
-        .where(_applies(run))
-        .order_by(AlertRule.id)
-    )
+@dataclass(slots=True)
+class RuleState:
+    """Where evaluation of one rule on one run stands (a row of `alert_states`); `stored` is
+    what the row held when read (None: no row yet), so only changed states are written."""
+
+    rule_id: int
+    episode_id: int | None = None
+    streak: int = 0
+    clear_streak: int = 0
+    last_mitigation_step: int | None = None
+    notified_through: int | None = None
+    stored: tuple | None = None
+
+    def values(self) -> tuple:
+        return tuple(getattr(self, f) for f in STATE_FIELDS)
+
+
+def rules_and_states(session: Session, run: RunState) -> tuple[list[RuleRow], dict[int, RuleState]]:
+    """The rules that apply to a run (plain objects with the rule's columns as attributes)
+    and the run's states of them, in one read."""
     rules, states = [], {}
-    for rule, state in session.execute(q):
+    params = {"run_id": run.id, "project": run.project}
+    for row in session.connection().execute(_RULES_AND_STATES, params).mappings():
+        fields = dict(row)
+        state = {f: fields.pop(f"state_{f}") for f in STATE_FIELDS}
+        has_state = fields.pop("state_rule_id") is not None
+        rule = SimpleNamespace(**fields)
         rules.append(rule)
-        if state is not None:
-            states[rule.id] = state
+        if has_state:
+            st = states[rule.id] = RuleState(rule.id, **state)
+            st.stored = st.values()
     return rules, states
+
+
+def write_states(session: Session, run_id: str, states: dict[int, RuleState]) -> None:
+    """Insert new states and update changed ones (the caller holds the run's lock)."""
+    new, changed = [], []
+    for st in states.values():
+        values = dict(zip(STATE_FIELDS, st.values(), strict=True))
+        if st.stored is None:
+            new.append({"rule_id": st.rule_id, "run_id": run_id, **values})
+        elif st.values() != st.stored:
+            changed.append({"key_rule_id": st.rule_id, "key_run_id": run_id, **values})
+        st.stored = st.values()
+    conn = session.connection()
+    if new:
+        conn.execute(_INSERT_STATE, new)
+    if changed:
+        conn.execute(_UPDATE_STATE, changed)
 
 
 class _Context:
@@ -125,15 +174,13 @@ class _Context:
         self.queued = False  # a webhook message was queued
         self.issued = False  # a command was issued
 
-    def state(self, rule: AlertRule) -> AlertState:
+    def state(self, rule: RuleRow) -> RuleState:
         st = self.states.get(rule.id)
         if st is None:
-            st = AlertState(rule_id=rule.id, run_id=self.run.id, streak=0, clear_streak=0)
-            self.session.add(st)
-            self.states[rule.id] = st
+            st = self.states[rule.id] = RuleState(rule.id)
         return st
 
-    def silenced(self, rule: AlertRule) -> bool:
+    def silenced(self, rule: RuleRow) -> bool:
         if self._silences is None:
             self._silences = list(
                 self.session.scalars(select(Silence).where(Silence.until > self.now))
@@ -309,6 +356,7 @@ def evaluate_locked(
             st = ctx.states.get(rule.id)
             if stale or (st is not None and st.episode_id is not None):
                 _evaluate_stale(ctx, rule)
+    write_states(session, run.id, ctx.states)
     return Outcome(ctx.queued, ctx.issued)
 
 
@@ -327,7 +375,7 @@ def _open_stale_episode(session: Session, run_id: str) -> bool:
     return session.scalar(q) is not None
 
 
-def _evaluate_step(ctx: _Context, rule: AlertRule, row: Step, value: float | None) -> None:
+def _evaluate_step(ctx: _Context, rule: RuleRow, row: Step, value: float | None) -> None:
     if value is None or row.n_valid < rule.min_valid_groups:
         return  # neither advances nor resets for_steps
     _advance(ctx, rule, ctx.state(rule), row.step, value)
@@ -364,7 +412,7 @@ def _walk(
     return values, [*entry, window.dump()]
 
 
-def _evaluate_stale(ctx: _Context, rule: AlertRule) -> None:
+def _evaluate_stale(ctx: _Context, rule: RuleRow) -> None:
     st = ctx.state(rule)
     step = ctx.run.last_step
     _advance(ctx, rule, st, step, stale_value(ctx.run, ctx.now), for_steps=1)
@@ -372,8 +420,8 @@ def _evaluate_stale(ctx: _Context, rule: AlertRule) -> None:
 
 def _advance(
     ctx: _Context,
-    rule: AlertRule,
-    st: AlertState,
+    rule: RuleRow,
+    st: RuleState,
     step: int | None,
     value: float,
     for_steps: int | None = None,
@@ -429,7 +477,7 @@ def _advance(
 
 
 def _fire(
-    ctx: _Context, rule: AlertRule, st: AlertState, ep: AlertEpisode, step: int | None, value: float
+    ctx: _Context, rule: RuleRow, st: RuleState, ep: AlertEpisode, step: int | None, value: float
 ) -> None:
     ep.state, ep.fired_step, ep.fired_at = "firing", step, ctx.now
     st.clear_streak = 0
@@ -465,7 +513,7 @@ def _fire(
 
 
 def _notify(
-    ctx: _Context, rule: AlertRule, ep: AlertEpisode, state: str, step: int | None, value: float
+    ctx: _Context, rule: RuleRow, ep: AlertEpisode, state: str, step: int | None, value: float
 ) -> bool:
     """Queue the webhook messages of a transition; False when there is nobody to tell."""
     if not rule.notify or ctx.silenced(rule):
@@ -482,7 +530,7 @@ def dashboard_url(settings: Settings, run_id: str) -> str | None:
 
 
 def webhook_body(
-    ctx: _Context, rule: AlertRule, state: str, step: int | None, value: float
+    ctx: _Context, rule: RuleRow, state: str, step: int | None, value: float
 ) -> dict[str, Any]:
     """The §6 body; `text` is a Slack-compatible line that names only the new state."""
     run, url = ctx.run, dashboard_url(ctx.settings, ctx.run.id)

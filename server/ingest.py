@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import psycopg
-from sqlalchemy import and_, bindparam, false, insert, or_, select, update
+from sqlalchemy import bindparam, false, insert, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 from vantage.client.acr import (
     STEP_METRIC_FIELDS,
@@ -315,6 +315,16 @@ def _merge_record(d: _StepDelta, rec: StepRecord) -> None:
 
 STEPS = Step.__table__  # ingest reads and writes step rows with Core: no unit-of-work overhead
 STEP_COLUMNS = tuple(c.name for c in STEPS.columns if c.name != "id")
+# Built once (a statement memoizes its cache key): the batch's step rows and every unevaluated
+# step row of the run, in one read; their inserts and updates.
+_READ_STEPS = select(STEPS).where(
+    STEPS.c.run_id == bindparam("run_id"),
+    or_(
+        tuple_(STEPS.c.split, STEPS.c.step).in_(bindparam("keys", expanding=True)),
+        STEPS.c.evaluated == false(),
+    ),
+)
+_INSERT_STEP = insert(STEPS)
 _UPDATE_STEP = update(STEPS).where(STEPS.c.id == bindparam("row_id"))
 
 
@@ -327,16 +337,16 @@ def _step_rows(
     writes them back with `write_step_rows`."""
     out: dict[tuple[str, int], SimpleNamespace] = {}
     unevaluated: dict[int, SimpleNamespace] = {}
-    for i in range(0, len(keys), 300):
-        chunk = [and_(STEPS.c.split == sp, STEPS.c.step == st) for sp, st in keys[i : i + 300]]
-        if i == 0:
-            chunk.append(STEPS.c.evaluated == false())
-        query = select(STEPS).where(STEPS.c.run_id == run.id, or_(*chunk))
-        for mapping in session.execute(query).mappings():
+    conn = session.connection()
+    for i in range(0, len(keys), 1000):
+        params = {"run_id": run.id, "keys": keys[i : i + 1000]}
+        for mapping in conn.execute(_READ_STEPS, params).mappings():
             row = SimpleNamespace(**mapping)
             out[(row.split, row.step)] = row
             if not row.evaluated:
                 unevaluated[row.id] = row
+    wanted = set(keys)
+    out = {k: row for k, row in out.items() if k in wanted}
     now = utcnow()
     for split, step in keys:
         if (split, step) not in out:
@@ -359,10 +369,11 @@ def write_step_rows(session: Session, result: IngestResult) -> None:
     rows = [*result.step_rows, *(r for r in result.older_unevaluated if r.evaluated)]
     new = [{c: getattr(r, c) for c in STEP_COLUMNS} for r in rows if r.id is None]
     old = [{"row_id": r.id, **{c: getattr(r, c) for c in STEP_COLUMNS}} for r in rows if r.id]
+    conn = session.connection()
     if new:
-        session.execute(insert(STEPS), new)
+        conn.execute(_INSERT_STEP, new)
     if old:
-        session.execute(_UPDATE_STEP, old)
+        conn.execute(_UPDATE_STEP, old)
 
 
 def _accumulator(data: dict[str, Any]) -> StepAccumulator:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from sqlalchemy import Row, exists, select, update
+from sqlalchemy import Row, bindparam, exists, select, update
 from sqlalchemy.orm import Session
 
 from .commands import OPEN_STATES
@@ -66,6 +66,21 @@ class LockedRun:
     has_open_commands: bool
 
 
+# Built once: a statement object memoizes its cache key, which SQLAlchemy otherwise computes
+# again on every execution (a measurable part of a small request's CPU).
+_READ = select(
+    *(RUNS.c[c] for c in STATE_COLUMNS),
+    exists().where(Command.run_id == RUNS.c.id, Command.status.in_(OPEN_STATES)).label("has_open"),
+).where(RUNS.c.id == bindparam("run_id"))
+_READ_FOR_UPDATE = _READ.with_for_update(of=RUNS)
+_TOUCH = update(RUNS).where(RUNS.c.id == bindparam("run_id")).values(attempt=RUNS.c.attempt)
+_SAVE = (
+    update(RUNS)
+    .where(RUNS.c.id == bindparam("run_id"))
+    .values({c: bindparam(c, type_=RUNS.c[c].type) for c in CHANGED_COLUMNS})
+)
+
+
 @contextmanager
 def run_lock(session: Session, run_id: str) -> Iterator[LockedRun]:
     """Hold the run's lock until the caller's transaction ends; commit inside the block, after
@@ -74,16 +89,14 @@ def run_lock(session: Session, run_id: str) -> Iterator[LockedRun]:
     PostgreSQL: the run row's lock (``SELECT ... FOR UPDATE``), which also reads the row as
     it is now, in the same statement. SQLite: a process lock plus SQLite's own write lock, taken
     at once by a no-op write, so that processes sharing one file also take turns."""
-    has_open = exists().where(Command.run_id == RUNS.c.id, Command.status.in_(OPEN_STATES))
-    query = select(*(RUNS.c[c] for c in STATE_COLUMNS), has_open.label("has_open")).where(
-        RUNS.c.id == run_id
-    )
-    if session.get_bind().dialect.name == "postgresql":
-        yield _locked(session.execute(query.with_for_update(of=RUNS)).one_or_none())
+    conn = session.connection()
+    params = {"run_id": run_id}
+    if conn.dialect.name == "postgresql":
+        yield _locked(conn.execute(_READ_FOR_UPDATE, params).one_or_none())
         return
     with _SQLITE_LOCK:
-        session.execute(update(RUNS).where(RUNS.c.id == run_id).values(attempt=RUNS.c.attempt))
-        yield _locked(session.execute(query).one_or_none())
+        conn.execute(_TOUCH, params)
+        yield _locked(conn.execute(_READ, params).one_or_none())
 
 
 def _locked(row: Row | None) -> LockedRun:
@@ -96,5 +109,5 @@ def _locked(row: Row | None) -> LockedRun:
 
 def save_run_state(session: Session, run: RunState) -> None:
     """Write the `CHANGED_COLUMNS` of a run read by `run_lock` (the caller holds the lock)."""
-    values = {c: getattr(run, c) for c in CHANGED_COLUMNS}
-    session.execute(update(RUNS).where(RUNS.c.id == run.id).values(**values))
+    params = {c: getattr(run, c) for c in CHANGED_COLUMNS}
+    session.connection().execute(_SAVE, {"run_id": run.id, **params})

@@ -27,7 +27,6 @@ from vantage.client.acr import (
     GroupSummary,
     InconsistentStatsError,
     StepAccumulator,
-    collapsed_side,
     summarize_rewards,
     summarize_stats,
 )
@@ -110,24 +109,45 @@ def classify_groups(groups: list[NormalGroup], settings: ACRSettings) -> GroupCo
         else:
             by_size.setdefault(len(g.rewards or ()), []).append(i)
     for g_size, indices in by_size.items():
-        rows = [groups[i].rewards or [] for i in indices]
-        x = np.array(rows, dtype=np.float64).reshape(len(rows), g_size)  # null -> NaN: invalid
-        for i, h in zip(indices, _reward_hashes(x, rows), strict=True):
-            cols.hash[i] = h
-        plain = [k for k, i in enumerate(indices) if groups[i].mask is None]
-        if g_size >= 2 and plain:
-            picked = x if len(plain) == len(indices) else x[plain]
-            _vectorised(cols, [indices[k] for k in plain], picked, settings)
-        for k, i in enumerate(indices):
-            g = groups[i]
-            if g.mask is not None or g_size < 2:
-                _put(cols, i, summarize_rewards(rows[k], g.mask, settings))
-            if g.mask is not None:
-                cols.hash[i] = _combine(cols.hash[i], b"m" + bytes(g.mask))
-    for i, g in enumerate(groups):
-        if g.prompt_id is not None:
-            cols.hash[i] = _combine(cols.hash[i], b"p" + g.prompt_id.encode())
+        _classify_size(cols, groups, indices, g_size, settings)
+    if any(p is not None for p in cols.prompt_ids):
+        for i, p in enumerate(cols.prompt_ids):
+            if p is not None:
+                cols.hash[i] = _combine(cols.hash[i], b"p" + p.encode())
     return cols
+
+
+def _classify_size(
+    cols: GroupColumns,
+    groups: list[NormalGroup],
+    indices: list[int],
+    g_size: int,
+    settings: ACRSettings,
+) -> None:
+    """Classify and hash the reward-list groups at ``indices``, which all have ``g_size``
+    rewards."""
+    rows = [groups[i].rewards or [] for i in indices]
+    x = np.array(rows, dtype=np.float64).reshape(len(rows), g_size)  # null -> NaN: invalid
+    whole = len(indices) == len(cols.hash)  # every group of the record, in order
+    hashes = _reward_hashes(x, rows)
+    if whole:
+        cols.hash = hashes
+    else:
+        for i, h in zip(indices, hashes, strict=True):
+            cols.hash[i] = h
+    masked = [k for k, i in enumerate(indices) if groups[i].mask is not None]
+    if g_size >= 2 and len(masked) < len(indices):
+        if masked:
+            plain = [k for k, i in enumerate(indices) if groups[i].mask is None]
+            _vectorised(cols, [indices[k] for k in plain], x[plain], settings)
+        else:
+            _vectorised(cols, None if whole else indices, x, settings)
+    scalar = range(len(indices)) if g_size < 2 else masked
+    for k in scalar:
+        i, g = indices[k], groups[indices[k]]
+        _put(cols, i, summarize_rewards(rows[k], g.mask, settings))
+        if g.mask is not None:
+            cols.hash[i] = _combine(cols.hash[i], b"m" + bytes(g.mask))
 
 
 def _put_stats(cols: GroupColumns, i: int, g: NormalGroup, settings: ACRSettings) -> None:
@@ -148,9 +168,10 @@ def _put(cols: GroupColumns, i: int, s: GroupSummary) -> None:
 
 
 def _vectorised(
-    cols: GroupColumns, indices: list[int], x: np.ndarray, settings: ACRSettings
+    cols: GroupColumns, indices: list[int] | None, x: np.ndarray, settings: ACRSettings
 ) -> None:
-    """Classify P unmasked groups of G ≥ 2 rewards each: x is [P, G] float64."""
+    """Classify P unmasked groups of G ≥ 2 rewards each: x is [P, G] float64; ``indices``
+    are their places in ``cols`` (None: all of them, in order)."""
     g = x.shape[1]
     with np.errstate(all="ignore"):
         finite = np.isfinite(x).all(axis=1)
@@ -167,32 +188,43 @@ def _vectorised(
         std_x = np.sqrt(row_fsum(dev * dev, spread) / (g - 1))
         max_dev_x = np.maximum(hi / s - mean_x, mean_x - lo / s)
         near = max_dev_x / (std_x + settings.trainer_eps / s) < settings.tol
-        mean, std = mean_x * s, std_x * s
+        mean = np.where(collapsed, lo, mean_x * s)
+        std = np.where(collapsed, 0.0, std_x * s)
     code = np.where(finite, np.where(collapsed, COLLAPSED, np.where(near, NEAR, LIVE)), INVALID)
-    columns = zip(
-        indices,
-        code.tolist(),
-        lo.tolist(),
-        hi.tolist(),
-        _finite_list(mean),
-        _finite_list(std),
-        binary.tolist(),
-        n_max.tolist(),
-        strict=True,
-    )
-    for i, c, low, high, m, sd, is_binary, passes in columns:
-        cols.cls[i], cols.n[i] = c, g
-        if c == INVALID:
-            continue
-        cols.n_pass[i] = passes if is_binary else None
-        cols.min[i], cols.max[i] = low, high
-        if c == COLLAPSED:
-            cols.side[i], cols.mean[i], cols.std[i] = collapsed_side(low, settings), low, 0.0
+    side = np.where(
+        lo == settings.reward_max,
+        "all_pass",
+        np.where(lo == settings.reward_min, "all_fail", "constant"),
+    ).astype(object)
+    side[~collapsed] = None
+    n_pass = n_max.astype(object)
+    n_pass[~binary] = None
+    values = {
+        "cls": code.tolist(),
+        "side": side.tolist(),
+        "n": [g] * len(code),
+        "mean": _finite_list(mean),
+        "std": _finite_list(std),
+        "min": lo.tolist(),
+        "max": hi.tolist(),
+        "n_pass": n_pass.tolist(),
+    }
+    if not finite.all():  # invalid groups: only the class and the size
+        for k in np.flatnonzero(~finite).tolist():
+            for name in ("side", "mean", "std", "min", "max", "n_pass"):
+                values[name][k] = None
+    for name, column in values.items():
+        if indices is None:
+            setattr(cols, name, column)
         else:
-            cols.mean[i], cols.std[i] = m, sd
+            target = getattr(cols, name)
+            for i, v in zip(indices, column, strict=True):
+                target[i] = v
 
 
 def _finite_list(a: np.ndarray) -> list[float | None]:
+    if np.isfinite(a).all():
+        return a.tolist()
     return [v if math.isfinite(v) else None for v in a.tolist()]
 
 

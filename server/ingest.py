@@ -9,6 +9,7 @@ identical re-send is a duplicate, a different one a conflict. The newest attempt
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
 from types import SimpleNamespace
 from typing import Any
 
@@ -151,37 +152,56 @@ def _classify_batch(
             cols = classify_groups(rec.normal_groups(), settings)
         except InconsistentStatsError as exc:
             raise IngestError(f"record {ri}, {exc}") from exc
-        owned = []
-        head = (info.key, batch.attempt, rec.step, rec.split, rec.rank)
-        for i, row in enumerate(
-            zip(
-                cols.group_ids,
-                cols.prompt_ids,
-                cols.cls,
-                cols.side,
-                cols.n,
-                cols.mean,
-                cols.std,
-                cols.min,
-                cols.max,
-                cols.n_pass,
-                cols.hash,
-                strict=True,
-            )
-        ):
-            key = (rec.step, rec.split, rec.rank, row[0])
-            prior = rows.get(key)
-            if prior is not None:
-                if prior[-1] == row[-1]:
-                    result.duplicates += 1
-                else:
-                    result.conflicts += 1
-                continue
-            rows[key] = head + row
-            owned.append(i)
-        result.invalid_groups += sum(cols.cls[i] == INVALID for i in owned)
+        owned = _add_rows(rows, info.key, batch.attempt, rec, cols, result)
+        if len(owned) == len(cols.cls):
+            result.invalid_groups += cols.cls.count(INVALID)
+        else:
+            result.invalid_groups += sum(cols.cls[i] == INVALID for i in owned)
         out.append(_Classified(rec, cols, owned))
     return rows, out
+
+
+def _add_rows(
+    rows: dict[tuple, tuple],
+    run_key: int,
+    attempt: int,
+    rec: StepRecord,
+    cols: GroupColumns,
+    result: IngestResult,
+) -> list[int]:
+    """Add a record's group rows to ``rows`` by key; returns the indices of those it owns (the
+    first of each key in the batch; a repeat counts as a duplicate or a conflict)."""
+    head = (rec.step, rec.split, rec.rank)
+    keys = [(*head, gid) for gid in cols.group_ids]
+    columns = (
+        cols.group_ids,
+        cols.prompt_ids,
+        cols.cls,
+        cols.side,
+        cols.n,
+        cols.mean,
+        cols.std,
+        cols.min,
+        cols.max,
+        cols.n_pass,
+        cols.hash,
+    )
+    constant = (repeat(v) for v in (run_key, attempt, *head))
+    values = zip(*constant, *columns, strict=False)  # as long as the columns
+    if len(set(cols.group_ids)) == len(keys) and rows.keys().isdisjoint(keys):
+        rows.update(zip(keys, values, strict=True))  # the common case: every key is new
+        return list(range(len(keys)))
+    owned = []
+    for i, (key, row) in enumerate(zip(keys, values, strict=True)):
+        prior = rows.get(key)
+        if prior is None:
+            rows[key] = row
+            owned.append(i)
+        elif prior[-1] == row[-1]:
+            result.duplicates += 1
+        else:
+            result.conflicts += 1
+    return owned
 
 
 def _insert_sqlite(session: Session, run_key: int, attempt: int, rows: dict[tuple, tuple]) -> set:

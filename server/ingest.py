@@ -28,6 +28,7 @@ from .alert_metrics import drop_stale_windows
 from .classify import INVALID, GroupColumns, classify_groups
 from .locks import RunState
 from .models import Group, Run, Step, utcnow
+from .queries import point_json
 
 GROUP_COLUMNS = (
     "run_key",
@@ -387,6 +388,8 @@ def write_step_rows(session: Session, result: IngestResult) -> None:
     """Write the batch's step rows (inserting new ones) and any unevaluated row that alert
     evaluation has flagged since; one statement for each kind."""
     rows = [*result.step_rows, *(r for r in result.older_unevaluated if r.evaluated)]
+    for r in result.step_rows:
+        r.point = point_json(r)
     new = [{c: getattr(r, c) for c in STEP_COLUMNS} for r in rows if r.id is None]
     old = [{"row_id": r.id, **{c: getattr(r, c) for c in STEP_COLUMNS}} for r in rows if r.id]
     conn = session.connection()

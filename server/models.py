@@ -192,6 +192,9 @@ class Step(Base):
     excess_acr: Mapped[float | None] = mapped_column(Float)
     reward_mean: Mapped[float | None] = mapped_column(Float)
     evaluated: Mapped[bool] = mapped_column(default=False)
+    # The step's point of `GET /metrics` as JSON, written with the row (`queries.point_json`);
+    # None for rows written before migration 0004 (readers build it from the columns).
+    point: Mapped[str | None] = mapped_column(Text)
 
 
 class Command(Base):

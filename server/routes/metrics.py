@@ -12,12 +12,11 @@ from ..queries import (
     DEFAULT_MAX_POINTS,
     PROMPT_COLUMNS,
     export_csv,
-    run_metrics,
+    run_metrics_json,
     run_prompts,
     run_summary,
     to_csv,
 )
-from . import json_response
 
 router = APIRouter(prefix="/api/v1/runs", tags=["metrics"])
 # The same rule as a record's split (DESIGN.md §3), so no query reaches the database with a value
@@ -38,9 +37,8 @@ def metrics(
 ) -> Response:
     """Per-step metrics ordered by step; downsampling keeps each bucket's extremes of acr."""
     load_run(session, run_id, key)
-    return json_response(
-        run_metrics(session, run_id, split, from_step, to_step, max(1, max_points))
-    )
+    answer = run_metrics_json(session, run_id, split, from_step, to_step, max(1, max_points))
+    return Response(answer, media_type="application/json")
 
 
 @router.get("/{run_id}/summary")

@@ -1,0 +1,89 @@
+"""`GET /metrics` answers from the points stored with the step rows (`steps.point`): every
+ingest path leaves each stored point equal to the one its row's columns give, and rows without
+one (written before migration 0004) are answered from their columns. In-process against a real
+database (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select, update
+from vantage.server.main import create_app
+from vantage.server.migrate import upgrade
+from vantage.server.models import Step
+from vantage.server.queries import point_json
+from vantage.server.settings import Settings
+
+from tests.conftest import new_postgres_database
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def app_client(request: pytest.FixtureRequest, tmp_path) -> Iterator[TestClient]:  # noqa: ANN001
+    drop = None
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'points.db'}"
+    else:
+        request.getfixturevalue("postgres_url")  # skips (or fails in CI) without PostgreSQL
+        url, drop = new_postgres_database()
+    upgrade(url)
+    app = create_app(Settings(database_url=url, auth_enabled=False, alert_worker=False))
+    try:
+        with TestClient(app) as client:
+            yield client
+    finally:
+        app.state.engine.dispose()
+        if drop:
+            drop()
+
+
+def send(client: TestClient, run: dict, records: list[dict], attempt: int | None = None) -> None:
+    body = {"attempt": attempt or run["attempt"], "records": records}
+    r = client.post(f"/api/v1/runs/{run['run_id']}/steps", json=body)
+    assert r.status_code == 200, r.text
+
+
+def stored_rows(client: TestClient, run_id: str) -> list[Step]:
+    with client.app.state.session_factory() as s:
+        return list(s.scalars(select(Step).where(Step.run_id == run_id).order_by(Step.step)))
+
+
+def test_every_ingest_path_stores_the_point_its_columns_give(app_client: TestClient) -> None:
+    client = app_client
+    run = client.post("/api/v1/runs", json={"name": "p", "world_size": 2, "launch_id": "a"}).json()
+    send(client, run, [{"step": s, "groups": [[0, 1], [1, 1]], "time": 5.0} for s in range(1, 4)])
+    send(client, run, [{"step": 2, "rank": 1, "groups": [[0, 0]], "scalars": {"loss": 0.5}}])
+    send(client, run, [{"step": 2, "groups": [[0, 1], [1, 1]]}])  # duplicates change nothing
+    send(client, run, [{"step": 3, "effective": {"n_valid": 2, "n_zero_advantage": 1}}])
+    resumed = client.post("/api/v1/runs", json={"run_id": run["run_id"], "name": "p"}).json()
+    send(client, resumed, [{"step": 3, "groups": [[1, 1, 1]]}])  # a newer attempt takes step 3
+    rows = stored_rows(client, run["run_id"])
+    assert [r.step for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert orjson.loads(row.point) == orjson.loads(point_json(row)), row.step
+    points = client.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"]
+    assert points[1]["scalars"] == {"loss": 0.5} and points[1]["n_groups"] == 3
+    assert points[2]["attempt"] == 2 and points[2]["acr"] == 1.0
+    assert points == [orjson.loads(point_json(r)) for r in rows]
+
+
+def test_rows_without_a_stored_point_are_answered_from_their_columns(app_client) -> None:  # noqa: ANN001
+    client = app_client
+    run = client.post("/api/v1/runs", json={"name": "old"}).json()
+    send(client, run, [{"step": s, "groups": [[0, 1], [s % 2, s % 2]]} for s in range(10)])
+    before = client.get(f"/api/v1/runs/{run['run_id']}/metrics").json()
+    with client.app.state.session_factory() as s:
+        s.execute(update(Step).where(Step.step % 3 == 0).values(point=None))
+        s.commit()
+    for max_points in (5000, 4):  # every row, and the downsampled path
+        got = client.get(
+            f"/api/v1/runs/{run['run_id']}/metrics", params={"max_points": max_points}
+        ).json()
+        if max_points == 5000:
+            assert got == before
+        else:
+            assert got["downsampled"] and 0 < len(got["points"]) <= 4
+            by_step = {p["step"]: p for p in before["points"]}
+            assert all(p == by_step[p["step"]] for p in got["points"])

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from vantage.client.acr import (
+    EXACT_SHIFT,
     ACRSettings,
     GroupClass,
     GroupSummary,
@@ -67,6 +68,8 @@ class GroupColumns:
     max: list[float | None] = field(default_factory=list)
     n_pass: list[int | None] = field(default_factory=list)
     hash: list[int] = field(default_factory=list)
+    # Set when one vectorised pass classified the whole record (the common case).
+    arrays: _RecordArrays | None = None
 
     def classes(self) -> list[GroupClass]:
         return [CLASS_BY_CODE[c] for c in self.cls]
@@ -74,7 +77,10 @@ class GroupColumns:
     def add_to(self, acc: StepAccumulator, indices: list[int] | None = None) -> None:
         """Count these groups (or those at ``indices``) into a step's accumulator."""
         if indices is None:
-            acc.add_many(self.classes(), self.side, self.n, self.mean, self.n_pass)
+            if self.arrays is not None:
+                self.arrays.add_to(acc)
+            else:
+                acc.add_many(self.classes(), self.side, self.n, self.mean, self.n_pass)
             return
         acc.add_many(
             [CLASS_BY_CODE[self.cls[i]] for i in indices],
@@ -83,6 +89,54 @@ class GroupColumns:
             [self.mean[i] for i in indices],
             [self.n_pass[i] for i in indices],
         )
+
+
+@dataclass(slots=True)
+class _RecordArrays:
+    """A record's groups, all of ``g`` rewards, as `_vectorised` classified them: enough to
+    count them into a `StepAccumulator` with numpy, with the counts `add_many` gives (tests
+    compare the two)."""
+
+    g: int
+    code: np.ndarray  # [P] int class codes
+    lo: np.ndarray  # [P] float64 min reward
+    mean: np.ndarray  # [P] float64 mean reward (non-finite: reported as null)
+    binary: np.ndarray  # [P] bool
+    n_max: np.ndarray  # [P] int rewards equal to reward_max
+    settings: ACRSettings
+
+    def add_to(self, acc: StepAccumulator) -> None:
+        g, code = self.g, self.code
+        counts = np.bincount(code, minlength=len(CLASS_BY_CODE)).tolist()
+        acc.n_groups += len(code)
+        acc.n_invalid += counts[INVALID]
+        acc.n_degenerate += counts[CLASS_CODES[GroupClass.DEGENERATE]]
+        acc.n_collapsed += counts[COLLAPSED]
+        acc.n_near_collapsed += counts[NEAR]
+        valid = code >= COLLAPSED  # collapsed, near-collapsed and live
+        n_valid = int(valid.sum())
+        if not n_valid:
+            return
+        acc.n_valid += n_valid
+        acc.n_completions += g * n_valid
+        acc.group_sizes[g] = acc.group_sizes.get(g, 0) + n_valid
+        means = self.mean[valid]
+        values, repeats = np.unique(means[np.isfinite(means)], return_counts=True)
+        for mean, count in zip(values.tolist(), repeats.tolist(), strict=True):
+            num, den = mean.as_integer_ratio()
+            acc.reward_sum += (num * g * count) << (EXACT_SHIFT - den.bit_length() + 1)
+        binary = self.binary & valid
+        acc.n_nonbinary += n_valid - int(binary.sum())
+        acc.n_pass += int(self.n_max[binary].sum())
+        acc.wasted_rollouts += g * counts[COLLAPSED]
+        lo = self.lo[code == COLLAPSED]
+        n_all_pass = int((lo == self.settings.reward_max).sum())
+        n_all_fail = int(
+            ((lo != self.settings.reward_max) & (lo == self.settings.reward_min)).sum()
+        )
+        acc.n_all_pass += n_all_pass
+        acc.n_all_fail += n_all_fail
+        acc.n_constant += counts[COLLAPSED] - n_all_pass - n_all_fail
 
 
 def classify_groups(groups: list[NormalGroup], settings: ACRSettings) -> GroupColumns:
@@ -213,6 +267,8 @@ def _vectorised(
         for k in np.flatnonzero(~finite).tolist():
             for name in ("side", "mean", "std", "min", "max", "n_pass"):
                 values[name][k] = None
+    if indices is None:
+        cols.arrays = _RecordArrays(g, code, lo, mean, binary, n_max, settings)
     for name, column in values.items():
         if indices is None:
             setattr(cols, name, column)

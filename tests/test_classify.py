@@ -99,6 +99,29 @@ def test_add_many_equals_add(groups):
     assert one == many
 
 
+@st.composite
+def uniform_record(draw) -> list[NormalGroup]:  # noqa: ANN001
+    """Groups of one size, unmasked: a record that one vectorised pass classifies."""
+    g = draw(st.sampled_from([2, 4, 8]))
+    element = draw(st.sampled_from([binary, graded, reward]))
+    groups = st.lists(st.lists(element, min_size=g, max_size=g), min_size=1, max_size=14)
+    return [NormalGroup(str(i), None, r) for i, r in enumerate(draw(groups))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    uniform_record(),
+    st.sampled_from([ACRSettings(), ACRSettings(reward_min=-1.0, reward_max=3.0)]),
+)
+def test_whole_record_counts_equal_add_many(groups, acr_settings):
+    cols = classify_groups(groups, acr_settings)
+    assert cols.arrays is not None  # the numpy path is the one under test
+    fast, many = StepAccumulator(), StepAccumulator()
+    cols.add_to(fast)
+    many.add_many(cols.classes(), cols.side, cols.n, cols.mean, cols.n_pass)
+    assert fast == many
+
+
 @pytest.mark.parametrize("bad", [[1.0, 0.5, None], [INF, 1.0, 1.0]])
 def test_non_finite_rows_are_invalid(bad):
     cols = classify_groups([NormalGroup("0", None, bad)], ACRSettings())

@@ -64,6 +64,32 @@ def new_postgres_database() -> tuple[str, callable]:
     return f"{base}/{name}", drop
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def app_client(request: pytest.FixtureRequest, tmp_path) -> Iterator:  # noqa: ANN001
+    """The app in-process (auth off, no alert worker) on a fresh database, SQLite and
+    PostgreSQL, through Starlette's TestClient: for tests that reach into the server's state."""
+    from fastapi.testclient import TestClient
+    from vantage.server.main import create_app
+    from vantage.server.migrate import upgrade
+    from vantage.server.settings import Settings
+
+    drop = None
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'app.db'}"
+    else:
+        request.getfixturevalue("postgres_url")  # skips (or fails in CI) without PostgreSQL
+        url, drop = new_postgres_database()
+    upgrade(url)
+    app = create_app(Settings(database_url=url, auth_enabled=False, alert_worker=False))
+    try:
+        with TestClient(app) as client:
+            yield client
+    finally:
+        app.state.engine.dispose()
+        if drop:
+            drop()
+
+
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
 def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     if request.param == "sqlite":

@@ -5,38 +5,11 @@ database (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import orjson
-import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
-from vantage.server.main import create_app
-from vantage.server.migrate import upgrade
 from vantage.server.models import Step
 from vantage.server.queries import point_json
-from vantage.server.settings import Settings
-
-from tests.conftest import new_postgres_database
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def app_client(request: pytest.FixtureRequest, tmp_path) -> Iterator[TestClient]:  # noqa: ANN001
-    drop = None
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'points.db'}"
-    else:
-        request.getfixturevalue("postgres_url")  # skips (or fails in CI) without PostgreSQL
-        url, drop = new_postgres_database()
-    upgrade(url)
-    app = create_app(Settings(database_url=url, auth_enabled=False, alert_worker=False))
-    try:
-        with TestClient(app) as client:
-            yield client
-    finally:
-        app.state.engine.dispose()
-        if drop:
-            drop()
 
 
 def send(client: TestClient, run: dict, records: list[dict], attempt: int | None = None) -> None:

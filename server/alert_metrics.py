@@ -26,6 +26,7 @@ from vantage.client.acr import (
 
 from .locks import RunState
 from .models import Run, Step
+from .queries import EMA_TAIL
 
 STEP_METRICS = frozenset(STEP_METRIC_FIELDS)
 WINDOW_METRICS = frozenset(WINDOW_METRIC_FIELDS)
@@ -192,9 +193,9 @@ def drop_stale_windows(progress: dict[str, Any] | None, keys: list[tuple[str, in
     out = None
     for split, step in keys:
         entry = progress.get(split)
-        if entry is not None and len(entry) > 2 and step <= entry[0]:
+        if entry is not None and len(entry) > 3 and step <= entry[0]:
             out = out if out is not None else dict(progress)
-            out[split] = entry[:2]
+            out[split] = entry[:3]
     return progress if out is None else out
 
 
@@ -243,7 +244,6 @@ def _window_before(
     fetched, first = _recent_and_first(session, base, hi, limit)
     whole = len(fetched) < limit  # the run's whole history up to hi
     head = [r for r in fetched if r[0] < lo]
-    head_acr = [r for r in head if r[1] is not None]
     window = Window()
     if whole:
         for r in head:
@@ -258,18 +258,22 @@ def _window_before(
         window.acr_100 = math.fsum(first_acrs) / 100
     else:
         window.first = first_acrs
-    q = select(Step.acr).where(*before, has_acr).order_by(Step.step.desc()).limit(25)
-    window.last25.extend(reversed(list(session.scalars(q))))
+    # The EMA from the latest EMA_TAIL ACRs (older ones no longer move a float64 EMA; the
+    # summary's window metrics read the same tail), which also hold the last 25 and the streak.
+    q = select(Step.acr).where(*before, has_acr).order_by(Step.step.desc()).limit(EMA_TAIL)
+    tail = list(session.scalars(q))[::-1]
+    for a in tail:
+        window.ema = a if window.ema is None else window.ema + EMA_ALPHA * (a - window.ema)
+    window.last25.extend(tail[-25:])
     streak = 0
-    for r in reversed(head_acr):
-        if r[1] <= DEFAULT_STREAK_THRESHOLD:
+    for a in reversed(tail):
+        if a <= DEFAULT_STREAK_THRESHOLD:
             break
         streak += 1
-    else:  # the streak may go back further than the read
-        streak = _streak_before(session, before, has_acr)
+    else:  # the streak may go back further than the tail
+        if len(tail) == EMA_TAIL:
+            streak = _streak_before(session, before, has_acr)
     window.streak = streak
-    for (a,) in session.execute(select(Step.acr).where(*before, has_acr).order_by(Step.step)):
-        window.ema = a if window.ema is None else window.ema + EMA_ALPHA * (a - window.ema)
     q = (
         select(Step.reward_mean)
         .where(*before, Step.reward_mean.is_not(None))

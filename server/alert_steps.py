@@ -115,3 +115,12 @@ def _passed(session: Session, row: Step) -> bool:
         )
     )
     return later is not None
+
+
+def evaluated_frontier(session: Session, run_id: str, split: str) -> int:
+    """The highest evaluated step of a run's split (-1 when none), as in the session now."""
+    q = select(func.max(Step.step)).where(
+        Step.run_id == run_id, Step.split == split, Step.evaluated == true()
+    )
+    frontier = session.scalar(q)
+    return -1 if frontier is None else frontier

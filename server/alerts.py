@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from .alert_metrics import SERIES_METRICS, Window, series_values, stale_value, step_value
 from .alert_models import AlertEpisode, AlertRule, AlertState, Silence
-from .alert_steps import evaluable_steps, mark_evaluated, unevaluated_steps
+from .alert_steps import evaluable_steps, evaluated_frontier, mark_evaluated, unevaluated_steps
 from .commands import create_command
 from .locks import RunState, run_lock, save_run_state
 from .models import Run, Step, utcnow
@@ -383,33 +383,44 @@ def _evaluate_step(ctx: _Context, rule: RuleRow, row: Step, value: float | None)
 
 def _in_order(progress: dict[str, Any], rows: list[Step]) -> list[Step]:
     """The rows the rules take, in step order. ``progress`` (`runs.eval_progress`) holds per
-    split [step, attempt, window?] of the step the rules last took: a straggler — at or before
+    split the step the rules last took and its attempt (see `_walk`): a straggler — at or before
     it, from the same or an older attempt — is flagged evaluated but changes no rule (a resumed
     run's newer attempt replays its steps, and is taken)."""
-    return [
-        row
-        for row in rows
-        if (last := progress.get(row.split)) is None or row.step > last[0] or row.attempt > last[1]
-    ]
+    last = {split: entry[:2] for split, entry in progress.items()}
+    out = []
+    for row in rows:
+        seen = last.get(row.split)
+        if seen is not None and row.step <= seen[0] and row.attempt <= seen[1]:
+            continue
+        last[row.split] = [row.step, row.attempt]
+        out.append(row)
+    return out
 
 
 def _walk(
     session: Session, run: RunState, rows: list[Step], needs: set[str], last: list[Any] | None
 ) -> tuple[dict[int, dict[str, float | None]], list[Any]]:
     """Window values at a split's taken ``rows`` (in step order), and the split's new progress
-    entry [step, attempt, window]. The window kept in ``last`` (the entry before) is walked on
-    when the rows follow its step; otherwise it is read again, if a rule needs it."""
+    entry ``[step, attempt, frontier, window]``: the step the rules took last and its attempt,
+    the highest step evaluated so far, and the window as of that step.
+
+    The kept window is walked on when nothing was evaluated after its step (its step is the
+    frontier: a resumed run replaying earlier steps moves the step back, leaving the old
+    attempt's later rows in the view) and the rows follow it; every step row between them is
+    then among ``rows``, as steps are evaluated in step order. Otherwise the window is read
+    again from the database, if a rule needs it."""
     start = None
-    if last is not None and len(last) > 2 and rows[0].step > last[0]:
-        start = Window.load(last[2])
-    entry: list[Any] = [rows[-1].step, rows[-1].attempt]
-    if start is None and not needs & SERIES_METRICS:
-        return {}, entry
-    steps = [r.step for r in rows]
-    values, window = series_values(
-        session, run, rows[0].split, steps, needs, start, rows if start is not None else None
-    )
-    return values, [*entry, window.dump()]
+    if last is not None and len(last) > 3 and last[0] == last[2] and rows[0].step > last[0]:
+        start = Window.load(last[3])
+    step, attempt = rows[-1].step, rows[-1].attempt
+    if start is not None:
+        values, window = series_values(session, run, rows[0].split, [], needs, start, rows)
+        return values, [step, attempt, step, window.dump()]
+    frontier = max(step, evaluated_frontier(session, run.id, rows[0].split))
+    if not needs & SERIES_METRICS:
+        return {}, [step, attempt, frontier]
+    values, window = series_values(session, run, rows[0].split, [r.step for r in rows], needs)
+    return values, [step, attempt, frontier, window.dump()]
 
 
 def _evaluate_stale(ctx: _Context, rule: RuleRow) -> None:

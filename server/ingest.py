@@ -359,8 +359,8 @@ def _step_rows(
     out: dict[tuple[str, int], SimpleNamespace] = {}
     unevaluated: dict[int, SimpleNamespace] = {}
     conn = session.connection()
-    for i in range(0, len(keys), 1000):
-        params = {"run_id": run.id, "keys": keys[i : i + 1000]}
+    for i in range(0, len(keys), 400):  # 2 parameters a key: within old SQLite's 999
+        params = {"run_id": run.id, "keys": keys[i : i + 400]}
         for mapping in conn.execute(_READ_STEPS, params).mappings():
             row = SimpleNamespace(**mapping)
             out[(row.split, row.step)] = row

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
-from sqlalchemy import Row, bindparam, exists, select, update
+from sqlalchemy import JSON, Row, bindparam, exists, select, update
 from sqlalchemy.orm import Session
 
 from .commands import OPEN_STATES
@@ -66,6 +67,11 @@ class LockedRun:
     has_open_commands: bool
 
 
+def _null_as_null(column_type: Any) -> Any:
+    """A JSON column's type that writes None as SQL NULL (as the ORM did), not JSON null."""
+    return JSON(none_as_null=True) if isinstance(column_type, JSON) else column_type
+
+
 # Built once: a statement object memoizes its cache key, which SQLAlchemy otherwise computes
 # again on every execution (a measurable part of a small request's CPU).
 _READ = select(
@@ -77,7 +83,7 @@ _TOUCH = update(RUNS).where(RUNS.c.id == bindparam("run_id")).values(attempt=RUN
 _SAVE = (
     update(RUNS)
     .where(RUNS.c.id == bindparam("run_id"))
-    .values({c: bindparam(c, type_=RUNS.c[c].type) for c in CHANGED_COLUMNS})
+    .values({c: bindparam(c, type_=_null_as_null(RUNS.c[c].type)) for c in CHANGED_COLUMNS})
 )
 
 

@@ -516,3 +516,30 @@ def test_window_metrics_follow_late_data_for_earlier_steps(api):
     post_steps(api, run, [{"step": 4, "scalars": {"loss": 1.0}}])
     post_steps(api, run, [{"step": 5, "groups": ALL_FAIL}])
     assert pooled_value() == pytest.approx(8 / 24)
+
+
+@pytest.mark.parametrize("late", ["newer_attempt_skips_a_step", "older_attempt_step_arrives"])
+def test_window_metrics_after_a_resume_replays_an_earlier_step(api, late):
+    """A resumed run that replays step 2 moves the rules back to it while the old attempt's
+    later steps stay in the view: the window must count them, not walk past them."""
+    run = new_run(api, launch_id="first")
+    make_rule(api, name="pooled", run_id=run["run_id"], metric="acr_pooled", op=">=", threshold=0)
+
+    def pooled_value() -> float:
+        (alert,) = alerts_of(api, run["run_id"], "pooled")
+        return alert["value"]
+
+    post_steps(api, run, [{"step": s, "groups": LIVE} for s in range(1, 5)])
+    resumed = new_run(api, run_id=run["run_id"], launch_id="second")
+    post_steps(api, resumed, [{"step": 2, "groups": ALL_FAIL}])
+    assert pooled_value() == pytest.approx(4 / 8)  # steps 1 and 2
+    if late == "newer_attempt_skips_a_step":
+        post_steps(api, resumed, [{"step": 4, "groups": ALL_FAIL}])  # step 3 stays attempt 1's
+        assert pooled_value() == pytest.approx(8 / 16)
+        post_steps(api, resumed, [{"step": 5, "groups": LIVE}])
+        assert pooled_value() == pytest.approx(8 / 20)
+    else:
+        post_steps(api, run, [{"step": 5, "groups": LIVE}])  # the old launch's spooled step
+        assert pooled_value() == pytest.approx(4 / 20)
+        post_steps(api, resumed, [{"step": 6, "groups": LIVE}])
+        assert pooled_value() == pytest.approx(4 / 24)

@@ -185,6 +185,13 @@ class GroupsForm(_Strict):
             by_id.setdefault(gid, []).append(r)
         return [NormalGroup(group_id=gid, rewards=rs) for gid, rs in by_id.items()]
 
+    def reward_lists(self) -> list[list[float | None]] | None:
+        """The groups when every one is a plain list of rewards (the common form), else None."""
+        groups = self.groups
+        if groups is None or not all(type(g) is list for g in groups):
+            return None
+        return groups  # type: ignore[return-value]
+
     def group_count(self) -> int:
         """Number of groups without building them (for the request limit)."""
         if self.groups is not None:
@@ -249,6 +256,13 @@ class StepsBatch(_Strict):
 
     attempt: Annotated[int, Strict(), Field(ge=1)]
     records: Annotated[list[StepRecord], Field(max_length=100_000)]
+
+    def reward_lists(self) -> list[list[float | None]] | None:
+        """The groups when every one is a plain list of rewards (the common form), else None."""
+        groups = self.groups
+        if groups is None or not all(type(g) is list for g in groups):
+            return None
+        return groups  # type: ignore[return-value]
 
     def group_count(self) -> int:
         return sum(r.group_count() for r in self.records)

@@ -171,6 +171,22 @@ def classify_groups(groups: list[NormalGroup], settings: ACRSettings) -> GroupCo
     return cols
 
 
+def classify_reward_lists(groups: list[list[float | None]], settings: ACRSettings) -> GroupColumns:
+    """`classify_groups` for a record sent as plain lists of rewards (group ids are their
+    indices): when every list has the same size ≥ 2, one vectorised pass without building a
+    `NormalGroup` per group; otherwise the general path."""
+    g_size = len(groups[0]) if groups else 0
+    if g_size < 2 or any(len(r) != g_size for r in groups):
+        normal = [NormalGroup(str(i), None, r) for i, r in enumerate(groups)]
+        return classify_groups(normal, settings)
+    size = len(groups)
+    cols = GroupColumns(group_ids=[str(i) for i in range(size)], prompt_ids=[None] * size)
+    x = np.array(groups, dtype=np.float64)  # null -> NaN: invalid
+    cols.hash = _reward_hashes(x, groups)
+    _vectorised(cols, None, x, settings)
+    return cols
+
+
 def _classify_size(
     cols: GroupColumns,
     groups: list[NormalGroup],

@@ -25,7 +25,7 @@ from vantage.client.acr import (
 from vantage.client.schema import StepRecord, StepsBatch
 
 from .alert_metrics import drop_stale_windows
-from .classify import INVALID, GroupColumns, classify_groups
+from .classify import INVALID, GroupColumns, classify_groups, classify_reward_lists
 from .locks import RunState
 from .models import Group, Run, Step, utcnow
 from .queries import point_json
@@ -150,7 +150,11 @@ def _classify_batch(
     out = []
     for ri, rec in enumerate(batch.records):
         try:
-            cols = classify_groups(rec.normal_groups(), settings)
+            lists = rec.reward_lists()
+            if lists is not None:
+                cols = classify_reward_lists(lists, settings)
+            else:
+                cols = classify_groups(rec.normal_groups(), settings)
         except InconsistentStatsError as exc:
             raise IngestError(f"record {ri}, {exc}") from exc
         owned = _add_rows(rows, info.key, batch.attempt, rec, cols, result)

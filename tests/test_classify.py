@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from vantage.client.acr import ACRSettings, StepAccumulator, summarize_rewards
 from vantage.client.schema import NormalGroup
-from vantage.server.classify import CLASS_BY_CODE, classify_groups, reward_hash, row_fsum
+from vantage.server.classify import (
+    CLASS_BY_CODE,
+    classify_groups,
+    classify_reward_lists,
+    reward_hash,
+    row_fsum,
+)
 
 NAN, INF = float("nan"), float("inf")
 finite = st.floats(allow_nan=False, allow_infinity=False)
@@ -120,6 +126,20 @@ def test_whole_record_counts_equal_add_many(groups, acr_settings):
     cols.add_to(fast)
     many.add_many(cols.classes(), cols.side, cols.n, cols.mean, cols.n_pass)
     assert fast == many
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(uniform_record(), record()))
+def test_plain_reward_lists_classify_as_groups_do(groups):
+    lists = [g.rewards for g in groups]
+    fast = classify_reward_lists(lists, ACRSettings())
+    normal = [NormalGroup(str(i), None, r) for i, r in enumerate(lists)]
+    general = classify_groups(normal, ACRSettings())
+    for name in ("group_ids", "prompt_ids", "cls", "side", "n", "n_pass", "hash"):
+        assert getattr(fast, name) == getattr(general, name), name
+    for name in ("mean", "std", "min", "max"):
+        pairs = zip(getattr(fast, name), getattr(general, name), strict=True)
+        assert all(_same(a, b) for a, b in pairs), name
 
 
 @pytest.mark.parametrize("bad", [[1.0, 0.5, None], [INF, 1.0, 1.0]])

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable
 
 import orjson
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import RetryCallState, retry, stop_after_delay, wait_exponential
 
@@ -47,14 +50,43 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=10,
         max_overflow=20,
-        pool_pre_ping=True,
         json_serializer=_dumps,
         json_deserializer=orjson.loads,
     )
+    _ping_when_idle(engine)
+    return engine
+
+
+PING_AFTER_IDLE_S = 1.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Check a pooled connection before use when it sat idle in the pool for more than
+    PING_AFTER_IDLE_S (SQLAlchemy's pessimistic disconnect handling, applied to idle connections
+    only): a connection in steady use skips the round trip, which was about 8% of an ingest
+    request's CPU with ``pool_pre_ping``. A connection that the database dropped while in use
+    fails that one request, and SQLAlchemy then replaces the pool's connections (the client
+    retries a 5xx answer, so no batch is lost)."""
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_conn, record) -> None:  # noqa: ANN001
+        record.info["checked_in_at"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_conn, record, _proxy) -> None:  # noqa: ANN001
+        idle = time.monotonic() - record.info.get("checked_in_at", -math.inf)
+        if idle <= PING_AFTER_IDLE_S:
+            return
+        try:
+            with dbapi_conn.cursor() as cur:
+                cur.execute("SELECT 1")
+            dbapi_conn.rollback()  # hand the connection over outside a transaction
+        except Exception as exc:  # noqa: BLE001 - any failure means the connection is gone
+            raise DisconnectionError(f"pooled connection failed its check: {exc}") from exc
 
 
 def _dumps(value: object) -> str:

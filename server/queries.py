@@ -249,7 +249,8 @@ def run_window(
             func.count(), func.sum(Step.n_collapsed), func.sum(Step.n_valid)
         ).order_by(None)
     ).one()
-    tail = list(session.scalars(scored.order_by(Step.step.desc()).limit(EMA_TAIL)))[::-1]
+    newest_first = scored.order_by(None).order_by(Step.step.desc())
+    tail = list(session.scalars(newest_first.limit(EMA_TAIL)))[::-1]
     window = window_metrics({"acr": a, "n_collapsed": 0, "n_valid": 0} for a in tail)
     window["acr_pooled"] = collapsed / valid if valid else None
     if count > EMA_TAIL:

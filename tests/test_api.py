@@ -154,6 +154,28 @@ def test_window_pooled_over_steps(api):
     assert w["acr_pooled"] == pytest.approx(8 / 12)
 
 
+@pytest.mark.parametrize(
+    "acrs",
+    [[1, 1, 0], [1] * 25 + [0, 1, 0, 1, 0], [0] * 1100 + [1] * 100, [1] * 50 + [0] * 1150],
+    ids=["short", "volatile", "long-rising", "long-falling"],
+)
+def test_summary_window_equals_the_pure_function_over_every_step(api, acrs):
+    """The summary reads a bounded newest tail of a long run; it must be the newest one, in
+    step order."""
+    run = new_run(api)
+    groups = {1: [[1, 1]], 0: [[0, 1]]}  # one group: collapsed (acr 1) or live (acr 0)
+    records = [{"step": s, "groups": groups[a]} for s, a in enumerate(acrs)]
+    post_steps(api, run, records)
+    expected = window_metrics({"acr": a, "n_collapsed": a, "n_valid": 1} for a in acrs)
+    window = api.get(f"/api/v1/runs/{run['run_id']}/summary").json()["window"]
+    assert window["acr_streak"] == expected["acr_streak"]
+    for name in ("acr_pooled", "acr_100", "acr_ema", "acr_volatility"):
+        if expected[name] is None:
+            assert window[name] is None, name
+        else:
+            assert window[name] == pytest.approx(expected[name], rel=1e-12, abs=1e-15), name
+
+
 def test_resume_by_launch_id_and_newest_attempt_wins(api):
     run_id = str(uuid.uuid4())
     a1 = new_run(api, run_id=run_id, launch_id="launch-1")

@@ -75,10 +75,11 @@ class GroupStats(_Strict):
     """Compact statistics of one group: n completions, mean, sample std (n−1), min, max."""
 
     n: Annotated[int, Strict(), Field(ge=0, le=MAX_GROUP_SIZE)]
-    mean: Reward = None
-    std: Reward = None
-    min: Reward = None
-    max: Reward = None
+    # Required (DESIGN.md §3: {n, mean, std, min, max, n_pass?}); null means non-finite.
+    mean: Reward
+    std: Reward
+    min: Reward
+    max: Reward
     n_pass: Annotated[int, Strict(), Field(ge=0)] | None = None
 
 
@@ -254,15 +255,8 @@ class StepRecord(GroupsForm):
 class StepsBatch(_Strict):
     """Body of ``POST /api/v1/runs/{run_id}/steps``."""
 
-    attempt: Annotated[int, Strict(), Field(ge=1)]
+    attempt: Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
     records: Annotated[list[StepRecord], Field(max_length=100_000)]
-
-    def reward_lists(self) -> list[list[float | None]] | None:
-        """The groups when every one is a plain list of rewards (the common form), else None."""
-        groups = self.groups
-        if groups is None or not all(type(g) is list for g in groups):
-            return None
-        return groups  # type: ignore[return-value]
 
     def group_count(self) -> int:
         return sum(r.group_count() for r in self.records)

@@ -397,6 +397,8 @@ def test_nul_characters_and_impossible_stats_are_422(api):
         [{"stats": {"n": 4, "mean": 5, "std": 0.1, "min": 0, "max": 1}}],
         [{"stats": {"n": 4, "mean": 0.5, "std": 3, "min": 0, "max": 1}}],
         [{"stats": {"n": 0, "mean": 0.5, "std": 0, "min": 0.5, "max": 0.5}}],
+        [{"stats": {"n": 4, "mean": 1, "std": 0}}],  # min and max are required
+        [{"stats": {"n": 4, "mean": 0.5, "std": -0.1, "min": 0, "max": 1}}],
     ]
     for groups in bad_groups:
         r = api.post(
@@ -404,6 +406,8 @@ def test_nul_characters_and_impossible_stats_are_422(api):
             json={"attempt": 1, "records": [{"step": 1, "groups": groups}]},
         )
         assert r.status_code == 422, (groups, r.status_code, r.text)
+    too_late = {"attempt": 2**63, "records": [{"step": 1, "groups": [[1, 0]]}]}
+    assert api.post(f"/api/v1/runs/{rid}/steps", json=too_late).status_code == 422
     assert api.post("/api/v1/runs", json={"name": "x\u0000"}).status_code == 422
     r = api.post("/api/v1/runs", json={"name": "cfg", "config": {"note": "a\u0000b"}})
     assert r.status_code in (201, 422), r.text  # SQLite stores it; PostgreSQL refuses: never 500

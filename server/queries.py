@@ -94,8 +94,18 @@ def get_run(session: Session, run_id: str) -> dict[str, Any] | None:
 
 
 def _downsample(steps: list[int], acrs: list[float | None], max_points: int) -> list[int]:
-    """Steps to keep (in step order): each bucket's lowest and highest acr, so spikes survive;
-    at most ``max_points``. Works on plain lists with C-speed min/max/index per bucket."""
+    """Steps to keep (in step order): each bucket's lowest and highest acr, so spikes survive,
+    and from 3 points on the newest step (a live chart ends where the run is); at most
+    ``max_points``. Works on plain lists with C-speed min/max/index per bucket."""
+    if len(steps) <= max_points:
+        return list(steps)
+    if max_points >= 3:
+        return [*_extremes(steps[:-1], acrs[:-1], max_points - 1), steps[-1]]
+    return _extremes(steps, acrs, max_points)
+
+
+def _extremes(steps: list[int], acrs: list[float | None], max_points: int) -> list[int]:
+    """Each of max_points // 2 buckets' lowest and highest acr (one point for max_points 1)."""
     n = len(steps)
     if n <= max_points:
         return list(steps)

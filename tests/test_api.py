@@ -239,6 +239,7 @@ def test_downsampling_keeps_extremes(api):
     assert any(p["step"] == 777 and p["acr"] == 1.0 for p in body["points"])
     steps = [p["step"] for p in body["points"]]
     assert steps == sorted(steps)
+    assert steps[-1] == 2000  # a live chart ends at the newest step
     assert len(api.get(f"/api/v1/runs/{run['run_id']}/metrics?max_points=1").json()["points"]) == 1
     # window metrics of a run longer than the EMA tail equal the pure function over every step
     full = api.get(f"/api/v1/runs/{run['run_id']}/metrics?max_points=5000").json()["points"]

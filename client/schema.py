@@ -129,7 +129,7 @@ class GroupsForm(_Strict):
     groups: list[GroupIn] | None = None  # the count limit answers 413 at the route
     rewards: list[Reward] | None = None
     group_ids: list[GroupId] | None = None
-    group_size: Annotated[int, Strict(), Field(ge=1)] | None = None
+    group_size: Annotated[int, Strict(), Field(ge=1, le=MAX_GROUP_SIZE)] | None = None
 
     @model_validator(mode="after")
     def _one_form(self) -> Any:
@@ -205,9 +205,11 @@ class GroupsForm(_Strict):
 class Effective(_Strict):
     """The trainer's own statistics after mitigation, for acr_effective (DESIGN.md §3)."""
 
-    n_valid: Annotated[int, Strict(), Field(ge=0)]
-    n_zero_advantage: Annotated[int, Strict(), Field(ge=0)]
-    n_virtual: Annotated[int, Strict(), Field(ge=0)] = 0
+    # Groups of one rank's step: bounded like a request's groups (MAX_GROUPS_PER_REQUEST is per
+    # request; a rank may report its whole step's count), far below 64-bit limits.
+    n_valid: Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)]
+    n_zero_advantage: Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)]
+    n_virtual: Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)] = 0
 
     @model_validator(mode="after")
     def _bounded(self) -> Effective:

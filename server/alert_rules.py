@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from vantage.client.schema import validate_command_params
+from vantage.client.schema import Split, validate_command_params
 
 from .alert_metrics import check_metric
 from .alert_models import AlertRule, Silence
@@ -70,7 +70,7 @@ class RulePatch(BaseModel):
     notify: list[str] | None = Field(default=None, max_length=20)
     mitigation: Mitigation | None = None
     cooldown_steps: int | None = Field(default=None, ge=0, le=10**12)
-    split: str | None = Field(default=None, min_length=1, max_length=64)
+    split: Split | None = None  # the same rule as a record's split
     enabled: bool | None = None
     description: str | None = Field(default=None, max_length=2000)
 

@@ -407,6 +407,11 @@ def test_nul_characters_and_impossible_stats_are_422(api):
             json={"attempt": 1, "records": [{"step": 1, "groups": groups}]},
         )
         assert r.status_code == 422, (groups, r.status_code, r.text)
+    flat = {"attempt": 1, "records": [{"step": 1, "rewards": [1.0] * 4, "group_size": 70_000}]}
+    assert api.post(f"/api/v1/runs/{rid}/steps", json=flat).status_code == 422
+    huge = {"step": 1, "effective": {"n_valid": 2**63, "n_zero_advantage": 0}}
+    body = {"attempt": 1, "records": [huge]}
+    assert api.post(f"/api/v1/runs/{rid}/steps", json=body).status_code == 422
     too_late = {"attempt": 2**63, "records": [{"step": 1, "groups": [[1, 0]]}]}
     assert api.post(f"/api/v1/runs/{rid}/steps", json=too_late).status_code == 422
     assert api.post("/api/v1/runs", json={"name": "x\u0000"}).status_code == 422

@@ -110,6 +110,7 @@ def test_rule_crud_defaults_and_scopes(server, api):
         {"op": "=="},
         {"for_steps": 0},
         {"mitigation": {"type": "set_mitigation", "params": {"mode": "magic"}}},
+        {"split": "../"},  # no record could carry it
     ):
         r = api.post(
             "/api/v1/alert-rules",

@@ -223,18 +223,11 @@ def _full_rows(session: Session, run_id: str, split: str, steps: list[int]) -> l
     return rows
 
 
-def run_metrics(
-    session: Session,
-    run_id: str,
-    split: str = "train",
-    from_step: int | None = None,
-    to_step: int | None = None,
-    max_points: int = DEFAULT_MAX_POINTS,
-) -> dict[str, Any]:
-    """Per-step metrics in step order; at most ``max_points`` points (downsampled, keeping
-    each bucket's extremes of acr): ``{run_id, downsampled, points: [{step, attempt, time,
-    <every step metric>, scalars}]}`` (DESIGN.md §4)."""
-    return orjson.loads(run_metrics_json(session, run_id, split, from_step, to_step, max_points))
+def run_metrics(session: Session, run_id: str, **window: Any) -> dict[str, Any]:
+    """`run_metrics_json` (same keyword arguments: split, from_step, to_step, max_points) as a
+    dict: ``{run_id, downsampled, points: [{step, attempt, time, <every step metric>,
+    scalars}]}`` (DESIGN.md §4)."""
+    return orjson.loads(run_metrics_json(session, run_id, **window))
 
 
 # (1 − α)^1100 = 2^−55 for the EMA's α: steps older than this no longer move a float64 EMA, so a

@@ -4,46 +4,53 @@ that dropped its connections (a restart, an idle timeout) costs no request."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import psycopg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import OperationalError
 from vantage.server import db
 
 from tests.conftest import PG_ADMIN_URL
 
+BACKEND = text("SELECT pg_backend_pid()")
 
-def test_idle_connections_dropped_by_the_database_are_replaced(postgres_url, monkeypatch):
-    monkeypatch.setattr(db, "PING_AFTER_IDLE_S", 0.2)
+
+@pytest.fixture
+def dropped(postgres_url: str) -> Iterator[tuple[Engine, int]]:
+    """An engine whose one pooled connection the database has just terminated, and its pid."""
     engine = db.make_engine(postgres_url)
     try:
         with engine.connect() as conn:
-            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+            pid = conn.execute(BACKEND).scalar()
         _terminate(postgres_url, pid)
-        time.sleep(0.3)  # idle longer than the threshold: checked before use
-        with engine.connect() as conn:
-            assert conn.execute(text("SELECT 1")).scalar() == 1
-            assert conn.execute(text("SELECT pg_backend_pid()")).scalar() != pid
+        yield engine, pid
     finally:
         engine.dispose()
 
 
-def test_a_connection_in_steady_use_is_not_pinged(postgres_url, monkeypatch):
+@pytest.fixture(autouse=True)
+def _short_idle(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(db, "PING_AFTER_IDLE_S", 0.2)
+
+
+def test_idle_connections_dropped_by_the_database_are_replaced(dropped):
+    engine, pid = dropped
+    time.sleep(0.3)  # idle longer than the threshold: checked before use
+    with engine.connect() as conn:
+        assert conn.execute(BACKEND).scalar() != pid
+
+
+def test_a_connection_in_steady_use_is_not_pinged(dropped, monkeypatch):
     """Without the check (not idle long enough) a dropped connection fails that one use; the
     pool then replaces its connections, and the next use works."""
     monkeypatch.setattr(db, "PING_AFTER_IDLE_S", 60.0)
-    engine = db.make_engine(postgres_url)
-    try:
-        with engine.connect() as conn:
-            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
-        _terminate(postgres_url, pid)
-        with pytest.raises(OperationalError), engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-        with engine.connect() as conn:
-            assert conn.execute(text("SELECT pg_backend_pid()")).scalar() != pid
-    finally:
-        engine.dispose()
+    engine, pid = dropped
+    with pytest.raises(OperationalError), engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+    with engine.connect() as conn:
+        assert conn.execute(BACKEND).scalar() != pid
 
 
 def _terminate(url: str, pid: int) -> None:
@@ -55,8 +62,7 @@ def _terminate(url: str, pid: int) -> None:
         )
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:  # terminate only signals: wait until it is gone
-            if not admin.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)
-            ).fetchone():
+            alive = "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+            if not admin.execute(alive, (pid,)).fetchone():
                 return
             time.sleep(0.02)

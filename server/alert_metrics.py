@@ -134,6 +134,18 @@ class Window:
         self.streak = self.streak + 1 if acr > DEFAULT_STREAK_THRESHOLD else 0
         self.ema = acr if self.ema is None else self.ema + EMA_ALPHA * (acr - self.ema)
 
+    def walk(
+        self, rows: list[Any], needs: set[str], reward_min: float
+    ) -> dict[int, dict[str, float | None]]:
+        """Walk on over ``rows``, the step rows right after the window's last step (objects with
+        `step`, `acr`, `n_collapsed`, `n_valid`, `reward_mean`); the values of ``needs`` at
+        each. Reads nothing."""
+        out = {}
+        for r in sorted(rows, key=lambda r: r.step):
+            self.add(r.acr, r.n_collapsed, r.n_valid, r.reward_mean)
+            out[r.step] = self.values(needs, reward_min)
+        return out
+
     def values(self, needs: set[str], reward_min: float) -> dict[str, float | None]:
         """The metrics named in ``needs`` at the step walked last."""
         out: dict[str, float | None] = {}
@@ -200,27 +212,12 @@ def drop_stale_windows(progress: dict[str, Any] | None, keys: list[tuple[str, in
 
 
 def series_values(
-    session: Session,
-    run: Run | RunState,
-    split: str,
-    steps: list[int],
-    needs: set[str],
-    start: Window | None = None,
-    rows: list[Any] | None = None,
+    session: Session, run: Run | RunState, split: str, steps: list[int], needs: set[str]
 ) -> tuple[dict[int, dict[str, float | None]], Window]:
     """Window metrics and `reward_drop` at each of ``steps``, for the metrics named in
-    ``needs``, and the window after the last of them.
-
-    Fast path: ``start`` is the window just before ``rows``, the step rows of ``steps`` and of
-    every step between them (objects with `step`, `acr`, `n_collapsed`, `n_valid`,
-    `reward_mean`): nothing is read. Otherwise the window is read from the database."""
+    ``needs``, read from the database; and the window after the last of them (to walk on
+    from with `Window.walk`)."""
     needs = needs & SERIES_METRICS
-    if start is not None and rows is not None:
-        window, out = start, {}
-        for r in sorted(rows, key=lambda r: r.step):
-            window.add(r.acr, r.n_collapsed, r.n_valid, r.reward_mean)
-            out[r.step] = window.values(needs, run.reward_min)
-        return out, window
     lo, hi = min(steps), max(steps)
     fetched, window = _window_before(session, run, split, lo, hi)
     wanted, out = set(steps), {}

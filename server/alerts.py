@@ -414,8 +414,8 @@ def _walk(
         start = Window.load(last[3])
     step, attempt = rows[-1].step, rows[-1].attempt
     if start is not None:
-        values, window = series_values(session, run, rows[0].split, [], needs, start, rows)
-        return values, [step, attempt, step, window.dump()]
+        values = start.walk(rows, needs & SERIES_METRICS, run.reward_min)
+        return values, [step, attempt, step, start.dump()]
     frontier = max(step, evaluated_frontier(session, run.id, rows[0].split))
     if not needs & SERIES_METRICS:
         return {}, [step, attempt, frontier]

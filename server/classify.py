@@ -99,11 +99,11 @@ class _RecordArrays:
 
     g: int
     code: np.ndarray  # [P] int class codes
-    lo: np.ndarray  # [P] float64 min reward
     mean: np.ndarray  # [P] float64 mean reward (non-finite: reported as null)
     binary: np.ndarray  # [P] bool
     n_max: np.ndarray  # [P] int rewards equal to reward_max
-    settings: ACRSettings
+    all_pass: np.ndarray  # [P] bool: collapsed on the all_pass side
+    all_fail: np.ndarray  # [P] bool: collapsed on the all_fail side
 
     def add_to(self, acc: StepAccumulator) -> None:
         g, code = self.g, self.code
@@ -129,11 +129,7 @@ class _RecordArrays:
         acc.n_nonbinary += n_valid - int(binary.sum())
         acc.n_pass += int(self.n_max[binary].sum())
         acc.wasted_rollouts += g * counts[COLLAPSED]
-        lo = self.lo[code == COLLAPSED]
-        n_all_pass = int((lo == self.settings.reward_max).sum())
-        n_all_fail = int(
-            ((lo != self.settings.reward_max) & (lo == self.settings.reward_min)).sum()
-        )
+        n_all_pass, n_all_fail = int(self.all_pass.sum()), int(self.all_fail.sum())
         acc.n_all_pass += n_all_pass
         acc.n_all_fail += n_all_fail
         acc.n_constant += counts[COLLAPSED] - n_all_pass - n_all_fail
@@ -261,11 +257,9 @@ def _vectorised(
         mean = np.where(collapsed, lo, mean_x * s)
         std = np.where(collapsed, 0.0, std_x * s)
     code = np.where(finite, np.where(collapsed, COLLAPSED, np.where(near, NEAR, LIVE)), INVALID)
-    side = np.where(
-        lo == settings.reward_max,
-        "all_pass",
-        np.where(lo == settings.reward_min, "all_fail", "constant"),
-    ).astype(object)
+    all_pass = collapsed & (lo == settings.reward_max)  # the sides of `collapsed_side`
+    all_fail = collapsed & ~all_pass & (lo == settings.reward_min)
+    side = np.where(all_pass, "all_pass", np.where(all_fail, "all_fail", "constant")).astype(object)
     side[~collapsed] = None
     n_pass = n_max.astype(object)
     n_pass[~binary] = None
@@ -284,7 +278,7 @@ def _vectorised(
             for name in ("side", "mean", "std", "min", "max", "n_pass"):
                 values[name][k] = None
     if indices is None:
-        cols.arrays = _RecordArrays(g, code, lo, mean, binary, n_max, settings)
+        cols.arrays = _RecordArrays(g, code, mean, binary, n_max, all_pass, all_fail)
     for name, column in values.items():
         if indices is None:
             setattr(cols, name, column)

@@ -8,6 +8,7 @@ import csv
 import io
 import math
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -215,12 +216,9 @@ def run_metrics_json(
 
 def _full_rows(session: Session, run_id: str, split: str, steps: list[int]) -> list[Any]:
     """The point columns of the given steps, as rows with attribute access."""
-    cols = [*(getattr(Step, c) for c in POINT_COLUMNS), Step.scalars]
-    q = select(*cols).where(Step.run_id == run_id, Step.split == split)
-    rows = []
-    for i in range(0, len(steps), 900):  # SQLite caps bound parameters per statement
-        rows.extend(session.execute(q.where(Step.step.in_(steps[i : i + 900]))))
-    return rows
+    names = (*POINT_COLUMNS, "scalars")
+    rows = _rows_at_steps(session, [getattr(Step, c) for c in names], run_id, split, steps)
+    return [SimpleNamespace(**dict(zip(names, r, strict=True))) for r in rows]
 
 
 def run_metrics(session: Session, run_id: str, **window: Any) -> dict[str, Any]:

@@ -513,7 +513,8 @@ def test_window_metrics_follow_late_data_for_earlier_steps(api):
     assert pooled_value() == pytest.approx(4 / 16)
     post_steps(api, run, [{"step": 4, "groups": LIVE}])
     assert pooled_value() == pytest.approx(4 / 20)
-    # Scalars sent for an evaluated step change no window input: the window is kept.
+    # Scalars for an evaluated step change no window input (tests/test_alert_windows.py checks
+    # that the kept window stays); the values stay right.
     post_steps(api, run, [{"step": 4, "scalars": {"loss": 1.0}}])
     post_steps(api, run, [{"step": 5, "groups": ALL_FAIL}])
     assert pooled_value() == pytest.approx(8 / 24)

@@ -20,19 +20,19 @@ from ..alert_rules import (
     update_rule,
 )
 from ..alerts import list_alerts
-from ..deps import ControlKey, ReadKey, SessionDep, SettingsDep, load_run, require
+from ..deps import ControlKey, ReadKey, SessionDep, SettingsDep, check_key, load_run
 from ..keys import KeyInfo
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 
 
-def _read_or_control(request: Request, session: SessionDep, settings: SettingsDep) -> KeyInfo:
+def _read_or_control(request: Request, session: SessionDep) -> KeyInfo:
     try:
-        return require("control")(request, session, settings)
+        return check_key(request, session, "control")
     except HTTPException as exc:
         if exc.status_code != 403:
             raise
-    return require("read")(request, session, settings)
+    return check_key(request, session, "read")
 
 
 RulesReader = Annotated[KeyInfo, Depends(_read_or_control)]

@@ -7,7 +7,9 @@ PostgreSQL. One client process sends the same groups to each, in the same batch 
   training step; a distinct millisecond timestamp per group), ``--batch`` groups = 2·batch points
   per call (MLflow allows 1,000 metrics per call, so --batch is at most 500).
 Both servers run ``--workers`` processes (default 2, one per core here), and the client sends from
-``--concurrency`` threads (default 2, as two ranks of one job would) and from one thread. The two
+``--concurrency`` threads (default 2, as two ranks of one job would) and from one thread, each
+thread over a kept-alive connection of its own; Vantage's connections are spread over its
+workers (see `VantageSender`), MLflow's stay where its client puts them. The two
 servers are measured in alternating rounds (these machines are noisy) after a warm-up, and the
 ratio of their steady-state rates is printed. MLflow's stored point count is checked in its
 database. Also measured for Vantage: latency of 1,000-group batches from one sender and the read
@@ -37,6 +39,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import psutil
 import psycopg
 
 PG_ADMIN = os.environ.get(
@@ -83,12 +86,12 @@ def make_groups(rng: random.Random, n: int, g: int) -> list[list[float]]:
 
 
 class _Sender:
-    """Sends batches from one or more threads; steps and timestamps come from shared counters,
-    so concurrent senders (like the ranks of one job) never repeat a step."""
+    """Sends batches from one or more senders, each with a client of its own; steps and
+    timestamps come from shared counters, so concurrent senders (like the ranks of one job)
+    never repeat a step."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._local = threading.local()
         self.step = 0
         self.latencies: list[float] = []
 
@@ -97,28 +100,59 @@ class _Sender:
             self.step += 1
             return self.step
 
+    def send(self, groups: list[list[float]], sender: int = 0) -> int:
+        raise NotImplementedError
+
+
+def server_worker(response: httpx.Response, port: int) -> int:
+    """The process id of the server worker holding ``response``'s connection (this machine)."""
+    client_port = response.extensions["network_stream"].get_extra_info("client_addr")[1]
+    for conn in psutil.net_connections("tcp"):
+        if conn.laddr and conn.laddr.port == port and conn.raddr and conn.raddr.port == client_port:
+            return conn.pid
+    raise RuntimeError(f"no server process holds the connection from port {client_port}")
+
 
 class VantageSender(_Sender):
-    def __init__(self, url: str, group_size: int, fresh_connections: bool = False):
+    """Kept-alive connections, spread over the server's workers: with several workers, a
+    connection stays with the worker that accepted it, and two senders' connections land on
+    one worker about half the time; that worker then runs both (about the one-sender rate,
+    measured here) while the other idles. Many ranks spread evenly, as a load balancer would
+    spread two; here each sender reconnects until its worker is one the others use least."""
+
+    def __init__(self, url: str, group_size: int, workers: int = 1):
         super().__init__()
-        self.url = url
-        # With several server workers, a kept-alive connection stays with the worker that
-        # accepted it, and two senders' connections land on one worker about half the time
-        # (measured here: 36,000 vs 49,000 groups/s between runs). A connection per request
-        # lets the kernel spread them; it costs Vantage a TCP set-up per request, and MLflow's
-        # client keeps its connections, which can only favour MLflow.
-        self.limits = httpx.Limits(max_keepalive_connections=0 if fresh_connections else 20)
+        self.url, self.workers = url, workers
+        self.port = int(url.rsplit(":", 1)[1])
+        self.clients: list[httpx.Client] = []
+        self.placement: list[int] = []  # the worker of each client
         with httpx.Client(base_url=url, timeout=60) as client:
             body = {"name": "bench", "group_size": group_size}
             run = client.post("/api/v1/runs", json=body).json()
         self.run_id, self.attempt = run["run_id"], run["attempt"]
 
-    def send(self, groups: list[list[float]]) -> int:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = httpx.Client(
-                base_url=self.url, timeout=60, limits=self.limits
-            )
+    def client(self, sender: int) -> httpx.Client:
+        while len(self.clients) <= sender:
+            self.clients.append(self._spread_client())
+        return self.clients[sender]
+
+    def _spread_client(self) -> httpx.Client:
+        fair = -(-(len(self.clients) + 1) // self.workers)  # ceil: senders per worker
+        for _ in range(100):
+            client = httpx.Client(base_url=self.url, timeout=60)
+            worker = server_worker(client.get("/healthz"), self.port)
+            if self.placement.count(worker) < fair:
+                self.placement.append(worker)
+                return client
+            client.close()
+        raise RuntimeError(f"could not place a connection on a free worker of {self.url}")
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+    def send(self, groups: list[list[float]], sender: int = 0) -> int:
+        client = self.client(sender)
         step = self.next_step()
         body = orjson.dumps(
             {"attempt": self.attempt, "records": [{"step": step, "groups": groups}]}
@@ -147,19 +181,20 @@ class MlflowSender(_Sender):
         self.run_id = client.create_run(exp).info.run_id
         self.ts = int(time.time() * 1000)
         self.sent_points = 0
+        self.clients: dict[int, object] = {}
 
     def _timestamps(self, n: int) -> range:
         with self._lock:  # a distinct millisecond timestamp per group
             start, self.ts = self.ts + 1, self.ts + n
         return range(start, start + n)
 
-    def send(self, groups: list[list[float]]) -> int:
+    def send(self, groups: list[list[float]], sender: int = 0) -> int:
         from mlflow.entities import Metric
         from mlflow.tracking import MlflowClient
 
-        client = getattr(self._local, "client", None)
+        client = self.clients.get(sender)
         if client is None:
-            client = self._local.client = MlflowClient(tracking_uri=self.url)
+            client = self.clients[sender] = MlflowClient(tracking_uri=self.url)
         step = self.next_step()
         metrics = []
         for rewards, ts in zip(groups, self._timestamps(len(groups)), strict=True):
@@ -174,10 +209,18 @@ class MlflowSender(_Sender):
 
 
 def timed_round(sender: _Sender, batches: list[list[list[float]]], concurrency: int) -> float:
-    """Groups per second sending ``batches`` from ``concurrency`` threads."""
+    """Groups per second sending ``batches`` from ``concurrency`` senders (threads), each with
+    its own client and an equal share of the batches."""
+
+    def share(i: int) -> int:
+        return sum(sender.send(b, i) for b in batches[i::concurrency])
+
+    for i in range(concurrency):  # connections are made before the clock starts
+        if isinstance(sender, VantageSender):
+            sender.client(i)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        n = sum(pool.map(sender.send, batches))
+        n = sum(pool.map(share, range(concurrency)))
     return n / (time.perf_counter() - t0)
 
 
@@ -284,21 +327,20 @@ def main() -> None:
         print(f"servers up: vantage {vurl}, mlflow {murl}", flush=True)
 
         rng = random.Random(0)
-        vantage, mlflow_ = VantageSender(vurl, args.group_size), MlflowSender(murl)
-        # several senders: a connection per request (see VantageSender), on a run of their own
-        spread = VantageSender(vurl, args.group_size, fresh_connections=True)
+        vantage = VantageSender(vurl, args.group_size, args.workers)
+        mlflow_ = MlflowSender(murl)
         warm = [make_groups(rng, args.batch, args.group_size) for _ in range(3)]
         for b in warm:  # warm-up: connections, caches, first inserts
-            vantage.send(b)
-            spread.send(b)
-            mlflow_.send(b)
+            for i in range(args.concurrency):
+                vantage.send(b, i)
+                mlflow_.send(b, i)
         rates: dict[tuple[str, int], list[float]] = {}
         levels = sorted({args.concurrency, 1}, reverse=True)
         for r in range(rounds):  # alternating rounds, same batches for both
             vb = [make_groups(rng, args.batch, args.group_size) for _ in range(v_batches)]
             line = []
             for level in levels:
-                v = timed_round(spread if level > 1 else vantage, vb, level)
+                v = timed_round(vantage, vb, level)
                 m = timed_round(mlflow_, vb[:m_batches], level)
                 rates.setdefault(("vantage", level), []).append(v)
                 rates.setdefault(("mlflow", level), []).append(m)

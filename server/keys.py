@@ -11,7 +11,7 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from .models import ApiKey, utcnow
@@ -67,14 +67,27 @@ def create_key(session: Session, name: str, scopes: frozenset[str], project: str
     return plaintext
 
 
+# Built once (a statement memoizes its cache key): every authenticated request runs it.
+_LOOKUP = select(
+    ApiKey.__table__.c.name,
+    ApiKey.__table__.c.scopes,
+    ApiKey.__table__.c.project,
+    ApiKey.__table__.c.id,
+).where(
+    ApiKey.__table__.c.key_hash == bindparam("key_hash"), ApiKey.__table__.c.revoked_at.is_(None)
+)
+
+
 def authenticate(session: Session, plaintext: str) -> KeyInfo | None:
-    """The key's identity, or None when it is unknown or revoked."""
+    """The key's identity, or None when it is unknown or revoked. Reads with Core on the
+    session's connection: no ORM object per request."""
     if not plaintext.startswith(KEY_PREFIX):
         return None
-    row = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(plaintext)))
-    if row is None or row.revoked_at is not None:
+    row = session.connection().execute(_LOOKUP, {"key_hash": hash_key(plaintext)}).first()
+    if row is None:
         return None
-    return KeyInfo(row.name, frozenset(row.scopes.split(",")), row.project, row.id)
+    name, scopes, project, key_id = row
+    return KeyInfo(name, frozenset(scopes.split(",")), project, key_id)
 
 
 def list_keys(session: Session) -> list[dict]:

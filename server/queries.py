@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import orjson
 from sqlalchemy import BigInteger, bindparam, case, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -97,35 +98,44 @@ def get_run(session: Session, run_id: str) -> dict[str, Any] | None:
 def _downsample(steps: list[int], acrs: list[float | None], max_points: int) -> list[int]:
     """Steps to keep (in step order): each bucket's lowest and highest acr, so spikes survive,
     and from 3 points on the newest step (a live chart ends where the run is); at most
-    ``max_points``. Works on plain lists with C-speed min/max/index per bucket."""
+    ``max_points``."""
     if len(steps) <= max_points:
         return list(steps)
+    s = np.asarray(steps, dtype=np.int64)
+    a = np.array(acrs, dtype=np.float64)  # None -> NaN
     if max_points >= 3:
-        return [*_extremes(steps[:-1], acrs[:-1], max_points - 1), steps[-1]]
-    return _extremes(steps, acrs, max_points)
+        return [*_extremes(s[:-1], a[:-1], max_points - 1), steps[-1]]
+    return _extremes(s, a, max_points)
 
 
-def _extremes(steps: list[int], acrs: list[float | None], max_points: int) -> list[int]:
-    """Each of max_points // 2 buckets' lowest and highest acr (one point for max_points 1)."""
+def _extremes(steps: np.ndarray, acrs: np.ndarray, max_points: int) -> list[int]:
+    """Each of max_points // 2 buckets' lowest and highest acr (one point for max_points 1):
+    bucket b holds positions [b·n // B, (b+1)·n // B) of the n steps (int64, ascending; acrs
+    float64, NaN for null, which is never chosen over a number); ties go to the earliest step.
+    Vectorised: a Python loop over 2,500 buckets of a 20,000-step run took 8-16 ms."""
     n = len(steps)
     if n <= max_points:
-        return list(steps)
-    low = [math.inf if a is None else a for a in acrs]
-    high = [-math.inf if a is None else a for a in acrs]
+        return steps.tolist()
+    null = np.isnan(acrs)
+    low, high = np.where(null, np.inf, acrs), np.where(null, -np.inf, acrs)
     if max_points == 1:
-        top = max(high)
-        return [steps[high.index(top)]]
-    buckets = max_points // 2
-    kept: list[int] = []
-    for b in range(buckets):
-        i, j = (b * n) // buckets, ((b + 1) * n) // buckets
-        if i == j:
-            continue
-        lo_chunk, hi_chunk = low[i:j], high[i:j]
-        lo = i + lo_chunk.index(min(lo_chunk))
-        hi = i + hi_chunk.index(max(hi_chunk))
-        kept.extend(sorted({steps[lo], steps[hi]}))
-    return kept
+        return [int(steps[np.argmax(high)])]
+    buckets = max_points // 2  # n > max_points, so no bucket is empty
+    starts = np.arange(buckets) * n // buckets
+    bucket = np.repeat(np.arange(buckets), np.diff(starts, append=n))
+    lo = _first_hits(low == np.minimum.reduceat(low, starts)[bucket], bucket)
+    hi = _first_hits(high == np.maximum.reduceat(high, starts)[bucket], bucket)
+    first, last = np.minimum(lo, hi), np.maximum(lo, hi)
+    kept = np.stack([first, last], axis=1).ravel()
+    keep = np.ones(kept.size, dtype=bool)
+    keep[1::2] = last != first  # one point where a bucket's extremes are the same step
+    return steps[kept[keep]].tolist()
+
+
+def _first_hits(hit: np.ndarray, bucket: np.ndarray) -> np.ndarray:
+    """The first position of each bucket where ``hit`` holds (every bucket has one)."""
+    positions = np.flatnonzero(hit)
+    return positions[np.unique(bucket[positions], return_index=True)[1]]
 
 
 def _raw_rows(session: Session, statement: Any) -> list[tuple]:

@@ -1,0 +1,67 @@
+"""`GET /metrics` downsampling (`vantage.server.queries._downsample`) against a plain-Python
+statement of its rule: bucket b of n steps holds positions [b·n // B, (b+1)·n // B) for
+B = max_points // 2 buckets; each keeps its lowest and highest acr (null never chosen over a
+number, ties to the earliest step); from 3 points on the newest step is kept on top."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from vantage.server.queries import _downsample
+
+
+def reference(steps: list[int], acrs: list[float | None], max_points: int) -> list[int]:
+    if len(steps) <= max_points:
+        return list(steps)
+    if max_points >= 3:
+        return [*extremes(steps[:-1], acrs[:-1], max_points - 1), steps[-1]]
+    return extremes(steps, acrs, max_points)
+
+
+def extremes(steps: list[int], acrs: list[float | None], max_points: int) -> list[int]:
+    n = len(steps)
+    if n <= max_points:
+        return list(steps)
+    low = [math.inf if a is None else a for a in acrs]
+    high = [-math.inf if a is None else a for a in acrs]
+    if max_points == 1:
+        return [steps[high.index(max(high))]]
+    buckets = max_points // 2
+    kept: list[int] = []
+    for b in range(buckets):
+        i, j = b * n // buckets, (b + 1) * n // buckets
+        lo = i + low[i:j].index(min(low[i:j]))
+        hi = i + high[i:j].index(max(high[i:j]))
+        kept.extend(sorted({steps[lo], steps[hi]}))
+    return kept
+
+
+# few distinct values, so that ties and all-null buckets are common
+ACR = st.one_of(st.none(), st.sampled_from([0.0, 0.25, 0.5, 1.0]), st.floats(0, 1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    acrs=st.lists(ACR, max_size=400),
+    max_points=st.integers(1, 60),
+    gaps=st.lists(st.integers(1, 5), min_size=400, max_size=400),
+)
+def test_downsampling_equals_its_plain_statement(acrs, max_points, gaps):
+    steps = [sum(gaps[: k + 1]) for k in range(len(acrs))]  # ascending, with gaps
+    kept = _downsample(steps, acrs, max_points)
+    assert kept == reference(steps, acrs, max_points)
+    assert all(type(s) is int for s in kept)
+    assert len(kept) <= max(max_points, 1) and kept == sorted(set(kept))
+    if steps and max_points >= 3:
+        assert kept[-1] == steps[-1]
+
+
+def test_a_long_run_keeps_each_buckets_spikes():
+    steps = list(range(20_000))
+    acrs = [0.5] * 20_000
+    acrs[777], acrs[12_345], acrs[100] = 1.0, 0.0, None
+    kept = _downsample(steps, acrs, 5000)
+    assert kept == reference(steps, acrs, 5000)
+    assert {777, 12_345, 19_999} <= set(kept) and len(kept) <= 5000

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import orjson
 from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import select, update
+from vantage.server.ingest import dump_exact, load_exact
 from vantage.server.models import Step
 from vantage.server.queries import point_json
 
@@ -60,3 +63,29 @@ def test_rows_without_a_stored_point_are_answered_from_their_columns(app_client)
             assert got["downsampled"] and 0 < len(got["points"]) <= 4
             by_step = {p["step"]: p for p in before["points"]}
             assert all(p == by_step[p["step"]] for p in got["points"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=-(2**1200), max_value=2**1200), st.integers(0, 1100))
+def test_exact_sums_are_stored_short_and_read_back(odd: int, shift: int) -> None:
+    value = odd << shift
+    text = dump_exact(value)
+    assert load_exact(text) == value
+    assert load_exact(str(value)) == value  # the plain decimals of rows written before
+    assert len(text) <= len(str(value)) + 6
+
+
+def test_a_step_row_with_a_decimal_sum_merges_with_new_groups(app_client) -> None:  # noqa: ANN001
+    client = app_client
+    run = client.post("/api/v1/runs", json={"name": "sums", "world_size": 2}).json()
+    send(client, run, [{"step": 1, "groups": [[0, 1], [1, 1]]}])
+    with client.app.state.session_factory() as s:  # as a row written before dump_exact
+        row = s.scalars(select(Step).where(Step.run_id == run["run_id"])).one()
+        stored = row.acc["reward_sum"]
+        assert "<<" in stored and len(stored) < 20
+        row.acc = {**row.acc, "reward_sum": str(load_exact(stored))}
+        s.commit()
+    send(client, run, [{"step": 1, "rank": 1, "groups": [[0.5, 0.25]]}])
+    point = client.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"][0]
+    assert point["reward_mean"] == (0 + 1 + 1 + 1 + 0.5 + 0.25) / 6
+    assert "<<" in stored_rows(client, run["run_id"])[0].acc["reward_sum"]

@@ -24,6 +24,9 @@ from pydantic import (
 )
 
 MAX_GROUPS_PER_REQUEST = 10_000
+# Each record of a batch is a step row to write and evaluate (about 0.2 ms each): bounded like
+# the groups, so that one request cannot hold a run's lock for tens of seconds.
+MAX_RECORDS_PER_REQUEST = 10_000
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 MAX_GROUP_SIZE = 65_536
 

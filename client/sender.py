@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import orjson
 
-from .schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES
+from .schema import MAX_GROUPS_PER_REQUEST, MAX_RECORDS_PER_REQUEST, MAX_REQUEST_BYTES
 from .spool import Spool
 
 __all__ = [
@@ -182,9 +182,11 @@ def pack_records(
     records: list[tuple[dict[str, Any], list[tuple[bytes, int]]]],
     max_groups: int = MAX_GROUPS_PER_REQUEST,
     max_bytes: int = BODY_BUDGET,
+    max_records: int = MAX_RECORDS_PER_REQUEST,
 ) -> list[tuple[bytes, int]]:
     """Pack records (a header such as ``{step, split, rank, ...}`` plus encoded group fragments)
-    into request bodies of at most ``max_groups`` groups and ``max_bytes`` bytes, in order. A
+    into request bodies of at most ``max_groups`` groups, ``max_records`` records and
+    ``max_bytes`` bytes, in order. A
     record that does not fit is continued in the next request under the same (step, split, rank);
     its scalars and effective statistics stay with the first piece. Returns (records JSON array,
     group count) per request."""
@@ -204,7 +206,7 @@ def pack_records(
         i = 0
         while True:
             overhead = len(head) + 13  # ',"groups":[' + ']' + the comma between records
-            if cur and cur_bytes + overhead > max_bytes:
+            if cur and (cur_bytes + overhead > max_bytes or len(cur) >= max_records):
                 flush()
             take: list[bytes] = []
             size, n_take = overhead, 0

@@ -353,7 +353,12 @@ def test_limits_answer_413(api):
         headers={"content-type": "application/json"},
     )
     assert r.status_code == 413 and "limit" in r.text
+    many = [{"step": s, "scalars": {"loss": 1.0}} for s in range(10_001)]
+    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", json={"attempt": 1, "records": many})
+    assert r.status_code == 413 and "10001 records" in r.text and "10000" in r.text
     assert api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"] == []
+    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", json={"attempt": 1, "records": many[1:]})
+    assert r.status_code == 200 and len(r.json()["steps"]) == 10_000
 
 
 def test_auth_matrix(server):

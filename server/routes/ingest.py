@@ -7,7 +7,12 @@ from functools import partial
 
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, StepsBatch
+from vantage.client.schema import (
+    MAX_GROUPS_PER_REQUEST,
+    MAX_RECORDS_PER_REQUEST,
+    MAX_REQUEST_BYTES,
+    StepsBatch,
+)
 
 from ..alerts import EvaluationFailed, Outcome
 from ..commands import deliver_commands
@@ -41,6 +46,11 @@ async def post_steps(run_id: str, request: Request, key: IngestKey) -> Response:
     if n_groups > MAX_GROUPS_PER_REQUEST:
         raise HTTPException(
             413, f"{n_groups} groups in one request; the limit is {MAX_GROUPS_PER_REQUEST}"
+        )
+    if len(batch.records) > MAX_RECORDS_PER_REQUEST:
+        raise HTTPException(
+            413,
+            f"{len(batch.records)} records in one request; the limit is {MAX_RECORDS_PER_REQUEST}",
         )
     answer = await run_in_threadpool(_ingest, request, run_id, batch, key)
     return json_response(answer)

@@ -165,8 +165,13 @@ group_sizes = st.lists(st.integers(min_value=1, max_value=40), min_size=0, max_s
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(group_sizes, min_size=1, max_size=6), st.integers(2, 50), st.integers(600, 5000))
-def test_packing_respects_limits_and_keeps_order(records, max_groups, max_bytes):
+@given(
+    st.lists(group_sizes, min_size=1, max_size=6),
+    st.integers(2, 50),
+    st.integers(600, 5000),
+    st.integers(1, 4),
+)
+def test_packing_respects_limits_and_keeps_order(records, max_groups, max_bytes, max_records):
     recs = []
     expected = []
     for step, sizes in enumerate(records):
@@ -174,13 +179,14 @@ def test_packing_respects_limits_and_keeps_order(records, max_groups, max_bytes)
         expected += [(step, g["group_id"]) for g in groups]
         header = {"step": step, "rank": 0, "scalars": {"loss": 1.0}}
         recs.append((header, encode_groups(groups, chunk_groups=2)))
-    bodies = pack_records(recs, max_groups=max_groups, max_bytes=max_bytes)
+    bodies = pack_records(recs, max_groups=max_groups, max_bytes=max_bytes, max_records=max_records)
     seen = []
     scalars_per_step: dict[int, int] = {}
     for body, n in bodies:
         assert len(body) <= max_bytes
         decoded = orjson.loads(body)
         assert sum(len(r["groups"]) for r in decoded) == n <= max_groups
+        assert len(decoded) <= max_records
         for r in decoded:
             seen += [(r["step"], g["group_id"]) for g in r["groups"]]
             scalars_per_step[r["step"]] = scalars_per_step.get(r["step"], 0) + ("scalars" in r)
@@ -196,6 +202,9 @@ def test_packing_at_the_real_limits():
     bodies = pack_records([({"step": 1}, encode_groups(big))])
     assert all(len(b) < 8 * 1024 * 1024 for b, _ in bodies) and len(bodies) > 1
     assert sum(n for _, n in bodies) == 200
+    scalars_only = [({"step": s, "scalars": {"loss": 0.5}}, []) for s in range(25_000)]
+    bodies = pack_records(scalars_only)
+    assert [len(orjson.loads(b)) for b, _ in bodies] == [10_000, 10_000, 5_000]
 
 
 def test_backoff_grows_jittered_capped_and_honours_retry_after():

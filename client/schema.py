@@ -250,6 +250,11 @@ class StepRecord(GroupsForm):
     def _time_finite(self) -> StepRecord:
         if self.time is not None and not math.isfinite(self.time):
             raise ValueError("time must be a finite unix timestamp in seconds")
+        if self.world_size is not None and self.rank >= self.world_size:
+            raise ValueError(
+                f"rank {self.rank} is outside world_size {self.world_size}; ranks are 0 to "
+                "world_size - 1"
+            )
         return self
 
     def finite_scalars(self) -> dict[str, float | None]:

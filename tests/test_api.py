@@ -75,6 +75,16 @@ def test_bad_groups_are_rejected_and_batch_is_atomic(api, bad):
     assert points == []  # the good record was not stored either
 
 
+def test_a_rank_outside_its_world_size_is_422(api):
+    run = new_run(api)
+    records = [{"step": 1, "groups": [[0, 1]]}, {"step": 1, "rank": 2, "world_size": 2}]
+    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", json={"attempt": 1, "records": records})
+    assert r.status_code == 422 and "rank 2 is outside world_size 2" in r.text
+    assert api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"] == []
+    records[1]["rank"] = 1
+    post_steps(api, run, records)
+
+
 def test_flat_rewards_forms(api):
     run = new_run(api)
     ans = post_steps(

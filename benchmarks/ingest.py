@@ -100,6 +100,9 @@ class _Sender:
             self.step += 1
             return self.step
 
+    def prepare(self, senders: int) -> None:
+        """Make the clients of ``senders`` senders before a round's clock starts."""
+
     def send(self, groups: list[list[float]], sender: int = 0) -> int:
         raise NotImplementedError
 
@@ -147,9 +150,9 @@ class VantageSender(_Sender):
             client.close()
         raise RuntimeError(f"could not place a connection on a free worker of {self.url}")
 
-    def close(self) -> None:
-        for client in self.clients:
-            client.close()
+    def prepare(self, senders: int) -> None:
+        for i in range(senders):
+            self.client(i)
 
     def send(self, groups: list[list[float]], sender: int = 0) -> int:
         client = self.client(sender)
@@ -215,9 +218,7 @@ def timed_round(sender: _Sender, batches: list[list[list[float]]], concurrency: 
     def share(i: int) -> int:
         return sum(sender.send(b, i) for b in batches[i::concurrency])
 
-    for i in range(concurrency):  # connections are made before the clock starts
-        if isinstance(sender, VantageSender):
-            sender.client(i)
+    sender.prepare(concurrency)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         n = sum(pool.map(share, range(concurrency)))

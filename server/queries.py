@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from sqlalchemy import BigInteger, bindparam, case, func, select
+from sqlalchemy import BigInteger, Text, bindparam, case, cast, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
@@ -166,7 +166,9 @@ def _rows_at_steps(
     """Full rows of the given steps, in step order (plain tuples)."""
     base = select(*cols).where(Step.run_id == run_id, Step.split == split).order_by(Step.step)
     if session.get_bind().dialect.name == "postgresql":  # one query with an array parameter
-        wanted = bindparam("steps", steps, type_=ARRAY(BigInteger))
+        # sent as the array's text: psycopg's dumper of a 5,000-integer list took about 6 ms
+        text = "{" + ",".join(map(str, steps)) + "}"
+        wanted = cast(bindparam("steps", text, type_=Text), ARRAY(BigInteger))
         return _raw_rows(session, base.where(Step.step == func.any(wanted)))
     conn = session.connection()
     rows: list[tuple] = []

@@ -27,6 +27,9 @@ MAX_GROUPS_PER_REQUEST = 10_000
 # Each record of a batch is a step row to write and evaluate (about 0.2 ms each): bounded like
 # the groups, so that one request cannot hold a run's lock for tens of seconds.
 MAX_RECORDS_PER_REQUEST = 10_000
+# Scalar names of one record: far above what a trainer logs per step, and a bound on how wide
+# a run's CSV export can grow from one request.
+MAX_SCALARS_PER_RECORD = 1_000
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 MAX_GROUP_SIZE = 65_536
 
@@ -224,6 +227,7 @@ class Effective(_Strict):
 
 
 ScalarName = Annotated[Text, Field(min_length=1, max_length=128)]
+Scalars = Annotated[dict[ScalarName, Reward], Field(max_length=MAX_SCALARS_PER_RECORD)]
 
 
 class StepRecord(GroupsForm):
@@ -236,7 +240,7 @@ class StepRecord(GroupsForm):
     world_size: Annotated[int, Strict(), Field(ge=1, le=65_536)] | None = None
     time: float | None = None
     effective: Effective | None = None
-    scalars: dict[ScalarName, Reward] | None = None
+    scalars: Scalars | None = None
     mitigation: StorableJSON = None
 
     @model_validator(mode="before")

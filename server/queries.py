@@ -7,7 +7,9 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from types import SimpleNamespace
 from typing import Any
 
@@ -405,20 +407,44 @@ def to_csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return buf.getvalue()
 
 
-def export_csv(session: Session, run_id: str, split: str = "train") -> str:
-    """Every per-step metric of a run (all splits unless one is named), plus its scalars."""
-    q = select(Step).where(Step.run_id == run_id).order_by(Step.split, Step.step)
-    if split:
-        q = q.where(Step.split == split)
-    steps = session.scalars(q).all()
-    scalar_names = sorted({k for s in steps for k in (s.scalars or {})})
+EXPORT_CHUNK = 1000  # steps per streamed piece of the CSV export
+
+
+def iter_export_csv(session: Session, run_id: str, split: str = "train") -> Iterator[str]:
+    """Every per-step metric of a run (all splits unless one is named), plus its scalars, as
+    CSV text in pieces of `EXPORT_CHUNK` steps. Two streamed reads (the scalar names, then the
+    rows), so memory holds the names and one piece, however long the run: building the whole
+    table at once took 22 GB for 10,000 steps of a run with 50,000 scalar names."""
+    where = [Step.run_id == run_id, *([Step.split == split] if split else [])]
+    names: set[str] = set()
+    for (scalars,) in _streamed(session, select(Step.scalars).where(*where)):
+        names.update(scalars or {})
+    scalar_names = sorted(names)
     columns = ["step", "split", "attempt", "time", *STEP_METRIC_FIELDS]
-    rows = []
-    for s in steps:
-        row = {c: getattr(s, c) for c in columns}
-        row.update({f"scalars.{k}": (s.scalars or {}).get(k) for k in scalar_names})
-        rows.append(row)
-    return to_csv(rows, columns + [f"scalars.{k}" for k in scalar_names])
+    query = select(*(getattr(Step, c) for c in columns), Step.scalars).where(*where)
+    rows = _streamed(session, query.order_by(Step.split, Step.step))
+    yield to_csv([], columns + [f"scalars.{k}" for k in scalar_names])
+    while piece := list(islice(rows, EXPORT_CHUNK)):
+        buf = io.StringIO()
+        writer = csv.writer(buf)
+        for *values, scalars in piece:
+            scalars = scalars or {}
+            writer.writerow(
+                ["" if v is None else v for v in values]
+                + ["" if scalars.get(k) is None else scalars[k] for k in scalar_names]
+            )
+        yield buf.getvalue()
+
+
+def _streamed(session: Session, query: Any) -> Iterator[Any]:
+    """The rows of ``query``, fetched `EXPORT_CHUNK` at a time (a server-side cursor on
+    PostgreSQL)."""
+    return iter(session.execute(query.execution_options(yield_per=EXPORT_CHUNK)))
+
+
+def export_csv(session: Session, run_id: str, split: str = "train") -> str:
+    """`iter_export_csv` as one string (for the dashboard's download)."""
+    return "".join(iter_export_csv(session, run_id, split))
 
 
 def prometheus_text(session: Session, counters: dict[str, float]) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import uuid
 
@@ -235,6 +237,34 @@ def test_effective_scalars_and_split(api):
     csv_text = api.get(f"/api/v1/runs/{run['run_id']}/export.csv").text
     header, row = csv_text.strip().splitlines()
     assert "acr_effective" in header and "scalars.loss" in header and row.startswith("1,train,1")
+
+
+def test_export_streams_long_runs_and_scalars_are_bounded_per_record(api):
+    run = new_run(api)
+    too_many = {f"s{i}": 1.0 for i in range(1001)}
+    r = api.post(
+        f"/api/v1/runs/{run['run_id']}/steps",
+        json={"attempt": 1, "records": [{"step": 1, "scalars": too_many}]},
+    )
+    assert r.status_code == 422 and "1000" in r.text
+    # more steps than one streamed piece (1,000), scalar names that differ between steps
+    records = [
+        {"step": s, "groups": [[0, 1], [1, 1]] if s % 2 else [[0, 0], [1, 1]]}
+        | {"scalars": {f"m{s % 3}": s / 2}}
+        for s in range(1, 2101)
+    ]
+    post_steps(api, run, records)
+    r = api.get(f"/api/v1/runs/{run['run_id']}/export.csv")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+    table = list(csv.reader(io.StringIO(r.text)))
+    header, rows = table[0], table[1:]
+    assert header[-3:] == ["scalars.m0", "scalars.m1", "scalars.m2"]
+    assert [int(row[0]) for row in rows] == list(range(1, 2101))
+    for row in rows[::97]:
+        step = int(row[0])
+        acr = float(row[header.index("acr")])
+        assert acr == (0.5 if step % 2 else 1.0)
+        assert row[-3:] == [str(step / 2) if step % 3 == k else "" for k in range(3)]
 
 
 def test_downsampling_keeps_extremes(api):

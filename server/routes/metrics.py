@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Response
-from fastapi.responses import PlainTextResponse
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from ..deps import ReadKey, SessionDep, load_run
 from ..queries import (
     DEFAULT_MAX_POINTS,
     PROMPT_COLUMNS,
-    export_csv,
+    iter_export_csv,
     run_metrics_json,
     run_prompts,
     run_summary,
@@ -64,13 +65,20 @@ def prompts(
     return {"run_id": run_id, "prompts": rows}
 
 
-@router.get("/{run_id}/export.csv", response_class=PlainTextResponse)
+@router.get("/{run_id}/export.csv", response_class=StreamingResponse)
 def export(
-    run_id: str, key: ReadKey, session: SessionDep, split: Split = "train"
-) -> PlainTextResponse:
+    run_id: str, key: ReadKey, session: SessionDep, request: Request, split: Split = "train"
+) -> StreamingResponse:
+    """The run's step metrics and scalars as CSV, streamed (`iter_export_csv`)."""
     load_run(session, run_id, key)
-    return PlainTextResponse(
-        export_csv(session, run_id, split),
+    factory = request.app.state.session_factory
+
+    def pieces() -> Iterator[str]:  # its own session: the request's closes before streaming
+        with factory() as s:
+            yield from iter_export_csv(s, run_id, split)
+
+    return StreamingResponse(
+        pieces(),
         media_type="text/csv",
         headers={"Content-Disposition": f'attachment; filename="{run_id}.csv"'},
     )

@@ -185,8 +185,10 @@ def summarize_rewards(
 def _check_stats_bounds(
     n: int, mean: float | None, std: float | None, lo: float | None, hi: float | None
 ) -> None:
-    """mean within [min, max] and std within the largest a sample of n in [min, max] can have,
-    (max − min)/2 · √(n/(n−1)), both with a relative slack for rounding."""
+    """mean within [min, max], and std between the smallest and the largest that n values
+    spanning [min, max] can have: (max − min)/√(2n) (two values at the ends, the rest at their
+    mean; taken as a population std, so that a client sending numpy's default passes) and
+    (max − min)/2 · √(n/(n−1)); all with a relative slack for rounding."""
     if n == 0:
         if any(v is not None for v in (mean, std, lo, hi)):
             raise InconsistentStatsError("n is 0 but statistics were sent")
@@ -202,6 +204,12 @@ def _check_stats_bounds(
             raise InconsistentStatsError(
                 f"std {std} exceeds {widest:.6g}, the largest possible for {n} values in "
                 f"[{lo}, {hi}]"
+            )
+        narrowest = (hi / 2 - lo / 2) * math.sqrt(2 / n)
+        if std < narrowest * (1 - 1e-9) - slack:
+            raise InconsistentStatsError(
+                f"std {std} is below {narrowest:.6g}, the smallest possible for {n} values "
+                f"spanning [{lo}, {hi}]"
             )
 
 

@@ -107,6 +107,8 @@ def test_inconsistent_stats_raise():
             summarize_stats(*args)
     with pytest.raises(InconsistentStatsError):
         summarize_stats(4, 0.5, 0.5, 0, 1, n_pass=5)
+    with pytest.raises(InconsistentStatsError, match="smallest possible"):
+        summarize_stats(4, 0.5, 0.0, 0, 1)  # values 0 and 1 cannot have std 0
 
 
 def test_window_metrics_pool_and_skip_null_steps():
@@ -170,6 +172,9 @@ def test_stats_form_agrees_with_raw_form(rewards):
         return
     stats = summarize_stats(raw.n, raw.mean, raw.std, raw.min, raw.max, raw.n_pass)
     assert (stats.cls, stats.side, stats.n_pass) == (raw.cls, raw.side, raw.n_pass)
+    # numpy's default (population) std of the same rewards is accepted too
+    population = raw.std * math.sqrt((raw.n - 1) / raw.n)
+    summarize_stats(raw.n, raw.mean, population, raw.min, raw.max, raw.n_pass)
 
 
 def _same(a: dict, b: dict) -> bool:

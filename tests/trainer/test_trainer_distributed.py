@@ -2,7 +2,7 @@
 
 import json
 import os
-import socket
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,21 +12,27 @@ import pytest
 from vantage.client.acr import summarize_rewards
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(tmp_path, *args):
     """Run dp_worker.py on 2 CPU processes (gloo); returns each rank's dump."""
     worker = Path(__file__).parent / "dp_worker.py"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+    # --standalone: torchrun binds its rendezvous store to a port of its own choosing. A port
+    # picked here and freed could be taken by another process before torchrun bound it, and
+    # the workers then waited for a store that never answered (seen once in CI).
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(worker), str(tmp_path), *args]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
+    # its own process group, so that a timeout also stops the workers, not torchrun alone
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        pytest.fail(f"torchrun did not finish in 300 s:\n{stderr[-3000:]}")
+    assert proc.returncode == 0, stderr[-3000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 

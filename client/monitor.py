@@ -445,12 +445,13 @@ class Monitor:
         except Exception:  # noqa: BLE001 - the spool may already be closed by the sender
             left = 0
         if left:
+            why = f"server {self.server} not reachable in time" if self.server else "no server"
             log.warning(
-                "vantage: %d groups are still in the spool %s (server %s not reachable in "
-                "time); upload them later with: vantage sync %s",
+                "vantage: %d groups are still in the spool %s (%s); upload them later with: "
+                "vantage sync %s",
                 left,
                 self.spool_path,
-                self.server,
+                why,
                 self.spool_path.parent,
             )
 

@@ -155,6 +155,14 @@ def test_spool_order_cap_dead_letter_and_reopen(tmp_path: Path):
     assert path.exists()
 
 
+def test_closing_an_offline_monitor_names_the_spool_to_sync(tmp_path: Path, caplog):
+    mon = offline(tmp_path)
+    mon.log_groups(0, [[1.0, 0.0]] * 3)
+    mon.close(timeout=2)
+    message = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
+    assert "(no server)" in message and f"vantage sync {tmp_path}" in message
+
+
 def test_clean_spool_file_is_removed_on_close(tmp_path: Path):
     mon = Monitor(None, None, spool_dir=tmp_path)
     mon.close(timeout=1)

@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 import orjson
-from sqlalchemy import BigInteger, Text, bindparam, case, cast, func, select
+from sqlalchemy import BigInteger, bindparam, case, cast, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
+from sqlalchemy.types import NullType
 from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, STEP_METRIC_FIELDS, window_metrics
 
 from .commands import list_commands as list_commands  # re-exported for the dashboard
@@ -168,15 +169,25 @@ def _rows_at_steps(
     """Full rows of the given steps, in step order (plain tuples)."""
     base = select(*cols).where(Step.run_id == run_id, Step.split == split).order_by(Step.step)
     if session.get_bind().dialect.name == "postgresql":  # one query with an array parameter
-        # sent as the array's text: psycopg's dumper of a 5,000-integer list took about 6 ms
-        text = "{" + ",".join(map(str, steps)) + "}"
-        wanted = cast(bindparam("steps", text, type_=Text), ARRAY(BigInteger))
-        return _raw_rows(session, base.where(Step.step == func.any(wanted)))
+        return _raw_rows(session, base.where(steps_in_array(steps)))
     conn = session.connection()
     rows: list[tuple] = []
     for i in range(0, len(steps), 900):  # SQLite caps bound parameters per statement
         rows.extend(conn.execute(base.where(Step.step.in_(steps[i : i + 900]))))
     return rows
+
+
+def steps_in_array(steps: list[int]) -> Any:
+    """``steps.step = ANY(<steps as a bigint[] parameter>)`` (PostgreSQL).
+
+    The array travels as its text, which psycopg sends untyped so that PostgreSQL parses it as
+    the parameter's bigint[] (psycopg's dumper of a 5,000-integer list took about 6 ms). It must
+    stay untyped: a text parameter cast to bigint[] is not a constant to the planner, which then
+    tests each row against the whole array (2.5 s instead of 17 ms for 5,000 of 20,000 steps)
+    instead of looking it up in a hash."""
+    text = "{" + ",".join(map(str, steps)) + "}"
+    wanted = cast(bindparam("steps", text, type_=NullType()), ARRAY(BigInteger))
+    return Step.step == func.any(wanted)
 
 
 def _step_filter(q, run_id: str, split: str, from_step: int | None, to_step: int | None):  # noqa: ANN001, ANN202

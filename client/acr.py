@@ -284,7 +284,7 @@ def _ratio(num: float, den: float) -> float | None:
 class StepAccumulator:
     """Mergeable counts behind one (step, split)'s metrics; ranks and batches add into one.
 
-    The server stores these fields per step, so metrics never need the group rows again.
+    The server stores these fields per step, so metrics never need the stored groups again.
     ``group_sizes`` maps a valid group's size G_j to how many valid groups have it (for
     expected_acr); ``n_nonbinary`` counts valid groups that are not binary.
     """

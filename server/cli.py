@@ -169,7 +169,7 @@ def cmd_runs_prune(args: argparse.Namespace) -> int:
         n = prune_groups(session, args.older_than)
         session.commit()
     print(
-        f"deleted {n} group rows of runs idle for more than {args.older_than} days; "
+        f"deleted {n} stored groups of runs idle for more than {args.older_than} days; "
         "per-step metrics are kept",
         file=sys.stderr,
     )
@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="run maintenance").add_subparsers(
         dest="runs_cmd", required=True
     )
-    p = runs.add_parser("prune", help="delete per-group rows, keep per-step metrics")
+    p = runs.add_parser("prune", help="delete stored groups, keep per-step metrics")
     p.add_argument("--older-than", type=_positive_days, required=True, metavar="DAYS")
     _db_arg(p)
     p.set_defaults(func=cmd_runs_prune)

@@ -9,11 +9,10 @@ identical re-send is a duplicate, a different one a conflict. The newest attempt
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import repeat
 from types import SimpleNamespace
 from typing import Any
 
-import psycopg
+import orjson
 from sqlalchemy import bindparam, false, insert, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 from vantage.client.acr import (
@@ -26,28 +25,10 @@ from vantage.client.schema import StepRecord, StepsBatch
 
 from .alert_metrics import drop_stale_windows
 from .classify import INVALID, GroupColumns, classify_groups, classify_reward_lists
+from .group_blocks import decode_hashes, encode_block
 from .locks import RunState
-from .models import Group, Run, Step, utcnow
+from .models import GroupBlock, Run, Step, utcnow
 from .queries import point_json
-
-GROUP_COLUMNS = (
-    "run_key",
-    "attempt",
-    "step",
-    "split",
-    "rank",
-    "group_id",
-    "prompt_id",
-    "cls",
-    "side",
-    "n",
-    "mean",
-    "std",
-    "min",
-    "max",
-    "n_pass",
-    "content_hash",
-)
 
 
 class IngestError(ValueError):
@@ -56,10 +37,6 @@ class IngestError(ValueError):
 
 class UnknownAttemptError(ValueError):
     """The batch names an attempt the run does not have."""
-
-
-class GroupsExist(RuntimeError):
-    """Some of the batch's groups are stored already: redo the transaction with ``dedup``."""
 
 
 @dataclass(slots=True)
@@ -132,21 +109,22 @@ def forget_run(run_id: str) -> None:
 
 
 @dataclass(slots=True)
-class _Classified:
-    """One record's groups, classified; ``owned`` are those whose key first appears here."""
+class Classified:
+    """One record's groups, classified: ``owned`` are those whose key first appears in the
+    batch, ``stored`` those of them that `store_groups` found new and stored."""
 
     record: StepRecord
     columns: GroupColumns
     owned: list[int]
+    stored: list[int] = field(default_factory=list)
 
 
-def _classify_batch(
-    info: RunInfo, batch: StepsBatch, result: IngestResult
-) -> tuple[dict[tuple, tuple], list[_Classified]]:
-    """Classify every record's groups; returns the rows to store by group key (the first of
-    keys repeated within the batch; repeats count as duplicates or conflicts)."""
+def classify_batch(info: RunInfo, batch: StepsBatch, result: IngestResult) -> list[Classified]:
+    """Classify every record's groups (no database needed: callers do it before taking the
+    run's lock). Counts invalid groups, and a key repeated within the batch as a duplicate or a
+    conflict, into ``result``. Raises IngestError (422) for impossible compact statistics."""
     settings = info.settings
-    rows: dict[tuple, tuple] = {}
+    seen: dict[tuple, int] = {}  # group key -> content hash of its first group in the batch
     out = []
     for ri, rec in enumerate(batch.records):
         try:
@@ -157,169 +135,150 @@ def _classify_batch(
                 cols = classify_groups(rec.normal_groups(), settings)
         except InconsistentStatsError as exc:
             raise IngestError(f"record {ri}, {exc}") from exc
-        owned = _add_rows(rows, info.key, batch.attempt, rec, cols, result)
+        owned = _first_in_batch(seen, rec, cols, result)
         if len(owned) == len(cols.cls):
             result.invalid_groups += cols.cls.count(INVALID)
         else:
             result.invalid_groups += sum(cols.cls[i] == INVALID for i in owned)
-        out.append(_Classified(rec, cols, owned))
-    return rows, out
+        out.append(Classified(rec, cols, owned))
+    return out
 
 
-def _add_rows(
-    rows: dict[tuple, tuple],
-    run_key: int,
-    attempt: int,
-    rec: StepRecord,
-    cols: GroupColumns,
-    result: IngestResult,
+def _first_in_batch(
+    seen: dict[tuple, int], rec: StepRecord, cols: GroupColumns, result: IngestResult
 ) -> list[int]:
-    """Add a record's group rows to ``rows`` by key; returns the indices of those it owns (the
-    first of each key in the batch; a repeat counts as a duplicate or a conflict)."""
+    """The indices of the record's groups whose key is new to the batch (added to ``seen``);
+    a repeat counts as a duplicate or a conflict."""
     head = (rec.step, rec.split, rec.rank)
     keys = [(*head, gid) for gid in cols.group_ids]
-    columns = (
-        cols.group_ids,
-        cols.prompt_ids,
-        cols.cls,
-        cols.side,
-        cols.n,
-        cols.mean,
-        cols.std,
-        cols.min,
-        cols.max,
-        cols.n_pass,
-        cols.hash,
-    )
-    constant = (repeat(v) for v in (run_key, attempt, *head))
-    values = zip(*constant, *columns, strict=False)  # as long as the columns
-    if len(set(cols.group_ids)) == len(keys) and rows.keys().isdisjoint(keys):
-        rows.update(zip(keys, values, strict=True))  # the common case: every key is new
+    if len(set(cols.group_ids)) == len(keys) and seen.keys().isdisjoint(keys):
+        seen.update(zip(keys, cols.hash, strict=True))  # the common case: every key is new
         return list(range(len(keys)))
     owned = []
-    for i, (key, row) in enumerate(zip(keys, values, strict=True)):
-        prior = rows.get(key)
+    for i, (key, content) in enumerate(zip(keys, cols.hash, strict=True)):
+        prior = seen.get(key)
         if prior is None:
-            rows[key] = row
+            seen[key] = content
             owned.append(i)
-        elif prior[-1] == row[-1]:
+        elif prior == content:
             result.duplicates += 1
         else:
             result.conflicts += 1
     return owned
 
 
-def _insert_sqlite(session: Session, run_key: int, attempt: int, rows: dict[tuple, tuple]) -> set:
-    steps = sorted({k[0] for k in rows})
-    existing: dict[tuple, int] = {}
-    for i in range(0, len(steps), 500):
-        q = select(Group.step, Group.split, Group.rank, Group.group_id, Group.content_hash).where(
-            Group.run_key == run_key, Group.attempt == attempt, Group.step.in_(steps[i : i + 500])
-        )
-        for s, sp, r, g, h in session.execute(q):
-            if (s, sp, r, g) in rows:
-                existing[(s, sp, r, g)] = h
-    new = [k for k in rows if k not in existing]
-    if new:
-        session.execute(
-            insert(Group), [dict(zip(GROUP_COLUMNS, rows[k], strict=True)) for k in new]
-        )
-    return set(new), existing
+@dataclass(slots=True)
+class _Earlier:
+    """What a (step, split, rank) of the attempt stored before: its groups' content hashes by
+    id, and the number its next block takes."""
+
+    hashes: dict[str, int] = field(default_factory=dict)
+    next_block: int = 0
 
 
-GROUP_COLUMN_LIST = ", ".join(f'"{c}"' for c in GROUP_COLUMNS)
-PG_TYPES = [
-    "int4",
-    "int4",
-    "int8",
-    "text",
-    "int4",
-    "text",
-    "text",
-    "int2",
-    "text",
-    "int4",
-    "float8",
-    "float8",
-    "float8",
-    "float8",
-    "int4",
-    "int8",
-]
+BLOCKS = GroupBlock.__table__
+_INSERT_BLOCK = insert(BLOCKS)
+_EARLIER_BLOCKS = select(
+    BLOCKS.c.step,
+    BLOCKS.c.split,
+    BLOCKS.c.rank,
+    BLOCKS.c.block,
+    BLOCKS.c.group_ids,
+    BLOCKS.c.hashes,
+).where(
+    BLOCKS.c.run_key == bindparam("run_key"),
+    BLOCKS.c.attempt == bindparam("attempt"),
+    tuple_(BLOCKS.c.step, BLOCKS.c.split, BLOCKS.c.rank).in_(bindparam("heads", expanding=True)),
+)
 
 
-def _insert_postgres(session: Session, rows: dict[tuple, tuple], dedup: bool) -> tuple[set, dict]:
-    """Store new groups; return (keys inserted, {key: stored content hash} of keys that existed).
-
-    The common case, a batch of new groups, is one binary COPY straight into `groups` (about
-    twice as fast as any INSERT). A key that exists fails it with GroupsExist, and the caller
-    redoes the transaction with ``dedup``: COPY into a staging table, then one
-    INSERT ... SELECT ... ON CONFLICT DO NOTHING (NOTES.md)."""
-    pooled = session.connection().connection  # the pool's record lives as long as the connection
-    with pooled.driver_connection.cursor() as cur:
-        if dedup:
-            return _insert_postgres_dedup(pooled, cur, rows)
-        try:
-            _copy_rows(cur, "groups", rows)
-        except psycopg.errors.UniqueViolation as exc:
-            raise GroupsExist(str(exc)) from exc
-    return set(rows), {}
+def _earlier_blocks(
+    session: Session, run_key: int, attempt: int, heads: list[tuple[int, str, int]]
+) -> dict[tuple[int, str, int], _Earlier]:
+    out: dict[tuple[int, str, int], _Earlier] = {}
+    conn = session.connection()
+    for i in range(0, len(heads), 300):  # 3 parameters a key: within old SQLite's 999
+        params = {"run_key": run_key, "attempt": attempt, "heads": heads[i : i + 300]}
+        for step, split, rank, block, ids, hashes in conn.execute(_EARLIER_BLOCKS, params):
+            earlier = out.setdefault((step, split, rank), _Earlier())
+            earlier.hashes.update(zip(orjson.loads(ids), decode_hashes(hashes), strict=True))
+            earlier.next_block = max(earlier.next_block, block + 1)
+    return out
 
 
-def _copy_rows(cur: psycopg.Cursor, table: str, rows: dict[tuple, tuple]) -> None:
-    with cur.copy(f"COPY {table} ({GROUP_COLUMN_LIST}) FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types(PG_TYPES)
-        for row in rows.values():
-            copy.write_row(row)
+def store_groups(
+    session: Session,
+    run_key: int,
+    attempt: int,
+    classified: list[Classified],
+    stored_steps: set[tuple[str, int]],
+    result: IngestResult,
+) -> None:
+    """Store each record's owned groups that its (step, split, rank) has not stored before in
+    this attempt, as one block; sets each item's ``stored`` and counts accepted groups,
+    duplicates and conflicts into ``result``. The caller holds the run's lock. Earlier groups
+    are read only for ``stored_steps``, the (split, step)s that have a step row: one without
+    has no groups in any attempt, since groups are only stored with their step's row."""
+    heads = {(c.record.step, c.record.split, c.record.rank) for c in classified if c.owned}
+    known = [h for h in heads if (h[1], h[0]) in stored_steps]
+    earlier = _earlier_blocks(session, run_key, attempt, sorted(known)) if known else {}
+    rows = []
+    for item in classified:
+        rec, cols = item.record, item.columns
+        head = (rec.step, rec.split, rec.rank)
+        before = earlier.setdefault(head, _Earlier())
+        item.stored = _new_to_key(before.hashes, cols, item.owned, result)
+        if item.stored:
+            block = {"run_key": run_key, "attempt": attempt, "step": rec.step}
+            block |= {"split": rec.split, "rank": rec.rank, "block": before.next_block}
+            rows.append(block | _encode(cols, item.stored))
+            before.next_block += 1
+        result.accepted += len(item.stored)
+    if rows:
+        session.connection().execute(_INSERT_BLOCK, rows)
 
 
-def _insert_postgres_dedup(pooled: Any, cur: psycopg.Cursor, rows: dict[tuple, tuple]) -> tuple:
-    if not pooled.info.get("ingest_staging"):  # once per connection; emptied at each commit
-        cur.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS _ingest_groups "
-            "(LIKE groups INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
-        )
-        pooled.info["ingest_staging"] = True
-    _copy_rows(cur, "_ingest_groups", rows)
-    cols = GROUP_COLUMN_LIST
-    cur.execute(
-        f"INSERT INTO groups ({cols}) SELECT {cols} FROM _ingest_groups "
-        "ON CONFLICT DO NOTHING RETURNING step, split, rank, group_id"
-    )
-    inserted = {tuple(r) for r in cur.fetchall()}
-    existing: dict[tuple, int] = {}
-    if len(inserted) < len(rows):
-        cur.execute(
-            "SELECT g.step, g.split, g.rank, g.group_id, g.content_hash FROM groups g "
-            "JOIN _ingest_groups i ON g.run_key = i.run_key AND g.attempt = i.attempt "
-            "AND g.step = i.step AND g.split = i.split AND g.rank = i.rank "
-            "AND g.group_id = i.group_id"
-        )
-        existing = {
-            (s, sp, r, g): h for s, sp, r, g, h in cur.fetchall() if (s, sp, r, g) not in inserted
-        }
-    return inserted, existing
+def _new_to_key(
+    hashes: dict[str, int], cols: GroupColumns, owned: list[int], result: IngestResult
+) -> list[int]:
+    """Those of ``owned`` whose ids are not in ``hashes`` (earlier groups of the key); the
+    others count as duplicates (same content hash) or conflicts."""
+    if not hashes:
+        return owned
+    new = []
+    for i in owned:
+        content = hashes.get(cols.group_ids[i])
+        if content is None:
+            new.append(i)
+        elif content == cols.hash[i]:
+            result.duplicates += 1
+        else:
+            result.conflicts += 1
+    return new
 
 
-def _deltas(
-    classified: list[_Classified], inserted: set, every_row: bool
-) -> dict[tuple[str, int], _StepDelta]:
-    """What the batch adds to each (split, step): its records, and the groups it stored
-    (``every_row``: all it owned, the common case)."""
+_BLOCK_FIELDS = ("group_ids", "prompt_ids", "cls", "side", "n", "mean", "std", "min", "max")
+_BLOCK_FIELDS += ("n_pass", "hash")
+
+
+def _encode(cols: GroupColumns, indices: list[int]) -> dict:
+    columns = [getattr(cols, name) for name in _BLOCK_FIELDS]
+    if len(indices) < len(cols.cls):
+        columns = [[column[i] for i in indices] for column in columns]
+    return encode_block(*columns)
+
+
+def _deltas(classified: list[Classified]) -> dict[tuple[str, int], _StepDelta]:
+    """What the batch adds to each (split, step): its records, and the groups it stored."""
     deltas: dict[tuple[str, int], _StepDelta] = {}
     for item in classified:
         rec, cols = item.record, item.columns
         d = deltas.setdefault((rec.split, rec.step), _StepDelta())
         _merge_record(d, rec)
-        stored = item.owned
-        if not every_row:
-            stored = [
-                i for i in stored if (rec.step, rec.split, rec.rank, cols.group_ids[i]) in inserted
-            ]
-        if len(stored) == len(cols.cls):
+        if len(item.stored) == len(cols.cls):
             cols.add_to(d.acc)
-        elif stored:
-            cols.add_to(d.acc, stored)
+        elif item.stored:
+            cols.add_to(d.acc, item.stored)
     return deltas
 
 
@@ -470,39 +429,17 @@ def _apply_delta(row: Any, attempt: int, d: _StepDelta, run: RunState) -> bool:
     return True
 
 
-@dataclass(slots=True)
-class StoredGroups:
-    """A batch's groups after `store_groups`: what was classified and what was inserted."""
-
-    classified: list[_Classified]
-    inserted: set
-    every_row: bool  # every group the batch owned was inserted (the common case)
-
-
-def store_groups(
-    session: Session, info: RunInfo, batch: StepsBatch, result: IngestResult, dedup: bool
-) -> StoredGroups:
-    """Classify and insert a batch's groups (within the caller's transaction; on PostgreSQL it
-    need not hold the run's lock yet: the primary key arbitrates). Counts accepted groups,
-    duplicates, conflicts and invalid groups into ``result``. Raises IngestError (422) or
-    GroupsExist (redo the transaction with ``dedup``)."""
-    rows, classified = _classify_batch(info, batch, result)
-    inserted, existing = _insert(session, info.key, batch.attempt, rows, dedup)
-    result.accepted = len(inserted)
-    for key, h in existing.items():
-        if h == rows[key][-1]:
-            result.duplicates += 1
-        else:
-            result.conflicts += 1
-    return StoredGroups(classified, inserted, len(inserted) == len(rows))
-
-
-def apply_to_steps(
-    session: Session, run: RunState, batch: StepsBatch, stored: StoredGroups, result: IngestResult
+def store_batch(
+    session: Session,
+    run: RunState,
+    batch: StepsBatch,
+    classified: list[Classified],
+    result: IngestResult,
 ) -> None:
-    """Add a stored batch to its step rows and the run's latest state. The caller holds the
-    run's lock and commits; changes are left unflushed, so that alert evaluation adds its flags
-    to the same writes. Raises UnknownAttemptError (409)."""
+    """Store a classified batch's new groups and add them to their step rows and the run's
+    latest state. The caller holds the run's lock and commits; step rows are left unwritten, so
+    that alert evaluation adds its flags to the same writes (`write_step_rows`). Raises
+    UnknownAttemptError (409)."""
     if batch.attempt > run.attempt:
         raise UnknownAttemptError(
             f"attempt {batch.attempt} is unknown for run {run.id} (latest is {run.attempt}); "
@@ -511,9 +448,11 @@ def apply_to_steps(
     result.has_rank0 = any(r.rank == 0 for r in batch.records)
     if not batch.records:
         return
-    deltas = _deltas(stored.classified, stored.inserted, stored.every_row)
-    keys = sorted(deltas)
+    keys = sorted({(rec.split, rec.step) for rec in batch.records})
     step_rows, unevaluated = _step_rows(session, run, batch.attempt, keys)
+    stored_steps = {k for k, row in step_rows.items() if row.id is not None}
+    store_groups(session, run.key, batch.attempt, classified, stored_steps, result)
+    deltas = _deltas(classified)
     touched_rows: list[SimpleNamespace] = []
     moved: list[tuple[str, int]] = []  # steps whose window inputs changed
     for key in keys:
@@ -536,16 +475,6 @@ def apply_to_steps(
 def _window_inputs(row: Any) -> tuple:
     """What a step adds to the window metrics (`vantage.server.alert_metrics.Window`)."""
     return row.acr, row.n_collapsed, row.n_valid, row.reward_mean
-
-
-def _insert(
-    session: Session, run_key: int, attempt: int, rows: dict[tuple, tuple], dedup: bool
-) -> tuple:
-    if not rows:
-        return set(), {}
-    if session.get_bind().dialect.name == "postgresql":
-        return _insert_postgres(session, rows, dedup)
-    return _insert_sqlite(session, run_key, attempt, rows)
 
 
 def _update_run_state(run: RunState, rows: list[Any], batch: StepsBatch) -> None:

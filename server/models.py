@@ -1,6 +1,6 @@
-"""SQLAlchemy 2 models. Append-only facts (``groups``) are separate from the per-step rows that
-ingest maintains (``steps``) and the small latest-state row per run (``runs``), so that queries
-and the dashboard never scan groups. Alembic (``vantage.migrations``) owns the schema."""
+"""SQLAlchemy 2 models. Append-only facts (``group_blocks``) are separate from the per-step rows
+that ingest maintains (``steps``) and the small latest-state row per run (``runs``), so that
+queries and the dashboard never scan groups. Alembic (``vantage.migrations``) owns the schema."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
-    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -120,31 +120,29 @@ class Launch(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-class Group(Base):
-    """One group as received (append-only). Its key is immutable within an attempt.
+class GroupBlock(Base):
+    """The groups one record stored for a (step, split, rank), packed into one row
+    (`vantage.server.group_blocks` says how and why); append-only. A group's key
+    ``(run, attempt, step, split, rank, group_id)`` is immutable within an attempt: ingest
+    reads the ids and hashes of a key's earlier blocks before it adds one (under the run's
+    lock), and ``block`` numbers the blocks of a key from 0.
 
-    Deliberately lean, as ingest writes one row per group: the primary key is the natural key
-    (no surrogate id), the run is named by `runs.key`, and there is no foreign key (its per-row
-    check was a third of the insert cost); deleting or pruning a run deletes its groups."""
+    The run is named by `runs.key`, with no foreign key; deleting or pruning a run deletes its
+    blocks."""
 
-    __tablename__ = "groups"
+    __tablename__ = "group_blocks"
 
     run_key: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     attempt: Mapped[int] = mapped_column(primary_key=True)
     step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     split: Mapped[str] = mapped_column(String(64), primary_key=True)
     rank: Mapped[int] = mapped_column(primary_key=True)
-    group_id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    prompt_id: Mapped[str | None] = mapped_column(String(128))
-    cls: Mapped[int] = mapped_column(SmallInteger)
-    side: Mapped[str | None] = mapped_column(String(16))
-    n: Mapped[int]
-    mean: Mapped[float | None] = mapped_column(Float)
-    std: Mapped[float | None] = mapped_column(Float)
-    min: Mapped[float | None] = mapped_column(Float)
-    max: Mapped[float | None] = mapped_column(Float)
-    n_pass: Mapped[int | None]
-    content_hash: Mapped[int] = mapped_column(BigInteger)
+    block: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    n_groups: Mapped[int]
+    group_ids: Mapped[str] = mapped_column(Text)
+    prompt_ids: Mapped[str | None] = mapped_column(Text)
+    hashes: Mapped[bytes] = mapped_column(LargeBinary)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class Step(Base):

@@ -1,5 +1,5 @@
 """Read-side functions shared by the API routes and the dashboard. Each takes a session and
-returns JSON-able values shaped like the API answers of DESIGN.md §4. None reads the groups table
+returns JSON-able values shaped like the API answers of DESIGN.md §4. None reads per-group data
 except `run_prompts`."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import csv
 import io
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import islice
 from types import SimpleNamespace
@@ -15,16 +16,18 @@ from typing import Any
 
 import numpy as np
 import orjson
-from sqlalchemy import BigInteger, bindparam, case, cast, func, select
+from sqlalchemy import BigInteger, bindparam, cast, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 from sqlalchemy.types import NullType
 from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, STEP_METRIC_FIELDS, window_metrics
 
+from .classify import COLLAPSED
 from .commands import list_commands as list_commands  # re-exported for the dashboard
 from .commands import mitigation_state
-from .models import Command, Group, Run, Step, iso
+from .group_blocks import decode_block
+from .models import Command, GroupBlock, Run, Step, iso
 
 DEFAULT_MAX_POINTS = 5000
 POINT_COLUMNS = ("step", "attempt", "time", *STEP_METRIC_FIELDS)
@@ -345,50 +348,63 @@ def run_summary(session: Session, run_id: str) -> dict[str, Any] | None:
     }
 
 
+@dataclass(slots=True)
+class _PromptTally:
+    """One prompt's valid groups: how many, at which steps, how many collapsed and on which
+    side."""
+
+    groups: int = 0
+    steps: set[int] = field(default_factory=set)
+    sides: dict[str | None, int] = field(default_factory=dict)  # collapsed groups by side
+
+    def add(self, step: int, collapsed: bool, side: str | None) -> None:
+        self.groups += 1
+        self.steps.add(step)
+        if collapsed:
+            self.sides[side] = self.sides.get(side, 0) + 1
+
+    def row(self, prompt_id: str) -> dict[str, Any]:
+        collapsed = sum(self.sides.values())
+        return {
+            "prompt_id": prompt_id,
+            "groups": self.groups,
+            "steps": len(self.steps),
+            "collapsed": collapsed,
+            **{side: self.sides.get(side, 0) for side in ("all_pass", "all_fail", "constant")},
+            "collapse_rate": collapsed / self.groups,
+            "last_seen_step": max(self.steps),
+        }
+
+
 def run_prompts(
     session: Session, run_id: str, side: str | None = None, min_steps: int = 1
 ) -> list[dict[str, Any]]:
-    """Prompts by how often their groups collapsed, over the newest-attempt view of each step."""
-    collapsed = Group.cls == 2
-    q = (
-        select(
-            Group.prompt_id,
-            func.count().label("groups"),
-            func.count(func.distinct(Group.step)).label("steps"),
-            func.sum(case((collapsed, 1), else_=0)).label("collapsed"),
-            func.sum(case((collapsed & (Group.side == "all_pass"), 1), else_=0)),
-            func.sum(case((collapsed & (Group.side == "all_fail"), 1), else_=0)),
-            func.sum(case((collapsed & (Group.side == "constant"), 1), else_=0)),
-            func.max(Group.step),
-        )
-        .join(Run, Run.key == Group.run_key)
+    """Prompts by how often their groups collapsed, over the newest-attempt view of each step
+    and the valid groups (collapsed, near-collapsed, live), as the ACR counts them. Reads the
+    run's blocks that carry prompt ids."""
+    blocks = (
+        select(GroupBlock.step, GroupBlock.n_groups, GroupBlock.prompt_ids, GroupBlock.data)
+        .join(Run, Run.key == GroupBlock.run_key)
         .join(
             Step,
             (Step.run_id == Run.id)
-            & (Step.split == Group.split)
-            & (Step.step == Group.step)
-            & (Step.attempt == Group.attempt),
+            & (Step.split == GroupBlock.split)
+            & (Step.step == GroupBlock.step)
+            & (Step.attempt == GroupBlock.attempt),
         )
-        # valid groups only (collapsed, near-collapsed, live), as the ACR counts them
-        .where(Run.id == run_id, Group.prompt_id.is_not(None), Group.cls >= 2)
-        .group_by(Group.prompt_id)
+        .where(Run.id == run_id, GroupBlock.prompt_ids.is_not(None))
     )
+    tally: dict[str, _PromptTally] = {}
+    for step, n_groups, prompt_ids, data in session.execute(blocks):
+        block = decode_block(n_groups, data)
+        sides, classes = block.column("side"), block.cls.tolist()
+        for pid, cls, group_side in zip(orjson.loads(prompt_ids), classes, sides, strict=True):
+            if pid is not None and cls >= COLLAPSED:
+                tally.setdefault(pid, _PromptTally()).add(step, cls == COLLAPSED, group_side)
     out = []
-    for pid, groups, steps, n_col, n_pass, n_fail, n_const, last in session.execute(q):
-        if steps < min_steps:
-            continue
-        row = {
-            "prompt_id": pid,
-            "groups": groups,
-            "steps": steps,
-            "collapsed": int(n_col or 0),
-            "all_pass": int(n_pass or 0),
-            "all_fail": int(n_fail or 0),
-            "constant": int(n_const or 0),
-            "collapse_rate": (int(n_col or 0) / groups) if groups else None,
-            "last_seen_step": last,
-        }
-        if side is not None and row.get(side, 0) == 0:
+    for pid, t in tally.items():
+        row = t.row(pid)
+        if len(t.steps) < min_steps or (side is not None and row.get(side, 0) == 0):
             continue
         out.append(row)
     key = side if side in ("all_pass", "all_fail", "constant") else "collapsed"

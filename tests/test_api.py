@@ -145,6 +145,27 @@ def test_duplicates_and_conflicts(api):
     assert (within["accepted"], within["duplicates"], within["conflicts"]) == (1, 1, 1)
 
 
+def test_groups_of_one_key_sent_in_pieces_are_deduplicated_across_them(api):
+    """A (step, split, rank) may store its groups from several batches and from several
+    records of one batch; a re-send of any piece is recognised, and an older attempt's late
+    groups are checked against that attempt's own."""
+    run = new_run(api, launch_id="one")
+    a, b = {"group_id": "a", "rewards": [1, 1]}, {"group_id": "b", "rewards": [0, 1]}
+    c, d = {"group_id": "c", "rewards": [0, 0]}, {"group_id": "d", "rewards": [1, 0]}
+    two = post_steps(api, run, [{"step": 1, "groups": [a]}, {"step": 1, "groups": [b]}])
+    assert two["accepted"] == 2
+    third = post_steps(api, run, [{"step": 1, "groups": [c, b]}])  # c is new, b a re-send
+    assert (third["accepted"], third["duplicates"], third["conflicts"]) == (1, 1, 0)
+    clash = post_steps(api, run, [{"step": 1, "groups": [{"group_id": "a", "rewards": [0, 1]}]}])
+    assert (clash["accepted"], clash["duplicates"], clash["conflicts"]) == (0, 0, 1)
+    assert step_of(clash, 1)["n_groups"] == 3 and step_of(clash, 1)["n_collapsed"] == 2
+    resumed = new_run(api, run_id=run["run_id"], launch_id="two")
+    assert post_steps(api, resumed, [{"step": 1, "groups": [b]}])["accepted"] == 1
+    late = post_steps(api, run, [{"step": 1, "groups": [a, d]}])  # attempt 1 again
+    assert (late["accepted"], late["duplicates"], late["conflicts"]) == (1, 1, 0)
+    assert step_of(late, 1)["n_groups"] == 1  # the newer attempt owns step 1
+
+
 def test_default_group_ids_do_not_collide_across_ranks(api):
     run = new_run(api, world_size=2)
     post_steps(api, run, [{"step": 5, "rank": 0, "groups": [[1, 1], [0, 1], [1, 0]]}])

@@ -66,7 +66,7 @@ def test_runs_prune_keeps_step_metrics(tmp_path):
             assert run_cli("runs", "prune", "--older-than", "0", check=False).returncode == 2
             time.sleep(1.0)  # older than 1e-5 days (0.86 s)
             out = run_cli("runs", "prune", "--older-than", "0.00001", "--database-url", url)
-            assert "deleted 1 group rows" in out.stderr
+            assert "deleted 1 stored groups" in out.stderr
             assert c.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"][0]["acr"] == 1.0
             assert c.get(f"/api/v1/runs/{run['run_id']}/prompts").json()["prompts"] == []
     finally:

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from vantage.client.acr import ACRSettings
 from vantage.server import alerts, ingest
-from vantage.server.models import Group, Run, Step
+from vantage.server.models import GroupBlock, Run, Step
 
 
 def _steps(client: TestClient, run_id: str, step: int) -> dict:
@@ -41,5 +41,5 @@ def test_a_stale_cached_run_is_read_again(app_client):
     assert _steps(app_client, run_id, 2)["accepted"] == 2
     with app_client.app.state.session_factory() as session:
         key = session.scalar(select(Run.key).where(Run.id == run_id))
-        keys = set(session.scalars(select(Group.run_key)))
+        keys = set(session.scalars(select(GroupBlock.run_key)))
     assert keys == {key} and ingest._RUN_INFO[run_id].key == key

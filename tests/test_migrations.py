@@ -1,5 +1,6 @@
-"""Migrations on a database that already holds data: 0003 (lean groups) keeps every group row,
-names runs by their new integer key, and downgrades back to the old shape."""
+"""Migrations on a database that already holds data: 0003 (lean groups) keeps every group row and
+names runs by their new integer key; 0005 (group blocks) packs the groups of each (step, split,
+rank) into a block that ingest and the prompts view read as before. Both downgrade back."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def test_lean_groups_migration_keeps_data(empty_database: str) -> None:
             )
             for step in range(3):
                 conn.execute(text(OLD_GROUP), {"run": run, "step": step, "gid": "g0", "h": step})
-    command.upgrade(cfg, "head")
+    command.upgrade(cfg, "0004")
     with engine.connect() as conn:
         keys = dict(conn.execute(text('SELECT id, "key" FROM runs')).all())
         assert keys == {"run-b": 1, "run-a": 2}  # in creation order
@@ -65,5 +66,70 @@ def test_lean_groups_migration_keeps_data(empty_database: str) -> None:
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT run_id, step FROM groups ORDER BY run_id, step")).all()
         assert [tuple(r) for r in rows] == [(r, s) for r in ("run-a", "run-b") for s in range(3)]
+    command.upgrade(cfg, "head")
+    engine.dispose()
+
+
+KEYED_RUN = OLD_RUN.replace("INSERT INTO runs (id,", 'INSERT INTO runs ("key", id,').replace(
+    "VALUES (:id,", "VALUES (1, :id,"
+)
+LEAN_GROUP = (
+    "INSERT INTO groups (run_key, attempt, step, split, rank, group_id, prompt_id, cls, side, n, "
+    "mean, std, min, max, n_pass, content_hash) VALUES (1, 1, :step, 'train', :rank, :gid, "
+    ":prompt, :cls, :side, 4, :mean, :std, :mean, :max, :n_pass, :h)"
+)
+STEP_ROW = (
+    "INSERT INTO steps (run_id, split, step, attempt, first_seen_at, updated_at, world_size, "
+    "ranks, acc, effective_by_rank, scalars, n_groups, n_valid, n_collapsed, n_near_collapsed, "
+    "n_invalid, n_degenerate, wasted_rollouts, evaluated) VALUES ('run-a', 'train', :step, 1, "
+    "'2026-01-01', '2026-01-01', 1, '[0, 1]', '{}', '{}', '{}', 0, 0, 0, 0, 0, 0, 0, true)"
+)
+
+
+def _lean_groups() -> list[dict]:
+    """Steps 0-1, ranks 0-1: collapsed groups of prompt p (all pass), live ones of prompt q,
+    an invalid one with nulls, in an order that is not the key's."""
+    rows = []
+    for step in (1, 0):
+        for rank in (1, 0):
+            for gid, prompt, cls, side, mean, std, mx, n_pass in (
+                ("g1", "q", 4, None, 0.5, 0.5, 1.0, 2),
+                ("g0", "p", 2, "all_pass", 1.0, 0.0, 1.0, 4),
+                ("g2", None, 0, None, None, None, None, None),
+            ):
+                h = 100 * step + 10 * rank + int(gid[1]) - 2**63  # signed 64-bit
+                rows.append(
+                    {"step": step, "rank": rank, "gid": gid, "prompt": prompt, "cls": cls}
+                    | {"side": side, "mean": mean, "std": std, "max": mx, "n_pass": n_pass, "h": h}
+                )
+    return rows
+
+
+def test_group_blocks_migration_packs_and_unpacks_groups(empty_database: str) -> None:
+    from sqlalchemy.orm import Session
+    from vantage.server.queries import run_prompts
+
+    cfg = alembic_config(empty_database)
+    command.upgrade(cfg, "0004")
+    engine = create_engine(normalize_url(empty_database))
+    rows = _lean_groups()
+    with engine.begin() as conn:
+        conn.execute(text(KEYED_RUN), {"id": "run-a", "at": "2026-01-01 00:00:00+00:00"})
+        conn.execute(text(STEP_ROW), [{"step": 0}, {"step": 1}])
+        conn.execute(text(LEAN_GROUP), rows)
+    command.upgrade(cfg, "head")
+    with engine.connect() as conn:
+        blocks = conn.execute(text("SELECT step, rank, block, n_groups FROM group_blocks")).all()
+        assert sorted(tuple(b) for b in blocks) == [(s, r, 0, 3) for s in (0, 1) for r in (0, 1)]
+    with Session(engine) as session:
+        prompts = {p["prompt_id"]: p for p in run_prompts(session, "run-a")}
+    assert prompts["p"]["all_pass"] == 4 and prompts["p"]["steps"] == 2
+    assert prompts["q"]["collapsed"] == 0 and prompts["q"]["groups"] == 4
+    command.downgrade(cfg, "0004")
+    columns = "step, rank, group_id, prompt_id, cls, side, mean, std, max, n_pass, content_hash"
+    with engine.connect() as conn:
+        back = conn.execute(text(f"SELECT {columns} FROM groups")).all()
+    keys = ("step", "rank", "gid", "prompt", "cls", "side", "mean", "std", "max", "n_pass", "h")
+    assert sorted(tuple(b) for b in back) == sorted(tuple(r[k] for k in keys) for r in rows)
     command.upgrade(cfg, "head")
     engine.dispose()

@@ -18,15 +18,14 @@ from ..alerts import EvaluationFailed, Outcome
 from ..commands import deliver_commands
 from ..deps import IngestKey, authorized
 from ..ingest import (
-    GroupsExist,
     IngestError,
     IngestResult,
     RunInfo,
     UnknownAttemptError,
-    apply_to_steps,
+    classify_batch,
     forget_run,
     run_info,
-    store_groups,
+    store_batch,
     write_step_rows,
 )
 from ..locks import run_lock, save_run_state
@@ -57,15 +56,12 @@ async def post_steps(run_id: str, request: Request, key: IngestKey) -> Response:
 
 
 def _ingest(request: Request, run_id: str, batch: StepsBatch, key) -> dict:  # noqa: ANN001
-    """Store the batch; redo the transaction when the fast path does not fit (some groups exist
-    already: the duplicate-safe path; alert evaluation failed: the batch alone; the run's cached
-    fields are stale: read them again)."""
-    dedup, evaluate = False, True
-    for _ in range(4):  # each cause can send the batch round once (a stale cache twice at most)
+    """Store the batch; redo the transaction when it did not go through (alert evaluation
+    failed: the batch alone; the run's cached fields are stale: read them again)."""
+    evaluate = True
+    for _ in range(3):  # each cause can send the batch round once (a stale cache twice at most)
         try:
-            return _ingest_once(request.app.state, run_id, batch, key, dedup, evaluate)
-        except GroupsExist:
-            dedup = True
+            return _ingest_once(request.app.state, run_id, batch, key, evaluate)
         except EvaluationFailed:
             evaluate = False
         except StaleRunInfo:
@@ -77,27 +73,24 @@ class StaleRunInfo(RuntimeError):
     """The run's cached fields differ from its row (deleted and created again)."""
 
 
-def _ingest_once(state, run_id, batch, key, dedup: bool, evaluate: bool) -> dict:  # noqa: ANN001
-    """One transaction: store the groups; then, under the run's lock, the step rows and alert
-    evaluation (DESIGN.md §6) and the commands for rank 0; commit. On PostgreSQL the groups go
-    in before the lock, so one run's concurrent batches (ranks) overlap there."""
+def _ingest_once(state, run_id, batch, key, evaluate: bool) -> dict:  # noqa: ANN001
+    """One transaction: classify the groups; then, under the run's lock, store them with their
+    step rows, evaluate alerts (DESIGN.md §6) and list the commands for rank 0; commit.
+    Classifying before the lock lets one run's concurrent batches (ranks) overlap there."""
     with state.session_factory() as session:
         info = run_info(session, run_id)
         if info is None or not key.allows_project(info.project):
             raise HTTPException(404, f"run {run_id} not found")
         result = IngestResult()
-        early = session.get_bind().dialect.name == "postgresql"
         try:
-            stored = store_groups(session, info, batch, result, dedup) if early else None
+            classified = classify_batch(info, batch, result)
             with run_lock(session, run_id) as locked:
                 if locked.run is None:
                     forget_run(run_id)  # deleted since this process cached it
                 run = authorized(locked.run, run_id, key)
                 if RunInfo.of(run) != info:
                     raise StaleRunInfo(run_id)
-                if stored is None:
-                    stored = store_groups(session, info, batch, result, dedup)
-                apply_to_steps(session, run, batch, stored, result)
+                store_batch(session, run, batch, classified, result)
                 write = partial(write_step_rows, session, result)
                 outcome = Outcome()
                 if evaluate:

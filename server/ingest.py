@@ -8,6 +8,7 @@ identical re-send is a duplicate, a different one a conflict. The newest attempt
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -124,7 +125,7 @@ def classify_batch(info: RunInfo, batch: StepsBatch, result: IngestResult) -> li
     run's lock). Counts invalid groups, and a key repeated within the batch as a duplicate or a
     conflict, into ``result``. Raises IngestError (422) for impossible compact statistics."""
     settings = info.settings
-    seen: dict[tuple, int] = {}  # group key -> content hash of its first group in the batch
+    seen: dict[tuple, dict[str, int]] = {}
     out = []
     for ri, rec in enumerate(batch.records):
         try:
@@ -145,26 +146,38 @@ def classify_batch(info: RunInfo, batch: StepsBatch, result: IngestResult) -> li
 
 
 def _first_in_batch(
-    seen: dict[tuple, int], rec: StepRecord, cols: GroupColumns, result: IngestResult
+    seen: dict[tuple, dict[str, int]], rec: StepRecord, cols: GroupColumns, result: IngestResult
 ) -> list[int]:
-    """The indices of the record's groups whose key is new to the batch (added to ``seen``);
-    a repeat counts as a duplicate or a conflict."""
+    """The indices of the record's groups whose key is new to the batch; ``seen`` holds the
+    content hashes of the batch's groups by (step, split, rank), then group id."""
     head = (rec.step, rec.split, rec.rank)
-    keys = [(*head, gid) for gid in cols.group_ids]
-    if len(set(cols.group_ids)) == len(keys) and seen.keys().isdisjoint(keys):
-        seen.update(zip(keys, cols.hash, strict=True))  # the common case: every key is new
-        return list(range(len(keys)))
-    owned = []
-    for i, (key, content) in enumerate(zip(keys, cols.hash, strict=True)):
-        prior = seen.get(key)
+    earlier = seen.get(head)
+    if earlier is None:
+        hashes = dict(zip(cols.group_ids, cols.hash, strict=True))
+        if len(hashes) == len(cols.group_ids):  # the common case: every key is new
+            seen[head] = hashes
+            return list(range(len(hashes)))
+        earlier = seen[head] = {}
+    return _new_keys(earlier, cols, range(len(cols.group_ids)), result)
+
+
+def _new_keys(
+    known: dict[str, int], cols: GroupColumns, indices: Iterable[int], result: IngestResult
+) -> list[int]:
+    """Those of ``indices`` whose group id is not in ``known`` (id -> content hash), which
+    they join; the others count as duplicates (same content hash) or conflicts."""
+    new = []
+    for i in indices:
+        gid, content = cols.group_ids[i], cols.hash[i]
+        prior = known.get(gid)
         if prior is None:
-            seen[key] = content
-            owned.append(i)
+            known[gid] = content
+            new.append(i)
         elif prior == content:
             result.duplicates += 1
         else:
             result.conflicts += 1
-    return owned
+    return new
 
 
 @dataclass(slots=True)
@@ -227,7 +240,9 @@ def store_groups(
         rec, cols = item.record, item.columns
         head = (rec.step, rec.split, rec.rank)
         before = earlier.setdefault(head, _Earlier())
-        item.stored = _new_to_key(before.hashes, cols, item.owned, result)
+        item.stored = (
+            _new_keys(before.hashes, cols, item.owned, result) if before.hashes else item.owned
+        )
         if item.stored:
             block = {"run_key": run_key, "attempt": attempt, "step": rec.step}
             block |= {"split": rec.split, "rank": rec.rank, "block": before.next_block}
@@ -236,25 +251,6 @@ def store_groups(
         result.accepted += len(item.stored)
     if rows:
         session.connection().execute(_INSERT_BLOCK, rows)
-
-
-def _new_to_key(
-    hashes: dict[str, int], cols: GroupColumns, owned: list[int], result: IngestResult
-) -> list[int]:
-    """Those of ``owned`` whose ids are not in ``hashes`` (earlier groups of the key); the
-    others count as duplicates (same content hash) or conflicts."""
-    if not hashes:
-        return owned
-    new = []
-    for i in owned:
-        content = hashes.get(cols.group_ids[i])
-        if content is None:
-            new.append(i)
-        elif content == cols.hash[i]:
-            result.duplicates += 1
-        else:
-            result.conflicts += 1
-    return new
 
 
 _BLOCK_FIELDS = ("group_ids", "prompt_ids", "cls", "side", "n", "mean", "std", "min", "max")

@@ -12,8 +12,12 @@ from .models import GroupBlock, Run, utcnow
 
 def prune_groups(session: Session, older_than_days: float) -> int:
     """Delete the stored groups of runs that received nothing for ``older_than_days``; returns
-    how many groups went. Steps, runs and commands stay, so charts and exports are unchanged."""
-    cutoff = utcnow() - timedelta(days=older_than_days)
+    how many groups went. Steps, runs and commands stay, so charts and exports are unchanged.
+    A span reaching back before year 1 (or infinite) prunes nothing."""
+    try:
+        cutoff = utcnow() - timedelta(days=older_than_days)
+    except OverflowError:
+        return 0
     old = GroupBlock.run_key.in_(select(Run.key).where(Run.last_seen_at < cutoff))
     groups = session.scalar(select(func.coalesce(func.sum(GroupBlock.n_groups), 0)).where(old))
     session.execute(delete(GroupBlock).where(old))

@@ -65,6 +65,9 @@ def test_runs_prune_keeps_step_metrics(tmp_path):
             post_steps(c, run, [{"step": 1, "groups": [{"prompt_id": "q", "rewards": [1, 1]}]}])
             assert run_cli("runs", "prune", "--older-than", "0", check=False).returncode == 2
             time.sleep(1.0)  # older than 1e-5 days (0.86 s)
+            for span in ("1e6", "1e400"):  # reaching back before year 1: nothing to prune
+                out = run_cli("runs", "prune", "--older-than", span, "--database-url", url)
+                assert "deleted 0 stored groups" in out.stderr
             out = run_cli("runs", "prune", "--older-than", "0.00001", "--database-url", url)
             assert "deleted 1 stored groups" in out.stderr
             assert c.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"][0]["acr"] == 1.0

@@ -133,3 +133,39 @@ def test_import_rules(pkg: str):
                 continue
             bad.append(f"{rel} imports {mod}")
     assert not bad, bad
+
+
+def _module_level_imports(folder: Path) -> set[str]:
+    """Top-level names of the modules that files under ``folder`` import at module level."""
+    names = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def test_server_extra_covers_what_the_server_imports():
+    """`pip install vantage-rl[server]` (the Docker image) must bring every third-party module
+    that the server, dashboard, migrations and client import at module level."""
+    import importlib.metadata
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["server"]]
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+    declared = {norm(re.split(r"[\[<>=~! ]", req)[0]) for req in wanted}
+    providers = importlib.metadata.packages_distributions()
+    via_fastapi = {"starlette"}  # FastAPI's own dependency
+    missing = []
+    for folder in ("server", "dashboard", "migrations", "client"):
+        for name in sorted(_module_level_imports(ROOT / folder)):
+            if name in sys.stdlib_module_names or name in via_fastapi or name == "vantage":
+                continue
+            dists = {norm(d) for d in providers.get(name, [name])}
+            if not dists & declared:
+                missing.append(f"{folder}: {name} ({', '.join(sorted(dists))})")
+    assert not missing, f"imported but not in the base or server dependencies: {missing}"

@@ -425,12 +425,27 @@ PROMPT_COLUMNS = [
 ]
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """A value for a CSV cell: "" for None, and text that a spreadsheet would run as a formula
+    (starting with = + - @, tab or CR: client-chosen ids such as prompt ids) behind a "'", as
+    OWASP's advice on CSV injection has it."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def to_csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """``rows`` as CSV text under a header of ``columns`` (cells through `csv_cell`)."""
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(columns)
     for r in rows:
-        writer.writerow(["" if r.get(c) is None else r.get(c) for c in columns])
+        writer.writerow([csv_cell(r.get(c)) for c in columns])
     return buf.getvalue()
 
 
@@ -457,8 +472,7 @@ def iter_export_csv(session: Session, run_id: str, split: str = "train") -> Iter
         for *values, scalars in piece:
             scalars = scalars or {}
             writer.writerow(
-                ["" if v is None else v for v in values]
-                + ["" if scalars.get(k) is None else scalars[k] for k in scalar_names]
+                [csv_cell(v) for v in values] + [csv_cell(scalars.get(k)) for k in scalar_names]
             )
         yield buf.getvalue()
 

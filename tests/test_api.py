@@ -337,6 +337,18 @@ def test_prompts_by_collapse(api):
     assert "prompt_id" in api.get(f"/api/v1/runs/{run['run_id']}/prompts?format=csv").text
 
 
+def test_prompt_ids_that_look_like_formulas_are_defused_in_csv(api):
+    run = new_run(api)
+    ids = ['=HYPERLINK("http://x")', "@SUM(1)", "-2+3", "plain"]
+    groups = [{"prompt_id": pid, "rewards": [1, 1]} for pid in ids]
+    post_steps(api, run, [{"step": 1, "groups": groups}])
+    text = api.get(f"/api/v1/runs/{run['run_id']}/prompts?format=csv").text
+    cells = {line.split(",")[0] for line in text.splitlines()[1:]}
+    assert cells == {'"\'=HYPERLINK(""http://x"")"', "'@SUM(1)", "'-2+3", "plain"}, text
+    as_json = api.get(f"/api/v1/runs/{run['run_id']}/prompts").json()["prompts"]
+    assert {p["prompt_id"] for p in as_json} == set(ids)  # stored and answered as sent
+
+
 def test_commands_delivered_to_rank0_until_acked(api):
     run = new_run(api)
     rid = run["run_id"]

@@ -45,6 +45,7 @@ from .sender import (
     encode_groups,
     pack_records,
     send_acks,
+    send_finish,
     send_head,
 )
 from .spool import SPOOL_SUFFIX, Spool
@@ -687,7 +688,9 @@ class Monitor:
             }
         )
 
-    def _finish(self) -> None:
+    def _finish(self) -> bool:
+        """Send the final counts and the run's final status; True when the server has the
+        status (or refused it for good)."""
         if (
             self._finish_status is None
             or self._transport is None
@@ -695,19 +698,17 @@ class Monitor:
             or self._refused is not None
             or self._spool.pending_batches
         ):
-            return
+            return False
         remaining = self._deadline - time.monotonic()
         if remaining > 0.1:  # the final counts (a batch may have been dead-lettered since)
             self._transport.post(
                 f"/runs/{self.run_id}/heartbeat", self._health(), timeout=remaining / 2
             )
         remaining = self._deadline - time.monotonic()
-        if remaining > 0.05:
-            self._transport.post(
-                f"/runs/{self.run_id}/finish",
-                orjson.dumps({"status": self._finish_status}),
-                timeout=remaining,
-            )
+        if remaining <= 0.05:
+            return False
+        reply = send_finish(self._transport, self.run_id, self._finish_status, remaining)
+        return reply.kind != "retry"
 
     def _run(self) -> None:
         backoff = Backoff()
@@ -772,9 +773,10 @@ class Monitor:
                 wait = 0.0  # more to drain now
             if wait > 0:
                 self._wake.wait(wait)
+        finished = False
         try:
             if not self._queue:
-                self._finish()
+                finished = self._finish()
         except Exception:
             log.exception("vantage: finish failed")
         if self._transport is not None:
@@ -784,4 +786,6 @@ class Monitor:
             # Record the queue's drops in the file too, so that `vantage sync` reports them.
             moved, self._queue_dropped = self._queue_dropped, 0
             self._spool.count_dropped(moved)
+            if self._finish_status and not finished and (self.attempt or not self._spool.empty):
+                self._spool.keep_finish(self._finish_status)  # for `vantage sync`
             self._spool.close(remove_if_clean=True)

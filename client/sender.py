@@ -305,6 +305,25 @@ def send_acks(
     return None
 
 
+def send_finish(transport: Transport, run_id: str, status: str, timeout: float) -> Reply:
+    """Mark the run ``status`` (``finished``/``failed``)."""
+    return transport.post(f"/runs/{run_id}/finish", orjson.dumps({"status": status}), timeout)
+
+
+def _send_kept_finish(
+    spool: Spool, transport: Transport, run_id: str, deadline: float, result: dict
+) -> None:
+    """Send the final status the spool keeps (`Spool.keep_finish`), and forget it once the
+    server has it or refused it (a run deleted since)."""
+    if spool.pending_finish is None:
+        return
+    reply = send_finish(transport, run_id, spool.pending_finish, deadline - time.monotonic())
+    if reply.kind == "retry":
+        result["error"] = f"final status not sent: {reply.error}"
+    else:
+        spool.keep_finish(None)
+
+
 def replay_spool(
     spool: Spool,
     transport: Transport,
@@ -356,6 +375,7 @@ def replay_spool(
             spool, transport, run_body["run_id"], attempt, timeout=deadline - time.monotonic()
         )
         if outcome == "empty":
+            _send_kept_finish(spool, transport, run_body["run_id"], deadline, result)
             return result
         if outcome == "retry":
             assert reply is not None

@@ -104,6 +104,7 @@ class Spool:
         )
         self.dropped_groups = int(self.get_meta("dropped_groups", 0))
         self.pending_acks = int(self._db.execute("SELECT COUNT(*) FROM acks").fetchone()[0])
+        self.pending_finish: str | None = self.get_meta("finish")
 
     # -- meta -------------------------------------------------------------------------------
     @_locked
@@ -238,13 +239,22 @@ class Spool:
     def empty(self) -> bool:
         return self.pending_batches == 0 and self.pending_acks == 0
 
+    def keep_finish(self, status: str | None) -> None:
+        """Keep the run's final status (``finished``/``failed``) until the server has it (then
+        None): rank 0 keeps it at close, so that `vantage sync` sends it after the batches when
+        the Monitor could not (`pending_finish`)."""
+        self.set_meta("finish", status)
+        self.pending_finish = status
+
     @_locked
     def close(self, remove_if_clean: bool = False) -> bool:
         """Close the file; with ``remove_if_clean``, delete it when nothing in it is worth keeping
-        (no pending batch or ack, no dead letter, no drop). Returns True when it was removed."""
+        (no pending batch, ack or final status, no dead letter, no drop). Returns True when it
+        was removed."""
         clean = (
             remove_if_clean
             and self.empty
+            and self.pending_finish is None
             and self.dead_letter_batches == 0
             and self.dropped_groups == 0
         )

@@ -361,6 +361,8 @@ def test_close_is_bounded_when_the_server_is_down_then_sync_uploads(tmp_path: Pa
         points = srv.metrics(mon.run_id)
         assert [p["step"] for p in points] == list(range(50))
         assert all(p["n_groups"] == 8 for p in points)
+        with srv.api() as api:  # the final status waited in the spool too
+            assert api.get(f"/api/v1/runs/{mon.run_id}").json()["status"] == "finished"
     finally:
         srv.cleanup()
 
@@ -456,6 +458,8 @@ def test_vantage_sync_cli_uploads_an_offline_spool(server: Server, tmp_path: Pat
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["sent_groups"] == 40 and not result["failed"]
     assert [p["n_groups"] for p in server.metrics(offline.run_id)] == [8] * 5
+    with server.api() as api:
+        assert api.get(f"/api/v1/runs/{offline.run_id}").json()["status"] == "finished"
     proc = subprocess.run([vantage, "sync", str(tmp_path / "spool"), "--server", server.url],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert json.loads(proc.stdout.strip().splitlines()[-1])["files"] == 0  # nothing left

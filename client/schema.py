@@ -270,7 +270,12 @@ class StepsBatch(_Strict):
     """Body of ``POST /api/v1/runs/{run_id}/steps``."""
 
     attempt: Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
-    records: Annotated[list[StepRecord], Field(max_length=100_000)]
+    # Parsing stops at 100,000 records; the route answers 413 above MAX_RECORDS_PER_REQUEST,
+    # which is the limit the schema documents.
+    records: Annotated[
+        list[StepRecord],
+        Field(max_length=100_000, json_schema_extra={"maxItems": MAX_RECORDS_PER_REQUEST}),
+    ]
 
     def group_count(self) -> int:
         return sum(r.group_count() for r in self.records)

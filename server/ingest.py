@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 from sqlalchemy import bindparam, false, insert, or_, select, tuple_, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from vantage.client.acr import (
     STEP_METRIC_FIELDS,
@@ -38,6 +39,11 @@ class IngestError(ValueError):
 
 class UnknownAttemptError(ValueError):
     """The batch names an attempt the run does not have."""
+
+
+class GroupsExist(RuntimeError):
+    """Another transaction stored blocks of the same (step, split, rank) while this one stored
+    its own: redo the transaction, which then reads them."""
 
 
 @dataclass(slots=True)
@@ -224,16 +230,21 @@ def store_groups(
     run_key: int,
     attempt: int,
     classified: list[Classified],
-    stored_steps: set[tuple[str, int]],
     result: IngestResult,
+    stored_steps: set[tuple[str, int]] | None = None,
 ) -> None:
     """Store each record's owned groups that its (step, split, rank) has not stored before in
     this attempt, as one block; sets each item's ``stored`` and counts accepted groups,
-    duplicates and conflicts into ``result``. The caller holds the run's lock. Earlier groups
-    are read only for ``stored_steps``, the (split, step)s that have a step row: one without
-    has no groups in any attempt, since groups are only stored with their step's row."""
+    duplicates and conflicts into ``result``.
+
+    Under the run's lock, ``stored_steps`` names the (split, step)s that have a step row, and
+    earlier blocks are read only for those: a step without a row has no groups in any attempt,
+    since groups are only stored with their step's row. Without the lock (``stored_steps``
+    None, PostgreSQL), every key's earlier blocks are read, and the primary key arbitrates:
+    two transactions that both add a key's next block collide, and the later one raises
+    GroupsExist when the first commits."""
     heads = {(c.record.step, c.record.split, c.record.rank) for c in classified if c.owned}
-    known = [h for h in heads if (h[1], h[0]) in stored_steps]
+    known = heads if stored_steps is None else [h for h in heads if (h[1], h[0]) in stored_steps]
     earlier = _earlier_blocks(session, run_key, attempt, sorted(known)) if known else {}
     rows = []
     for item in classified:
@@ -249,8 +260,12 @@ def store_groups(
             rows.append(block | _encode(cols, item.stored))
             before.next_block += 1
         result.accepted += len(item.stored)
-    if rows:
+    if not rows:
+        return
+    try:
         session.connection().execute(_INSERT_BLOCK, rows)
+    except IntegrityError as exc:
+        raise GroupsExist(str(exc.orig)) from exc
 
 
 _BLOCK_FIELDS = ("group_ids", "prompt_ids", "cls", "side", "n", "mean", "std", "min", "max")
@@ -431,11 +446,12 @@ def store_batch(
     batch: StepsBatch,
     classified: list[Classified],
     result: IngestResult,
+    groups_stored: bool = False,
 ) -> None:
-    """Store a classified batch's new groups and add them to their step rows and the run's
-    latest state. The caller holds the run's lock and commits; step rows are left unwritten, so
-    that alert evaluation adds its flags to the same writes (`write_step_rows`). Raises
-    UnknownAttemptError (409)."""
+    """Store a classified batch's new groups (unless ``groups_stored``: `store_groups` ran
+    before the lock) and add them to their step rows and the run's latest state. The caller
+    holds the run's lock and commits; step rows are left unwritten, so that alert evaluation
+    adds its flags to the same writes (`write_step_rows`). Raises UnknownAttemptError (409)."""
     if batch.attempt > run.attempt:
         raise UnknownAttemptError(
             f"attempt {batch.attempt} is unknown for run {run.id} (latest is {run.attempt}); "
@@ -446,8 +462,9 @@ def store_batch(
         return
     keys = sorted({(rec.split, rec.step) for rec in batch.records})
     step_rows, unevaluated = _step_rows(session, run, batch.attempt, keys)
-    stored_steps = {k for k, row in step_rows.items() if row.id is not None}
-    store_groups(session, run.key, batch.attempt, classified, stored_steps, result)
+    if not groups_stored:
+        stored_steps = {k for k, row in step_rows.items() if row.id is not None}
+        store_groups(session, run.key, batch.attempt, classified, result, stored_steps)
     deltas = _deltas(classified)
     touched_rows: list[SimpleNamespace] = []
     moved: list[tuple[str, int]] = []  # steps whose window inputs changed

@@ -517,6 +517,37 @@ def test_concurrent_launches_of_one_run_get_distinct_attempts(server):
     assert sorted(r.json()["attempt"] for r in answers) == list(range(2, 10))
 
 
+def test_concurrent_batches_of_one_key_store_each_group_once(server):
+    """Twelve batches for one (step, rank) at once: six copies of one batch (a client's retry
+    racing the original) and six with ids of their own. Each group is stored once, the copies
+    count as duplicates, and no batch fails (on PostgreSQL they collide on the key's block
+    number and are redone)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with server.client() as c:
+        run = new_run(c)
+    copy = [{"group_id": f"c{i}", "rewards": [i % 2, 1]} for i in range(40)]
+
+    def send(k: int) -> httpx.Response:
+        own = [{"group_id": f"n{k}-{i}", "rewards": [0, 0]} for i in range(40)]
+        body = {
+            "attempt": run["attempt"],
+            "records": [{"step": 1, "groups": copy if k % 2 else own}],
+        }
+        with server.client() as client:
+            return client.post(f"/api/v1/runs/{run['run_id']}/steps", json=body)
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(send, range(12)))
+    assert [r.status_code for r in answers] == [200] * 12, [r.text for r in answers]
+    counts = [(r.json()["accepted"], r.json()["duplicates"]) for r in answers]
+    assert sorted(counts[1::2]) == [(0, 40)] * 5 + [(40, 0)]  # one copy stored, five repeats
+    assert counts[0::2] == [(40, 0)] * 6
+    with server.client() as c:
+        (point,) = c.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"]
+    assert point["n_groups"] == 7 * 40 and point["n_collapsed"] == 6 * 40 + 20
+
+
 BAD_BODIES = [
     # (path, raw JSON body) that used to reach the database and answer 500 (fresh-user trial)
     ("/api/v1/runs", '{"name": "a", "config": {"x": 100000000000000000000000}}'),

@@ -18,6 +18,7 @@ from ..alerts import EvaluationFailed, Outcome
 from ..commands import deliver_commands
 from ..deps import IngestKey, authorized
 from ..ingest import (
+    GroupsExist,
     IngestError,
     IngestResult,
     RunInfo,
@@ -26,6 +27,7 @@ from ..ingest import (
     forget_run,
     run_info,
     store_batch,
+    store_groups,
     write_step_rows,
 )
 from ..locks import run_lock, save_run_state
@@ -34,6 +36,7 @@ from . import json_response, parse_body, raw_body_openapi, read_limited_body
 router = APIRouter(prefix="/api/v1/runs", tags=["ingest"])
 
 STEPS_SCHEMA = raw_body_openapi(StepsBatch)
+MAX_COLLISIONS = 8
 
 
 @router.post("/{run_id}/steps", openapi_extra=STEPS_SCHEMA)
@@ -56,12 +59,17 @@ async def post_steps(run_id: str, request: Request, key: IngestKey) -> Response:
 
 
 def _ingest(request: Request, run_id: str, batch: StepsBatch, key) -> dict:  # noqa: ANN001
-    """Store the batch; redo the transaction when it did not go through (alert evaluation
+    """Store the batch; redo the transaction when it did not go through (another batch stored
+    groups of the same (step, split, rank) meanwhile: read them again; alert evaluation
     failed: the batch alone; the run's cached fields are stale: read them again)."""
     evaluate = True
-    for _ in range(3):  # each cause can send the batch round once (a stale cache twice at most)
+    # Each collision means another batch of the key committed; a rank sends its batches one
+    # after another, so more than a few in a row means many concurrent senders of one key.
+    for _ in range(MAX_COLLISIONS + 3):
         try:
             return _ingest_once(request.app.state, run_id, batch, key, evaluate)
+        except GroupsExist:
+            pass
         except EvaluationFailed:
             evaluate = False
         except StaleRunInfo:
@@ -74,9 +82,12 @@ class StaleRunInfo(RuntimeError):
 
 
 def _ingest_once(state, run_id, batch, key, evaluate: bool) -> dict:  # noqa: ANN001
-    """One transaction: classify the groups; then, under the run's lock, store them with their
-    step rows, evaluate alerts (DESIGN.md §6) and list the commands for rank 0; commit.
-    Classifying before the lock lets one run's concurrent batches (ranks) overlap there."""
+    """One transaction: classify the groups and, on PostgreSQL, store them (the primary key
+    arbitrates, `store_groups`); then, under the run's lock, (on SQLite store them and) add
+    them to their step rows, evaluate alerts (DESIGN.md §6) and list the commands for rank 0;
+    commit. Work done before the lock lets one run's concurrent batches (ranks) overlap there:
+    the lock is held to the commit. On PostgreSQL groups are never inserted under the lock, so
+    that a transaction holding the lock never waits for one that waits for the lock."""
     with state.session_factory() as session:
         info = run_info(session, run_id)
         if info is None or not key.allows_project(info.project):
@@ -84,13 +95,16 @@ def _ingest_once(state, run_id, batch, key, evaluate: bool) -> dict:  # noqa: AN
         result = IngestResult()
         try:
             classified = classify_batch(info, batch, result)
+            early = session.get_bind().dialect.name == "postgresql"
+            if early:
+                store_groups(session, info.key, batch.attempt, classified, result)
             with run_lock(session, run_id) as locked:
                 if locked.run is None:
                     forget_run(run_id)  # deleted since this process cached it
                 run = authorized(locked.run, run_id, key)
                 if RunInfo.of(run) != info:
                     raise StaleRunInfo(run_id)
-                store_batch(session, run, batch, classified, result)
+                store_batch(session, run, batch, classified, result, groups_stored=early)
                 write = partial(write_step_rows, session, result)
                 outcome = Outcome()
                 if evaluate:

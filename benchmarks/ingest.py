@@ -76,6 +76,16 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
+def settle(busy_percent: float = 30.0, limit_s: float = 90.0) -> float:
+    """Wait until this machine's CPUs are mostly idle (or ``limit_s`` passed): MLflow's server
+    answers /health and then starts its job runners, which kept both cores busy for about ten
+    seconds, into the first round. Returns the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s and psutil.cpu_percent(interval=1.0) > busy_percent:
+        pass
+    return time.monotonic() - t0
+
+
 def make_groups(rng: random.Random, n: int, g: int) -> list[list[float]]:
     """Binary rewards with a realistic share of collapsed groups."""
     out = []
@@ -329,6 +339,8 @@ def main() -> None:
         wait_http(f"{vurl}/readyz", procs[0])
         wait_http(f"{murl}/health", procs[1], timeout=240)
         print(f"servers up: vantage {vurl}, mlflow {murl}", flush=True)
+        waited = settle()
+        print(f"machine quiet after {waited:.0f} s (MLflow starts job runners after /health)")
 
         rng = random.Random(0)
         vantage = VantageSender(vurl, args.group_size, args.workers)

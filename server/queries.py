@@ -144,8 +144,10 @@ def _first_hits(hit: np.ndarray, bucket: np.ndarray) -> np.ndarray:
     return positions[np.unique(bucket[positions], return_index=True)[1]]
 
 
-def _raw_rows(session: Session, statement: Any) -> list[tuple]:
-    """Plain DBAPI tuples for a Core select: 100k-row scans skip SQLAlchemy's row objects."""
+def _raw_rows(session: Session, statement: Any, unprepared: bool = False) -> list[tuple]:
+    """Plain DBAPI tuples for a Core select: 100k-row scans skip SQLAlchemy's row objects.
+    ``unprepared``: never as a prepared statement (psycopg prepares one that a connection runs
+    five times, and PostgreSQL may then plan it without the parameters' values)."""
     conn = session.connection()
     compiled = statement.compile(conn)
     dbapi = conn.connection
@@ -158,7 +160,10 @@ def _raw_rows(session: Session, statement: Any) -> list[tuple]:
         else compiled.params
     )
     try:
-        cursor.execute(str(compiled), params)
+        if binary:
+            cursor.execute(str(compiled), params, prepare=False if unprepared else None)
+        else:
+            cursor.execute(str(compiled), params)
         return cursor.fetchall()
     except conn.dialect.loaded_dbapi.DataError as exc:  # a value the database refuses: 422
         raise DataError(str(compiled), params, exc) from exc
@@ -172,7 +177,7 @@ def _rows_at_steps(
     """Full rows of the given steps, in step order (plain tuples)."""
     base = select(*cols).where(Step.run_id == run_id, Step.split == split).order_by(Step.step)
     if session.get_bind().dialect.name == "postgresql":  # one query with an array parameter
-        return _raw_rows(session, base.where(steps_in_array(steps)))
+        return _raw_rows(session, base.where(steps_in_array(steps)), unprepared=True)
     conn = session.connection()
     rows: list[tuple] = []
     for i in range(0, len(steps), 900):  # SQLite caps bound parameters per statement
@@ -187,7 +192,8 @@ def steps_in_array(steps: list[int]) -> Any:
     the parameter's bigint[] (psycopg's dumper of a 5,000-integer list took about 6 ms). It must
     stay untyped: a text parameter cast to bigint[] is not a constant to the planner, which then
     tests each row against the whole array (2.5 s instead of 17 ms for 5,000 of 20,000 steps)
-    instead of looking it up in a hash."""
+    instead of looking it up in a hash. For the same reason the statement must not be prepared:
+    a generic plan would see a parameter, not the array (200 ms instead of 17)."""
     text = "{" + ",".join(map(str, steps)) + "}"
     wanted = cast(bindparam("steps", text, type_=NullType()), ARRAY(BigInteger))
     return Step.step == func.any(wanted)

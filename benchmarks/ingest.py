@@ -3,15 +3,16 @@
 Both servers run as their own processes on this machine, each on a fresh database of the same
 PostgreSQL. One client process sends the same groups to each, in the same batch sizes:
 - Vantage: ``POST /api/v1/runs/{id}/steps`` with ``--batch`` groups of G rewards per request.
-- MLflow: ``log_batch`` with two metric points per group (``group_mean``, ``group_std``; step = the
-  training step; a distinct millisecond timestamp per group), ``--batch`` groups = 2·batch points
-  per call (MLflow allows 1,000 metrics per call, so --batch is at most 500).
+- MLflow: ``log_batch`` (its REST call ``runs/log-batch``, which ``MlflowClient.log_batch`` sends)
+  with two metric points per group (``group_mean``, ``group_std``, computed with numpy; step =
+  the training step; a distinct millisecond timestamp per group), ``--batch`` groups = 2·batch
+  points per call (MLflow allows 1,000 metrics per call, so --batch is at most 500).
 Both servers run ``--workers`` processes (default 2, one per core here), and the client sends from
 ``--concurrency`` threads (default 2, as two ranks of one job would) and from one thread, each
-thread over a kept-alive connection of its own; Vantage's connections are spread over its
-workers (see `VantageSender`), MLflow's stay where its client puts them. The two
-servers are measured in alternating rounds (these machines are noisy) after a warm-up, and the
-ratio of their steady-state rates is printed. MLflow's stored point count is checked in its
+thread over a kept-alive httpx connection of its own, spread over the server's workers in the
+same way for both servers (see `_PlacedSender`). The two servers are measured in alternating
+rounds (these machines are noisy) after a warm-up, once the machine is quiet, and the ratio of
+their steady-state rates is printed. MLflow's stored point count is checked in its
 database. Also measured for Vantage: latency of 1,000-group batches from one sender and the read
 time of the metrics of a 20,000-step run.
 
@@ -38,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import orjson
 import psutil
 import psycopg
@@ -126,23 +128,22 @@ def server_worker(response: httpx.Response, port: int) -> int:
     raise RuntimeError(f"no server process holds the connection from port {client_port}")
 
 
-class VantageSender(_Sender):
-    """Kept-alive connections, spread over the server's workers: with several workers, a
-    connection stays with the worker that accepted it, and two senders' connections land on
-    one worker about half the time; that worker then runs both (about the one-sender rate,
-    measured here) while the other idles. Many ranks spread evenly, as a load balancer would
-    spread two; here each sender reconnects until its worker is one the others use least."""
+class _PlacedSender(_Sender):
+    """Senders with kept-alive connections spread over the server's workers: with several
+    workers, a connection stays with the worker that accepted it, and two senders' connections
+    land on one worker about half the time; that worker then runs both (about the one-sender
+    rate, measured here for both servers) while the other idles. Many ranks spread evenly, as a
+    load balancer would spread two; here each sender reconnects until its worker is one the
+    others use least. Both servers' senders are placed the same way."""
 
-    def __init__(self, url: str, group_size: int, workers: int = 1):
+    health = "/health"
+
+    def __init__(self, url: str, workers: int = 1):
         super().__init__()
         self.url, self.workers = url, workers
         self.port = int(url.rsplit(":", 1)[1])
         self.clients: list[httpx.Client] = []
         self.placement: list[int] = []  # the worker of each client
-        with httpx.Client(base_url=url, timeout=60) as client:
-            body = {"name": "bench", "group_size": group_size}
-            run = client.post("/api/v1/runs", json=body).json()
-        self.run_id, self.attempt = run["run_id"], run["attempt"]
 
     def client(self, sender: int) -> httpx.Client:
         while len(self.clients) <= sender:
@@ -153,7 +154,7 @@ class VantageSender(_Sender):
         fair = -(-(len(self.clients) + 1) // self.workers)  # ceil: senders per worker
         for _ in range(100):
             client = httpx.Client(base_url=self.url, timeout=60)
-            worker = server_worker(client.get("/healthz"), self.port)
+            worker = server_worker(client.get(self.health), self.port)
             if self.placement.count(worker) < fair:
                 self.placement.append(worker)
                 return client
@@ -164,37 +165,49 @@ class VantageSender(_Sender):
         for i in range(senders):
             self.client(i)
 
-    def send(self, groups: list[list[float]], sender: int = 0) -> int:
-        client = self.client(sender)
-        step = self.next_step()
-        body = orjson.dumps(
-            {"attempt": self.attempt, "records": [{"step": step, "groups": groups}]}
-        )
+    def post(self, sender: int, path: str, body: dict) -> httpx.Response:
+        headers = {"content-type": "application/json"}
         t0 = time.perf_counter()
-        r = client.post(
-            f"/api/v1/runs/{self.run_id}/steps",
-            content=body,
-            headers={"content-type": "application/json"},
-        )
+        r = self.client(sender).post(path, content=orjson.dumps(body), headers=headers)
         self.latencies.append(time.perf_counter() - t0)
         r.raise_for_status()
-        accepted = r.json()["accepted"]
-        assert accepted == len(groups), r.text[:300]
+        return r
+
+
+class VantageSender(_PlacedSender):
+    """``POST /api/v1/runs/{id}/steps``: one record of the batch's groups (raw rewards)."""
+
+    health = "/healthz"
+
+    def __init__(self, url: str, group_size: int, workers: int = 1):
+        super().__init__(url, workers)
+        with httpx.Client(base_url=url, timeout=60) as client:
+            body = {"name": "bench", "group_size": group_size}
+            run = client.post("/api/v1/runs", json=body).json()
+        self.run_id, self.attempt = run["run_id"], run["attempt"]
+
+    def send(self, groups: list[list[float]], sender: int = 0) -> int:
+        body = {"attempt": self.attempt, "records": [{"step": self.next_step(), "groups": groups}]}
+        accepted = self.post(sender, f"/api/v1/runs/{self.run_id}/steps", body).json()["accepted"]
+        assert accepted == len(groups), accepted
         return accepted
 
 
-class MlflowSender(_Sender):
-    def __init__(self, url: str):
+class MlflowSender(_PlacedSender):
+    """MLflow's ``log_batch`` REST call (``runs/log-batch``, what `MlflowClient.log_batch`
+    sends) with two metric points per group, computed with numpy; over the same kind of
+    placed connection as Vantage's, so that neither client's own overhead nor the placement
+    of its connections favours one server."""
+
+    def __init__(self, url: str, workers: int = 1):
         from mlflow.tracking import MlflowClient
 
-        super().__init__()
-        self.url = url
+        super().__init__(url, workers)
         client = MlflowClient(tracking_uri=url)
         exp = client.create_experiment(f"bench-{uuid.uuid4().hex[:6]}")
         self.run_id = client.create_run(exp).info.run_id
         self.ts = int(time.time() * 1000)
         self.sent_points = 0
-        self.clients: dict[int, object] = {}
 
     def _timestamps(self, n: int) -> range:
         with self._lock:  # a distinct millisecond timestamp per group
@@ -202,20 +215,16 @@ class MlflowSender(_Sender):
         return range(start, start + n)
 
     def send(self, groups: list[list[float]], sender: int = 0) -> int:
-        from mlflow.entities import Metric
-        from mlflow.tracking import MlflowClient
-
-        client = self.clients.get(sender)
-        if client is None:
-            client = self.clients[sender] = MlflowClient(tracking_uri=self.url)
         step = self.next_step()
+        x = np.array(groups, dtype=np.float64)
+        means, stds = x.mean(axis=1).tolist(), x.std(axis=1, ddof=1).tolist()
         metrics = []
-        for rewards, ts in zip(groups, self._timestamps(len(groups)), strict=True):
-            mean = sum(rewards) / len(rewards)
-            std = statistics.stdev(rewards) if len(rewards) > 1 else 0.0
-            metrics.append(Metric("group_mean", mean, ts, step))
-            metrics.append(Metric("group_std", std, ts, step))
-        client.log_batch(self.run_id, metrics=metrics)
+        for mean, std, ts in zip(means, stds, self._timestamps(len(groups)), strict=True):
+            metrics.append({"key": "group_mean", "value": mean, "timestamp": ts, "step": step})
+            metrics.append({"key": "group_std", "value": std, "timestamp": ts, "step": step})
+        self.post(
+            sender, "/api/2.0/mlflow/runs/log-batch", {"run_id": self.run_id, "metrics": metrics}
+        )
         with self._lock:
             self.sent_points += len(metrics)
         return len(groups)
@@ -344,7 +353,7 @@ def main() -> None:
 
         rng = random.Random(0)
         vantage = VantageSender(vurl, args.group_size, args.workers)
-        mlflow_ = MlflowSender(murl)
+        mlflow_ = MlflowSender(murl, args.workers)
         warm = [make_groups(rng, args.batch, args.group_size) for _ in range(3)]
         for b in warm:  # warm-up: connections, caches, first inserts
             for i in range(args.concurrency):

@@ -4,6 +4,7 @@ missing exits 2 naming the extra, and `vantage serve` never imports torch."""
 from __future__ import annotations
 
 import argparse
+import math
 import ipaddress
 import json
 import os
@@ -226,6 +227,8 @@ def _positive_days(text: str) -> float:
         days = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"DAYS must be a number, not {text!r}") from None
+    if math.isnan(days):
+        raise argparse.ArgumentTypeError(f"DAYS must be a number, not {text!r}")
     if not days > 0:  # 0 would strip the groups of runs that are still sending
         raise argparse.ArgumentTypeError("DAYS must be above 0")
     return days

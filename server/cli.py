@@ -4,9 +4,9 @@ missing exits 2 naming the extra, and `vantage serve` never imports torch."""
 from __future__ import annotations
 
 import argparse
-import math
 import ipaddress
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence

@@ -262,6 +262,9 @@ def store_groups(
         result.accepted += len(item.stored)
     if not rows:
         return
+    # In key order: two transactions inserting blocks of the same keys wait for each other in
+    # the same order, never in a cycle.
+    rows.sort(key=lambda r: (r["step"], r["split"], r["rank"], r["block"]))
     try:
         session.connection().execute(_INSERT_BLOCK, rows)
     except IntegrityError as exc:

@@ -74,7 +74,11 @@ def _ingest(request: Request, run_id: str, batch: StepsBatch, key) -> dict:  # n
             evaluate = False
         except StaleRunInfo:
             forget_run(run_id)
-    raise HTTPException(503, f"run {run_id} changed while this batch was stored; send it again")
+    raise HTTPException(
+        503,
+        f"run {run_id}, or other batches of the same steps and ranks, changed while this batch "
+        "was stored; send it again",
+    )
 
 
 class StaleRunInfo(RuntimeError):

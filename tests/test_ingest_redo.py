@@ -43,3 +43,17 @@ def test_a_stale_cached_run_is_read_again(app_client):
         key = session.scalar(select(Run.key).where(Run.id == run_id))
         keys = set(session.scalars(select(GroupBlock.run_key)))
     assert keys == {key} and ingest._RUN_INFO[run_id].key == key
+
+
+def test_deleting_a_run_deletes_its_group_blocks(app_client):
+    """Group blocks carry no foreign key: run deletion removes them itself, and a run created
+    again under the same id stores its groups afresh (not as duplicates of the old ones)."""
+    run_id = app_client.post("/api/v1/runs", json={"name": "gone"}).json()["run_id"]
+    _steps(app_client, run_id, 1)
+    with app_client.app.state.session_factory() as session:
+        key = session.scalar(select(Run.key).where(Run.id == run_id))
+    assert app_client.delete(f"/api/v1/runs/{run_id}").status_code == 204
+    with app_client.app.state.session_factory() as session:
+        assert session.scalar(select(GroupBlock.run_key).where(GroupBlock.run_key == key)) is None
+    app_client.post("/api/v1/runs", json={"run_id": run_id, "name": "again"})
+    assert _steps(app_client, run_id, 1)["accepted"] == 2

@@ -16,10 +16,12 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     Strict,
     StrictInt,
     StrictStr,
+    Tag,
     model_validator,
 )
 
@@ -115,7 +117,33 @@ class StatsGroup(_Strict):
     prompt_id: PromptId | None = None
 
 
-GroupIn = Annotated[list[Reward], Field(max_length=MAX_GROUP_SIZE)] | RawGroup | StatsGroup
+def _group_form(value: Any) -> str | None:
+    """Which form a group is in, from its shape: a list, an object with ``stats``, or another
+    object (rewards). Validating only that form makes a 422 name one form's errors, not every
+    form's (about 0.15 µs a group)."""
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "with_stats" if "stats" in value else "with_rewards"
+    if isinstance(value, StatsGroup):
+        return "with_stats"
+    if isinstance(value, RawGroup):
+        return "with_rewards"
+    return None
+
+
+GroupIn = Annotated[
+    Annotated[Annotated[list[Reward], Field(max_length=MAX_GROUP_SIZE)], Tag("list")]
+    | Annotated[RawGroup, Tag("with_rewards")]
+    | Annotated[StatsGroup, Tag("with_stats")],
+    Discriminator(
+        _group_form,
+        custom_error_type="group_form",
+        custom_error_message="a group is a list of rewards, or an object with rewards or stats",
+    ),
+]
+"""One group in any of its forms (DESIGN.md §3 'Groups'); an error's location names the form
+it was read as: ``list``, ``with_rewards`` or ``with_stats``."""
 
 
 @dataclass(slots=True)

@@ -77,6 +77,35 @@ def test_bad_groups_are_rejected_and_batch_is_atomic(api, bad):
     assert points == []  # the good record was not stored either
 
 
+@pytest.mark.parametrize(
+    ("group", "errors"),
+    [
+        ([1, "a"], [("list", 1)]),
+        ({"rewards": [1, "a"]}, [("with_rewards", "rewards", 1)]),
+        (
+            {"stats": {"n": 2, "mean": 1}},
+            [("with_stats", "stats", f) for f in ("std", "min", "max")],
+        ),
+        ("1,0", [()]),
+        (7, [()]),
+    ],
+)
+def test_a_bad_group_gets_the_errors_of_its_own_form_only(api, group, errors):
+    """A 422 names what is wrong with the form the group was sent in, not why it is not one of
+    the other two forms either."""
+    run = new_run(api)
+    body = {"attempt": 1, "records": [{"step": 1, "groups": [[0, 1], group]}]}
+    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", json=body)
+    assert r.status_code == 422
+    detail = r.json()["detail"]
+    assert [tuple(e["loc"][4:]) for e in detail] == errors, detail
+    assert all(tuple(e["loc"][:4]) == ("records", 0, "groups", 1) for e in detail)
+    if errors == [()]:
+        assert (
+            detail[0]["msg"] == "a group is a list of rewards, or an object with rewards or stats"
+        )
+
+
 def test_a_rank_outside_its_world_size_is_422(api):
     run = new_run(api)
     records = [{"step": 1, "groups": [[0, 1]]}, {"step": 1, "rank": 2, "world_size": 2}]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import dash
 from dash import Dash, Input, Output, dcc, html
 from fastapi import FastAPI
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.requests import Request  # at module level: FastAPI resolves annotations here
 
 from . import auth, context, data
@@ -70,11 +71,13 @@ def _csv_routes(app: FastAPI) -> None:
     """CSV downloads behind the login cookie (the API's CSV needs a Bearer header, which a
     plain link cannot send)."""
 
-    def csv_response(text: str | None, filename: str) -> Response:
+    def csv_response(text: str | Iterator[str] | None, filename: str) -> Response:
         if text is None:
             return Response("run not found", status_code=404)
         headers = {"content-disposition": f'attachment; filename="{filename}"'}
-        return Response(text, media_type="text/csv", headers=headers)
+        if isinstance(text, str):
+            return Response(text, media_type="text/csv", headers=headers)
+        return StreamingResponse(text, media_type="text/csv", headers=headers)
 
     def as_caller(request: Request, build) -> Any:
         # Bind this request as Dash's current one, so the data layer finds this app's database.

@@ -3,6 +3,7 @@ by what the caller's key may see. Callbacks call these; so do the tests and the 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from vantage.server.queries import PROMPT_COLUMNS
@@ -149,12 +150,20 @@ def prompts_csv(info, run_id: str, side: str | None = None) -> str | None:
     return None if rows is None else _queries().to_csv(rows, PROMPT_COLUMNS)
 
 
-def metrics_csv(info, run_id: str) -> str | None:
+def metrics_csv(info, run_id: str) -> Iterator[str] | None:
+    """The run's export CSV in pieces (None: not found or not visible to ``info``); the pieces
+    are read on a session of their own as they are sent, so a long run is never held whole."""
     q = _queries()
-    with context.session() as s:
+    factory = context.state().session_factory
+    with factory() as s:
         if not context.can_see(info, q.get_run(s, run_id)):
             return None
-        return q.export_csv(s, run_id)
+
+    def pieces() -> Iterator[str]:
+        with factory() as s:
+            yield from q.iter_export_csv(s, run_id)
+
+    return pieces()
 
 
 def compare(info, run_ids: list[str], max_points: int = 2000) -> dict[str, Any]:

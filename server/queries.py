@@ -489,11 +489,6 @@ def _streamed(session: Session, query: Any) -> Iterator[Any]:
     return iter(session.execute(query.execution_options(yield_per=EXPORT_CHUNK)))
 
 
-def export_csv(session: Session, run_id: str, split: str = "train") -> str:
-    """`iter_export_csv` as one string (for the dashboard's download)."""
-    return "".join(iter_export_csv(session, run_id, split))
-
-
 def prometheus_text(session: Session, counters: dict[str, float]) -> str:
     """Prometheus exposition: this process's ingest counters and each run's latest ACR."""
     lines = []

@@ -89,6 +89,8 @@ def test_csv_downloads_use_the_login_cookie(server):
         header = r.text.splitlines()[0].split(",")
         assert {"step", "acr", "acr_all_pass", "expected_acr"} <= set(header)
         assert len(r.text.splitlines()) >= 121
+        # streamed in pieces, never built whole: no length is known when the answer starts
+        assert "content-length" not in r.headers and r.headers["transfer-encoding"] == "chunked"
         r = c.get(f"/dashboard/export/{run_id}/prompts.csv?side=all_pass")
         assert r.status_code == 200
         assert r.text.startswith("prompt_id,groups,steps,collapsed,all_pass")

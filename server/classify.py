@@ -31,7 +31,7 @@ from vantage.client.acr import (
     summarize_rewards,
     summarize_stats,
 )
-from vantage.client.schema import NormalGroup
+from vantage.client.schema import MAX_GROUPS_PER_REQUEST, NormalGroup
 
 CLASS_CODES = {
     GroupClass.INVALID: 0,
@@ -171,16 +171,31 @@ def classify_reward_lists(groups: list[list[float | None]], settings: ACRSetting
     """`classify_groups` for a record sent as plain lists of rewards (group ids are their
     indices): when every list has the same size ≥ 2, one vectorised pass without building a
     `NormalGroup` per group; otherwise the general path."""
-    g_size = len(groups[0]) if groups else 0
-    if g_size < 2 or any(len(r) != g_size for r in groups):
+    x = None
+    if groups and len(groups[0]) >= 2:
+        try:
+            x = np.array(groups, dtype=np.float64)  # null -> NaN: invalid
+        except ValueError:  # lists of different sizes: numpy refuses a ragged array
+            x = None
+    if x is None or x.ndim != 2:
         normal = [NormalGroup(str(i), None, r) for i, r in enumerate(groups)]
         return classify_groups(normal, settings)
     size = len(groups)
-    cols = GroupColumns(group_ids=[str(i) for i in range(size)], prompt_ids=[None] * size)
-    x = np.array(groups, dtype=np.float64)  # null -> NaN: invalid
+    cols = GroupColumns(group_ids=index_ids(size), prompt_ids=[None] * size)
     cols.hash = _reward_hashes(x, groups)
     _vectorised(cols, None, x, settings)
     return cols
+
+
+_INDEX_IDS = [str(i) for i in range(MAX_GROUPS_PER_REQUEST)]  # made once: 60 µs a record
+
+
+def index_ids(size: int) -> list[str]:
+    """The default group ids of a record's ``size`` groups, ``["0", "1", ...]`` (DESIGN.md §3:
+    a group sent without an id gets its index), as a new list."""
+    if size <= len(_INDEX_IDS):
+        return _INDEX_IDS[:size]
+    return [str(i) for i in range(size)]
 
 
 def _classify_size(

@@ -85,15 +85,15 @@ def encode_block(
     nulls = np.zeros(size, np.uint8)
     values = {}
     for k, (name, column) in enumerate(zip(NULLABLE, (mean, std, min_, max_, n_pass), strict=True)):
-        missing = [v is None for v in column]
-        if any(missing):
-            nulls |= np.array(missing, np.uint8) << k
+        if None in column:  # a scan in C; most blocks have no null
+            nulls |= np.array([v is None for v in column], np.uint8) << k
             column = [0 if v is None else v for v in column]
         values[name] = column
-    values |= {"cls": cls, "side": [_SIDE_CODES[s] for s in side], "nulls": nulls, "n": n}
+    sides = list(map(_SIDE_CODES.__getitem__, side))
+    values |= {"cls": cls, "side": sides, "nulls": nulls, "n": n}
     parts = [bytes([VERSION])]
     parts += [np.asarray(values[name], dtype).tobytes() for name, dtype in _LAYOUT]
-    named = any(p is not None for p in prompt_ids)
+    named = prompt_ids.count(None) != size
     return {
         "n_groups": size,
         "group_ids": orjson.dumps(list(group_ids)).decode(),

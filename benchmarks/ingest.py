@@ -8,13 +8,15 @@ PostgreSQL. One client process sends the same groups to each, in the same batch 
   the training step; a distinct millisecond timestamp per group), ``--batch`` groups = 2·batch
   points per call (MLflow allows 1,000 metrics per call, so --batch is at most 500).
 Both servers run ``--workers`` processes (default 2, one per core here), and the client sends from
-``--concurrency`` threads (default 2, as two ranks of one job would) and from one thread, each
-thread over a kept-alive httpx connection of its own, spread over the server's workers in the
-same way for both servers (see `_PlacedSender`). The two servers are measured in alternating
-rounds (these machines are noisy) after a warm-up, once the machine is quiet, and the ratio of
-their steady-state rates is printed. MLflow's stored point count is checked in its
-database. Also measured for Vantage: latency of 1,000-group batches from one sender and the read
-time of the metrics of a 20,000-step run.
+``--concurrency`` threads (default 2) and from one thread, each thread over a kept-alive httpx
+connection of its own, spread over the server's workers in the same way for both servers (see
+`_PlacedSender`). By default each thread sends steps of its own, as fast as it can (the load of
+two ranks, without their synchronisation); with ``--lockstep`` the threads send as the ranks of
+one job do: the same steps, each its own rank's groups, meeting before each step. The two
+servers are measured in alternating rounds (these machines are noisy) after a warm-up, once the
+machine is quiet, and the ratio of their steady-state rates is printed. MLflow's stored point
+count is checked in its database. Also measured for Vantage: latency of 1,000-group batches from
+one sender and the read time of the metrics of a 20,000-step run.
 
     python benchmarks/ingest.py --quick      # under 5 minutes
 
@@ -99,8 +101,8 @@ def make_groups(rng: random.Random, n: int, g: int) -> list[list[float]]:
 
 class _Sender:
     """Sends batches from one or more senders, each with a client of its own; steps and
-    timestamps come from shared counters, so concurrent senders (like the ranks of one job)
-    never repeat a step."""
+    timestamps come from shared counters, so concurrent senders never repeat a step unless a
+    round gives each batch its step and rank (``--lockstep``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -112,10 +114,20 @@ class _Sender:
             self.step += 1
             return self.step
 
+    def reserve_steps(self, n: int) -> int:
+        """The first of ``n`` fresh steps."""
+        with self._lock:
+            first, self.step = self.step + 1, self.step + n
+            return first
+
     def prepare(self, senders: int) -> None:
         """Make the clients of ``senders`` senders before a round's clock starts."""
 
-    def send(self, groups: list[list[float]], sender: int = 0) -> int:
+    def send(
+        self, groups: list[list[float]], sender: int = 0, step: int | None = None, ranks: int = 1
+    ) -> int:
+        """Send one batch from ``sender``; returns the number of groups stored. With ``step``
+        given, the sender sends it as rank ``sender`` of ``ranks``."""
         raise NotImplementedError
 
 
@@ -186,8 +198,13 @@ class VantageSender(_PlacedSender):
             run = client.post("/api/v1/runs", json=body).json()
         self.run_id, self.attempt = run["run_id"], run["attempt"]
 
-    def send(self, groups: list[list[float]], sender: int = 0) -> int:
-        body = {"attempt": self.attempt, "records": [{"step": self.next_step(), "groups": groups}]}
+    def send(
+        self, groups: list[list[float]], sender: int = 0, step: int | None = None, ranks: int = 1
+    ) -> int:
+        record = {"step": self.next_step() if step is None else step, "groups": groups}
+        if step is not None:
+            record |= {"rank": sender, "world_size": ranks}
+        body = {"attempt": self.attempt, "records": [record]}
         accepted = self.post(sender, f"/api/v1/runs/{self.run_id}/steps", body).json()["accepted"]
         assert accepted == len(groups), accepted
         return accepted
@@ -214,8 +231,10 @@ class MlflowSender(_PlacedSender):
             start, self.ts = self.ts + 1, self.ts + n
         return range(start, start + n)
 
-    def send(self, groups: list[list[float]], sender: int = 0) -> int:
-        step = self.next_step()
+    def send(
+        self, groups: list[list[float]], sender: int = 0, step: int | None = None, ranks: int = 1
+    ) -> int:
+        step = self.next_step() if step is None else step
         x = np.array(groups, dtype=np.float64)
         means, stds = x.mean(axis=1).tolist(), x.std(axis=1, ddof=1).tolist()
         metrics = []
@@ -230,12 +249,26 @@ class MlflowSender(_PlacedSender):
         return len(groups)
 
 
-def timed_round(sender: _Sender, batches: list[list[list[float]]], concurrency: int) -> float:
+def timed_round(
+    sender: _Sender, batches: list[list[list[float]]], concurrency: int, lockstep: bool = False
+) -> float:
     """Groups per second sending ``batches`` from ``concurrency`` senders (threads), each with
-    its own client and an equal share of the batches."""
+    its own client and an equal share of the batches. ``lockstep``: sender i sends its k-th
+    batch as rank i of step k (of fresh steps), after every sender sent its batch of step k−1
+    (ranks meet at each step's gradient all-reduce)."""
+    if lockstep:
+        batches = batches[: len(batches) - len(batches) % concurrency]
+        first = sender.reserve_steps(len(batches) // concurrency)
+        barrier = threading.Barrier(concurrency)
 
     def share(i: int) -> int:
-        return sum(sender.send(b, i) for b in batches[i::concurrency])
+        if not lockstep:
+            return sum(sender.send(b, i) for b in batches[i::concurrency])
+        total = 0
+        for k, b in enumerate(batches[i::concurrency]):
+            barrier.wait()
+            total += sender.send(b, i, step=first + k, ranks=concurrency)
+        return total
 
     sender.prepare(concurrency)
     t0 = time.perf_counter()
@@ -289,8 +322,13 @@ def main() -> None:
         "--concurrency",
         type=int,
         default=2,
-        help="sending threads, for both servers, as the ranks of one job (default 2); every "
-        "round also measures one sender",
+        help="sending threads, for both servers (default 2); every round also measures one sender",
+    )
+    ap.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="the threads send as the ranks of one job: the same steps, each its own rank's "
+        "groups, all of a step before the next",
     )
     args = ap.parse_args()
     rounds = args.rounds or (3 if args.quick else 6)
@@ -365,8 +403,8 @@ def main() -> None:
             vb = [make_groups(rng, args.batch, args.group_size) for _ in range(v_batches)]
             line = []
             for level in levels:
-                v = timed_round(vantage, vb, level)
-                m = timed_round(mlflow_, vb[:m_batches], level)
+                v = timed_round(vantage, vb, level, args.lockstep)
+                m = timed_round(mlflow_, vb[:m_batches], level, args.lockstep)
                 rates.setdefault(("vantage", level), []).append(v)
                 rates.setdefault(("mlflow", level), []).append(m)
                 line.append(
@@ -421,6 +459,7 @@ def main() -> None:
                     "mlflow_groups_per_s": round(m),
                     "ratio": round(v / m, 1),
                     "senders": args.concurrency,
+                    "lockstep": args.lockstep,
                     "workers": args.workers,
                     "one_sender": {
                         "vantage_groups_per_s": round(v1),

@@ -1,4 +1,5 @@
-"""The `vantage` CLI (keys, db upgrade, prune, serve guards) and a schemathesis run for 5xx."""
+"""The `vantage` CLI (keys, db upgrade, prune, serve guards), a schemathesis run for 5xx, and the
+wire schema's group forms."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import subprocess
 import time
 
 import httpx
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from vantage.client.schema import RawGroup, StatsGroup, StepRecord
 
 from .conftest import VANTAGE, create_key, new_run, post_steps, run_cli, start_server
 
@@ -149,3 +154,18 @@ def test_serve_with_workers_on_postgres(postgres_url, tmp_path):
     finally:
         srv.stop()
         drop()
+
+
+def test_groups_from_python_keep_every_collection_form():
+    """In Python (the client), a group may be any collection of rewards, as before the forms
+    were told apart by shape; a scalar is no group, with one clear error."""
+    stats = {"n": 2, "mean": 0.5, "std": 0.70710678, "min": 0.0, "max": 1.0}
+    groups = [(1.0, 0.0), np.array([0.0, 1.0]), iter([1.0, 1.0]), {"rewards": (1, 0)}]
+    groups += [RawGroup(rewards=[0.0, 0.0]), {"stats": stats}, StatsGroup(stats=stats)]
+    record = StepRecord.model_validate({"step": 1, "groups": groups})
+    assert [type(g).__name__ for g in record.groups] == ["list"] * 3 + ["RawGroup"] * 2 + [
+        "StatsGroup"
+    ] * 2
+    assert record.groups[1] == [0.0, 1.0]
+    with pytest.raises(ValidationError, match="a group is a list of rewards, or an object"):
+        StepRecord.model_validate({"step": 1, "groups": [0.5]})

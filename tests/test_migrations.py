@@ -1,6 +1,7 @@
 """Migrations on a database that already holds data: 0003 (lean groups) keeps every group row and
 names runs by their new integer key; 0005 (group blocks) packs the groups of each (step, split,
-rank) into a block that ingest and the prompts view read as before. Both downgrade back."""
+rank) into a block that ingest and the prompts view read as before; 0006 changes one built-in
+rule. All downgrade back."""
 
 from __future__ import annotations
 
@@ -132,4 +133,27 @@ def test_group_blocks_migration_packs_and_unpacks_groups(empty_database: str) ->
     keys = ("step", "rank", "gid", "prompt", "cls", "side", "mean", "std", "max", "n_pass", "h")
     assert sorted(tuple(b) for b in back) == sorted(tuple(r[k] for k in keys) for r in rows)
     command.upgrade(cfg, "head")
+    engine.dispose()
+
+
+def test_non_finite_rule_migration_changes_only_the_default(empty_database: str) -> None:
+    """0006 gives the built-in non_finite_rewards rule min_valid_groups 0 when it still has the
+    default 1, keeps a value a user set, and downgrades back."""
+    cfg = alembic_config(empty_database)
+    engine = create_engine(normalize_url(empty_database))
+    read = text("SELECT min_valid_groups FROM alert_rules WHERE name = 'non_finite_rewards'")
+    command.upgrade(cfg, "0005")
+    with engine.connect() as conn:
+        assert conn.execute(read).scalar() == 1
+    command.upgrade(cfg, "head")
+    with engine.connect() as conn:
+        assert conn.execute(read).scalar() == 0
+    command.downgrade(cfg, "0005")
+    with engine.begin() as conn:
+        assert conn.execute(read).scalar() == 1
+        edit = "UPDATE alert_rules SET min_valid_groups = 3 WHERE name = 'non_finite_rewards'"
+        conn.execute(text(edit))
+    command.upgrade(cfg, "head")
+    with engine.connect() as conn:
+        assert conn.execute(read).scalar() == 3
     engine.dispose()

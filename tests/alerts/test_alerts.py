@@ -457,6 +457,28 @@ def test_builtin_rules_fire_on_their_conditions(api):
     assert alerts_of(api, run["run_id"], "reward_broken")[0]["fired_step"] == 63
 
 
+def test_non_finite_rewards_fires_when_every_group_is_non_finite(api):
+    """A step without a single valid group is the worst case of broken rewards: the built-in
+    rule evaluates it (min_valid_groups 0), while a rule with the default of 1 skips it."""
+    run = new_run(api)
+    make_rule(
+        api, name="strict_invalid", run_id=run["run_id"], metric="n_invalid", op=">", threshold=0
+    )
+    body = '{"attempt": 1, "records": [{"step": 1, "groups": [[NaN, 1], [null, 0, 1]]}]}'
+    r = api.post(
+        f"/api/v1/runs/{run['run_id']}/steps",
+        content=body,
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 200 and r.json()["steps"][0]["n_valid"] == 0, r.text
+    (bad,) = alerts_of(api, run["run_id"], "non_finite_rewards")
+    assert (bad["state"], bad["fired_step"], bad["value"]) == ("firing", 1, 2)
+    assert alerts_of(api, run["run_id"], "strict_invalid") == []
+    rules = {r["name"]: r for r in api.get("/api/v1/alert-rules").json()["rules"]}
+    assert rules["non_finite_rewards"]["min_valid_groups"] == 0
+    assert rules["strict_invalid"]["min_valid_groups"] == 1
+
+
 def test_clear_threshold_hysteresis_and_discarded_pending(api):
     run = new_run(api)
     make_rule(

@@ -28,11 +28,14 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
 def _bearer(request: Request) -> str | None:
+    """The key of an ``Authorization: Bearer`` header. Never a cookie: a browser sends cookies
+    with requests that other sites make, so a cookie key would let them write (CSRF); the
+    dashboard's own cookie is checked by the dashboard's routes only."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return request.cookies.get("vantage_key")
+    return None
 
 
 def check_key(request: Request, session: Session, scope: str) -> KeyInfo:

@@ -651,3 +651,13 @@ def test_a_run_deleted_and_created_again_is_scored_with_its_new_bounds(api):
     run = new_run(api, run_id=rid, reward_max=2.0)
     step = post_steps(api, run, [{"step": 3, "groups": [[1, 1], [2, 2]]}])["steps"][0]
     assert (step["acr_constant"], step["acr_all_pass"]) == (0.5, 0.5)
+
+
+def test_the_api_takes_its_key_from_the_authorization_header_only(server):
+    """A key in a cookie is not a credential for the API (another site's form could send it)."""
+    key = server.keys["all"]
+    with httpx.Client(base_url=server.url, cookies={"vantage_key": key}) as c:
+        assert c.get("/api/v1/runs").status_code == 401
+        assert c.post("/api/v1/runs", json={"name": "x"}).status_code == 401
+    with httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {key}"}) as c:
+        assert c.get("/api/v1/runs").status_code == 200

@@ -185,32 +185,82 @@ def summarize_rewards(
 def _check_stats_bounds(
     n: int, mean: float | None, std: float | None, lo: float | None, hi: float | None
 ) -> None:
-    """mean within [min, max], and std between the smallest and the largest that n values
-    spanning [min, max] can have: (max − min)/√(2n) (two values at the ends, the rest at their
-    mean; taken as a population std, so that a client sending numpy's default passes) and
-    (max − min)/2 · √(n/(n−1)); all with a relative slack for rounding."""
+    """Whether n values with this min and max could have this mean and std; raises
+    InconsistentStatsError naming the bound broken. All in units of s = max(|min|, |max|), with
+    a slack of 1e-9 for rounding (no computation can overflow):
+
+    - min and max are both taken, so the other n − 2 values lie between them: the mean lies in
+      [min + (max − min)/n, max − (max − min)/n] (for n = 2, exactly the midpoint);
+    - the std is at most √((max − mean)(mean − min) · n/(n − 1)) (the Bhatia–Davis bound on
+      the variance, Bhatia & Davis 2000, as a sample std), and at least (max − min)/√(2n) (two
+      values at the ends, the rest at their mean, taken as a population std so that a client
+      sending numpy's default passes)."""
     if n == 0:
         if any(v is not None for v in (mean, std, lo, hi)):
             raise InconsistentStatsError("n is 0 but statistics were sent")
         return
     if mean is None or lo is None or hi is None:
         return
-    slack = 1e-9 * builtins.max(abs(lo), abs(hi), 1e-300)
-    if not lo - slack <= mean <= hi + slack:
+    s = builtins.max(abs(lo), abs(hi)) or 1.0
+    low, high, m = lo / s, hi / s, mean / s
+    tol = 1e-9 + 4 * math.ulp(0.0) / s  # subnormal values round by whole ulps
+    if not low - tol <= m <= high + tol:
         raise InconsistentStatsError(f"mean {mean} is outside [min {lo}, max {hi}]")
-    if std is not None and n >= 2:
-        widest = (hi / 2 - lo / 2) * math.sqrt(n / (n - 1))
-        if std > widest * (1 + 1e-9) + slack:
-            raise InconsistentStatsError(
-                f"std {std} exceeds {widest:.6g}, the largest possible for {n} values in "
-                f"[{lo}, {hi}]"
-            )
-        narrowest = (hi / 2 - lo / 2) * math.sqrt(2 / n)
-        if std < narrowest * (1 - 1e-9) - slack:
-            raise InconsistentStatsError(
-                f"std {std} is below {narrowest:.6g}, the smallest possible for {n} values "
-                f"spanning [{lo}, {hi}]"
-            )
+    if n < 2 or hi == lo:
+        return
+    edge = (high - low) / n
+    if not low + edge - tol <= m <= high - edge + tol:
+        raise InconsistentStatsError(
+            f"mean {mean} is impossible for {n} values whose min is {lo} and max is {hi}: it "
+            f"lies within [{(low + edge) * s:.6g}, {(high - edge) * s:.6g}]"
+        )
+    if std is None:
+        return
+    widest = math.sqrt(builtins.max(high - m, 0.0) * builtins.max(m - low, 0.0) * n / (n - 1))
+    if std / s > widest * (1 + 1e-9) + tol:
+        raise InconsistentStatsError(
+            f"std {std} exceeds {widest * s:.6g}, the largest possible for {n} values in "
+            f"[{lo}, {hi}] with mean {mean}"
+        )
+    narrowest = (high / 2 - low / 2) * math.sqrt(2 / n)
+    if std / s < narrowest * (1 - 1e-9) - tol:
+        raise InconsistentStatsError(
+            f"std {std} is below {narrowest * s:.6g}, the smallest possible for {n} values "
+            f"spanning [{lo}, {hi}]"
+        )
+
+
+def _check_n_pass(
+    n: int, mean: float, std: float | None, lo: float, hi: float, n_pass: int, r: ACRSettings
+) -> None:
+    """A group that carries n_pass is binary (DESIGN.md §3): every reward is reward_min or
+    reward_max, n_pass of them reward_max. Its min, max, mean and std follow from n_pass and n;
+    raises InconsistentStatsError when they do not (std as a sample or a population std)."""
+    want_lo = r.reward_max if n_pass == n else r.reward_min
+    want_hi = r.reward_min if n_pass == 0 else r.reward_max
+    if (lo, hi) != (want_lo, want_hi):
+        raise InconsistentStatsError(
+            f"n_pass {n_pass} of n {n} says the rewards are {want_lo} to {want_hi} (binary: "
+            f"each reward_min {r.reward_min} or reward_max {r.reward_max}), but min is {lo} and "
+            f"max is {hi}"
+        )
+    s = builtins.max(abs(r.reward_min), abs(r.reward_max))
+    low, high, p = r.reward_min / s, r.reward_max / s, n_pass / n
+    expected = low + (high - low) * p
+    if abs(mean / s - expected) > 1e-9 * (1 + abs(expected)):
+        raise InconsistentStatsError(
+            f"mean {mean} does not match n_pass {n_pass} of n {n} binary rewards "
+            f"({expected * s:.6g})"
+        )
+    if std is None or n < 2:
+        return
+    population = (high - low) * math.sqrt(p * (1 - p))
+    sample = population * math.sqrt(n / (n - 1))
+    if not population * (1 - 1e-9) - 1e-9 <= std / s <= sample * (1 + 1e-9) + 1e-9:
+        raise InconsistentStatsError(
+            f"std {std} does not match n_pass {n_pass} of n {n} binary rewards "
+            f"({sample * s:.6g} as a sample std)"
+        )
 
 
 def summarize_stats(
@@ -224,8 +274,10 @@ def summarize_stats(
 ) -> GroupSummary:
     """Classify a group sent as compact statistics (n, mean, sample std, min, max, n_pass?).
 
-    Raises InconsistentStatsError for min > max, std < 0, std > 0 with min == max, n < 0, or an
-    n_pass outside [0, n].
+    Raises InconsistentStatsError for min > max, std < 0, std > 0 with min == max (beyond
+    1e-9·|min|, which rounding in a client's std can give, and is read as 0), n < 0, an
+    n_pass outside [0, n], a mean or std that no n values with this min and max could have
+    (`_check_stats_bounds`), or an n_pass that the other statistics contradict (`_check_n_pass`).
     """
     if n < 0:
         raise InconsistentStatsError(f"n is {n}; it must be >= 0")
@@ -240,8 +292,16 @@ def summarize_stats(
     if std is not None and std < 0:
         raise InconsistentStatsError(f"std {std} < 0")
     if std is not None and std > 0 and min == max:
-        raise InconsistentStatsError(f"std {std} > 0 but min == max == {min}")
+        # numpy's std of equal values can be a few ulps above 0 (its mean is rounded): allowed
+        if std > 1e-9 * (abs(min) or 1.0):  # type: ignore[arg-type]
+            raise InconsistentStatsError(f"std {std} > 0 but min == max == {min}")
+        std = 0.0
     _check_stats_bounds(n, mean, std, min, max)
+    if min is not None and min == max:
+        mean = min  # within rounding of it (checked): all n values are min
+    if n_pass is not None and n > 0:
+        assert mean is not None and min is not None and max is not None
+        _check_n_pass(n, mean, std, min, max, n_pass, settings)
     if n < 2:
         return GroupSummary(GroupClass.DEGENERATE, None, n, mean, None, min, max, None)
     assert mean is not None and std is not None and min is not None and max is not None

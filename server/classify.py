@@ -135,9 +135,24 @@ class _RecordArrays:
         acc.n_constant += counts[COLLAPSED] - n_all_pass - n_all_fail
 
 
+class BadGroupStats(InconsistentStatsError):
+    """Impossible compact statistics of the group at ``index`` of its record (or request)."""
+
+    def __init__(self, index: int, group_id: str, reason: str) -> None:
+        super().__init__(f"group {index} ('{group_id}'): {reason}")
+        self.index, self.group_id, self.reason = index, group_id, reason
+
+    def detail(self, *where: str | int) -> list[dict]:
+        """A 422's ``detail``, as pydantic's errors are: ``where`` is the path to the groups'
+        owner (``"records", 3`` for a record of a batch, nothing for an /acr request)."""
+        loc = [*where, "groups", self.index, "with_stats", "stats"]
+        msg = f"group_id '{self.group_id}': {self.reason}"
+        return [{"type": "inconsistent_stats", "loc": loc, "msg": msg}]
+
+
 def classify_groups(groups: list[NormalGroup], settings: ACRSettings) -> GroupColumns:
     """Classify a record's groups (vectorised where possible) and hash their content. Raises
-    InconsistentStatsError (naming the group) for impossible compact statistics."""
+    BadGroupStats (naming the group) for impossible compact statistics."""
     size = len(groups)
     cols = GroupColumns(
         group_ids=[g.group_id for g in groups],
@@ -237,7 +252,7 @@ def _put_stats(cols: GroupColumns, i: int, g: NormalGroup, settings: ACRSettings
     try:
         summary = summarize_stats(s.n, s.mean, s.std, s.min, s.max, s.n_pass, settings)
     except InconsistentStatsError as exc:
-        raise InconsistentStatsError(f"group {i} ('{g.group_id}'): {exc}") from exc
+        raise BadGroupStats(i, g.group_id, str(exc)) from exc
     cols.hash[i] = _digest(repr(("s", s.n, s.mean, s.std, s.min, s.max, s.n_pass)).encode())
     _put(cols, i, summary)
 

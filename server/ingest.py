@@ -20,13 +20,18 @@ from sqlalchemy.orm import Session
 from vantage.client.acr import (
     STEP_METRIC_FIELDS,
     ACRSettings,
-    InconsistentStatsError,
     StepAccumulator,
 )
 from vantage.client.schema import StepRecord, StepsBatch
 
 from .alert_metrics import drop_stale_windows
-from .classify import INVALID, GroupColumns, classify_groups, classify_reward_lists
+from .classify import (
+    INVALID,
+    BadGroupStats,
+    GroupColumns,
+    classify_groups,
+    classify_reward_lists,
+)
 from .group_blocks import decode_hashes, encode_block
 from .locks import RunState
 from .models import GroupBlock, Run, Step, utcnow
@@ -34,7 +39,12 @@ from .queries import point_json
 
 
 class IngestError(ValueError):
-    """A batch that cannot be stored as sent (answered 422, nothing stored)."""
+    """A batch that cannot be stored as sent (answered 422, nothing stored); ``detail`` lists
+    the errors as pydantic's validation errors do (type, loc, msg)."""
+
+    def __init__(self, detail: list[dict]) -> None:
+        super().__init__("; ".join(e["msg"] for e in detail))
+        self.detail = detail
 
 
 class UnknownAttemptError(ValueError):
@@ -140,8 +150,8 @@ def classify_batch(info: RunInfo, batch: StepsBatch, result: IngestResult) -> li
                 cols = classify_reward_lists(lists, settings)
             else:
                 cols = classify_groups(rec.normal_groups(), settings)
-        except InconsistentStatsError as exc:
-            raise IngestError(f"record {ri}, {exc}") from exc
+        except BadGroupStats as exc:
+            raise IngestError(exc.detail("records", ri)) from exc
         owned = _first_in_batch(seen, rec, cols, result)
         if len(owned) == len(cols.cls):
             result.invalid_groups += cols.cls.count(INVALID)

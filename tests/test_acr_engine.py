@@ -111,6 +111,40 @@ def test_inconsistent_stats_raise():
         summarize_stats(4, 0.5, 0.0, 0, 1)  # values 0 and 1 cannot have std 0
 
 
+@pytest.mark.parametrize(
+    ("args", "bound"),
+    [
+        ((2, 0.9, 0.7071, 0, 1), "impossible for 2 values"),  # two values 0 and 1: mean 0.5
+        ((4, 0.26, 0.55, 0, 1), "largest possible"),  # Bhatia–Davis: std ≤ 0.507 at mean 0.26
+        ((4, 0.5, 0.57735, 0, 1, 4), "n_pass 4 of n 4"),  # all pass, yet min is 0
+        ((4, 0.75, 0.45, 0, 1, 2), "mean 0.75 does not match"),  # 2 of 4 pass: mean 0.5
+        ((4, 0.5, 0.45, 0, 1, 2), "std 0.45 does not match"),  # 0.5 or 0.577 for 2 of 4
+        ((3, 0.3, 0.1, 0.2, 0.4, 1), "binary"),  # n_pass on rewards that are not 0 or 1
+    ],
+)
+def test_stats_no_rewards_could_have_are_refused(args, bound):
+    with pytest.raises(InconsistentStatsError, match=bound):
+        summarize_stats(*args)
+
+
+def test_binary_stats_follow_the_runs_reward_range():
+    wide = ACRSettings(reward_min=-1.0, reward_max=3.0)
+    raw = summarize_rewards([3.0, -1.0, -1.0, 3.0, 3.0], settings=wide)
+    stats = summarize_stats(raw.n, raw.mean, raw.std, raw.min, raw.max, raw.n_pass, wide)
+    assert stats.n_pass == raw.n_pass == 3 and stats.cls == raw.cls
+    with pytest.raises(InconsistentStatsError, match="binary"):
+        summarize_stats(raw.n, raw.mean, raw.std, raw.min, raw.max, raw.n_pass)  # 0/1 run
+
+
+def test_a_constant_groups_std_may_carry_rounding():
+    """numpy's std of equal values can be a few ulps above 0; it reads as 0, and the group as
+    collapsed, while a real spread is refused."""
+    stats = summarize_stats(3, 5.8044338543399245, 1.09e-15, 5.8044338543399245, 5.8044338543399245)
+    assert (stats.cls, stats.std) == (GroupClass.COLLAPSED, 0.0)
+    with pytest.raises(InconsistentStatsError, match="min == max"):
+        summarize_stats(3, 5.8, 0.01, 5.8, 5.8)
+
+
 def test_window_metrics_pool_and_skip_null_steps():
     steps = [
         {"acr": 0.5, "n_collapsed": 1, "n_valid": 2},  # step A: [[1]*8, [0, 1]]

@@ -146,6 +146,20 @@ def test_stats_form_and_inconsistent_stats(api):
         json={"attempt": 1, "records": [{"step": 2, "groups": [bad]}]},
     )
     assert r.status_code == 422 and "g7" in r.text and "min" in r.text
+    (error,) = r.json()["detail"]
+    assert error["loc"] == ["records", 0, "groups", 0, "with_stats", "stats"]
+    assert error["type"] == "inconsistent_stats" and error["msg"].startswith("group_id 'g7': ")
+    # binary stats (n_pass) that contradict themselves, in the second record of a batch
+    liar = {"stats": {"n": 4, "mean": 0.5, "std": 0.57735, "min": 0, "max": 1, "n_pass": 4}}
+    records = [{"step": 3, "groups": [[0, 1]]}, {"step": 4, "groups": [[1, 0], liar]}]
+    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", json={"attempt": 1, "records": records})
+    assert r.status_code == 422 and "n_pass 4 of n 4" in r.text
+    assert r.json()["detail"][0]["loc"] == ["records", 1, "groups", 1, "with_stats", "stats"]
+    r = api.post("/api/v1/acr", json={"groups": [[0, 1], liar]})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["groups", 1, "with_stats", "stats"]
+    points = api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"]
+    assert [p["step"] for p in points] == [1]  # nothing of the refused batches
 
 
 def test_duplicates_and_conflicts(api):

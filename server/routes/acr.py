@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request, Response
-from vantage.client.acr import ACRSettings, InconsistentStatsError, StepAccumulator
+from vantage.client.acr import ACRSettings, StepAccumulator
 from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, ACRRequest
 
-from ..classify import classify_groups
+from ..classify import BadGroupStats, classify_groups
 from ..deps import ReadKey
 from . import json_response, parse_body, raw_body_openapi, read_limited_body
 
@@ -23,8 +23,8 @@ async def acr(request: Request, key: ReadKey) -> Response:
     settings = ACRSettings(body.reward_min, body.reward_max, body.trainer_eps, body.tol)
     try:
         cols = classify_groups(body.normal_groups(), settings)
-    except InconsistentStatsError as exc:
-        raise HTTPException(422, str(exc)) from exc
+    except BadGroupStats as exc:
+        raise HTTPException(422, exc.detail()) from exc
     acc = StepAccumulator()
     cols.add_to(acc)
     classes = cols.classes()

@@ -121,7 +121,7 @@ def _ingest_once(state, run_id, batch, key, evaluate: bool) -> dict:  # noqa: AN
                 save_run_state(session, run)
                 session.commit()
         except IngestError as exc:
-            raise HTTPException(422, str(exc)) from exc
+            raise HTTPException(422, exc.detail) from exc
         except UnknownAttemptError as exc:
             raise HTTPException(409, str(exc)) from exc
     if outcome.notified:

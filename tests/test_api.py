@@ -5,7 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import socket
+import time
 import uuid
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -675,3 +678,20 @@ def test_the_api_takes_its_key_from_the_authorization_header_only(server):
         assert c.post("/api/v1/runs", json={"name": "x"}).status_code == 401
     with httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {key}"}) as c:
         assert c.get("/api/v1/runs").status_code == 200
+
+
+def test_a_client_that_leaves_mid_body_stores_nothing_and_logs_no_traceback(server, api):
+    run = new_run(api)
+    logged_before = len(server.log_path.read_text())
+    where = urlsplit(server.url)
+    head = (
+        f"POST /api/v1/runs/{run['run_id']}/steps HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {server.keys['all']}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    )
+    with socket.create_connection((where.hostname, where.port)) as sock:
+        sock.sendall(head.encode() + b'{"attempt": 1, "records": ')
+    time.sleep(0.5)
+    assert api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"] == []
+    log = server.log_path.read_text()[logged_before:]
+    assert "ClientDisconnect" not in log and "Exception in ASGI application" not in log

@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 import orjson
 from fastapi import HTTPException, Request, Response
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -17,11 +18,14 @@ async def read_limited_body(request: Request, limit: int) -> bytes:
     if declared and declared.isdigit() and int(declared) > limit:
         raise HTTPException(413, f"request body of {declared} bytes; the limit is {limit} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(413, f"request body over the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPException(413, f"request body over the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # nobody is left to answer; stored nothing, logs no traceback
+        raise HTTPException(400, "the client went away before sending the whole body") from None
     return b"".join(chunks)
 
 

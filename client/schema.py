@@ -316,8 +316,8 @@ class StepsBatch(_Strict):
 class _RewardBounds(_Strict):
     """reward_min below reward_max: they name the sides of a collapsed group (DESIGN.md §3)."""
 
-    reward_min: Annotated[float, Field(allow_inf_nan=False)] = 0.0
-    reward_max: Annotated[float, Field(allow_inf_nan=False)] = 1.0
+    reward_min: Annotated[float, Strict(), Field(allow_inf_nan=False)] = 0.0
+    reward_max: Annotated[float, Strict(), Field(allow_inf_nan=False)] = 1.0
 
     @model_validator(mode="after")
     def _bounds(self) -> Any:
@@ -331,8 +331,8 @@ class _RewardBounds(_Strict):
 class ACRRequest(GroupsForm, _RewardBounds):
     """Body of the stateless ``POST /api/v1/acr``."""
 
-    trainer_eps: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-4
-    tol: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-3
+    trainer_eps: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] = 1e-4
+    tol: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] = 1e-3
 
 
 class RunCreate(_RewardBounds):
@@ -346,10 +346,10 @@ class RunCreate(_RewardBounds):
     name: Text = Field(default="run", min_length=1, max_length=200)
     project: Text | None = Field(default=None, max_length=200)
     config: StorableJSON = None
-    group_size: Annotated[int, Field(ge=1, le=MAX_GROUP_SIZE)] | None = None
-    trainer_eps: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-4
-    world_size: Annotated[int, Field(ge=1, le=65_536)] = 1
-    heartbeat_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] = 10.0
+    group_size: Annotated[int, Strict(), Field(ge=1, le=MAX_GROUP_SIZE)] | None = None
+    trainer_eps: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] = 1e-4
+    world_size: Annotated[int, Strict(), Field(ge=1, le=65_536)] = 1
+    heartbeat_s: Annotated[float, Strict(), Field(gt=0, le=86_400, allow_inf_nan=False)] = 10.0
     tags: list[Annotated[Text, Field(max_length=100)]] = Field(default_factory=list, max_length=50)
 
 
@@ -365,11 +365,11 @@ class RunPatch(_Strict):
 class Heartbeat(_Strict):
     """Body of ``POST /api/v1/runs/{run_id}/heartbeat``; counters are the client's totals."""
 
-    attempt: Annotated[int, Field(ge=1, le=2**31 - 1)]
-    rank: Annotated[int, Field(ge=0, le=65_535)] = 0
-    spooled_groups: Annotated[int, Field(ge=0, le=2**62)] | None = None
-    dropped_groups: Annotated[int, Field(ge=0, le=2**62)] | None = None
-    dead_letter_batches: Annotated[int, Field(ge=0, le=2**62)] | None = None
+    attempt: Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
+    rank: Annotated[int, Strict(), Field(ge=0, le=65_535)] = 0
+    spooled_groups: Annotated[int, Strict(), Field(ge=0, le=2**62)] | None = None
+    dropped_groups: Annotated[int, Strict(), Field(ge=0, le=2**62)] | None = None
+    dead_letter_batches: Annotated[int, Strict(), Field(ge=0, le=2**62)] | None = None
 
 
 class Finish(_Strict):
@@ -443,5 +443,5 @@ def validate_command_params(kind: str, params: dict[str, Any]) -> None:
 
 class CommandAck(_Strict):
     status: Literal["applied", "rejected"]
-    step: Annotated[int, Field(ge=0, le=2**62)] | None = None
+    step: Annotated[int, Strict(), Field(ge=0, le=2**62)] | None = None
     detail: Text | None = Field(default=None, max_length=2000)

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 from vantage.client.schema import Split, validate_command_params
@@ -61,17 +70,17 @@ class RulePatch(BaseModel):
     project: str | None = Field(default=None, max_length=200)
     metric: str | None = Field(default=None, max_length=200)
     op: Op | None = None
-    threshold: float | None = None
-    for_steps: int | None = Field(default=None, ge=1, le=1_000_000)
-    clear_threshold: float | None = None
-    clear_steps: int | None = Field(default=None, ge=1, le=1_000_000)
-    min_valid_groups: int | None = Field(default=None, ge=0, le=10**9)
+    threshold: Annotated[float, Strict()] | None = None
+    for_steps: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
+    clear_threshold: Annotated[float, Strict()] | None = None
+    clear_steps: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
+    min_valid_groups: StrictInt | None = Field(default=None, ge=0, le=10**9)
     severity: str | None = Field(default=None, min_length=1, max_length=32)
     notify: list[str] | None = Field(default=None, max_length=20)
     mitigation: Mitigation | None = None
-    cooldown_steps: int | None = Field(default=None, ge=0, le=10**12)
+    cooldown_steps: StrictInt | None = Field(default=None, ge=0, le=10**12)
     split: Split | None = None  # the same rule as a record's split
-    enabled: bool | None = None
+    enabled: StrictBool | None = None
     description: str | None = Field(default=None, max_length=2000)
 
     @field_validator("metric")
@@ -93,7 +102,7 @@ class RuleCreate(RulePatch):
     name: str = Field(min_length=1, max_length=200)
     metric: str = Field(max_length=200)
     op: Op
-    threshold: float
+    threshold: Annotated[float, Strict()]
 
 
 def rule_dict(r: AlertRule) -> dict[str, Any]:

@@ -695,3 +695,29 @@ def test_a_client_that_leaves_mid_body_stores_nothing_and_logs_no_traceback(serv
     assert api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"] == []
     log = server.log_path.read_text()[logged_before:]
     assert "ClientDisconnect" not in log and "Exception in ASGI application" not in log
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/v1/runs", {"name": "b", "reward_min": True}),
+        ("/api/v1/runs", {"name": "b", "world_size": "2"}),
+        ("/api/v1/runs", {"name": "b", "heartbeat_s": False}),
+        ("/api/v1/acr", {"groups": [[0, 1]], "tol": True}),
+        ("/api/v1/alert-rules", {"name": "b", "metric": "acr", "op": ">", "threshold": True}),
+        (
+            "/api/v1/alert-rules",
+            {"name": "b", "metric": "acr", "op": ">", "threshold": 0.5, "for_steps": "3"},
+        ),
+        (
+            "/api/v1/alert-rules",
+            {"name": "b", "metric": "acr", "op": ">", "threshold": 0.5, "enabled": "yes"},
+        ),
+    ],
+)
+def test_numbers_and_flags_are_not_read_from_booleans_or_strings(api, path, body):
+    """As rewards are: `true` is no reward_min and "3" no step count (lax parsing would read
+    them as 1.0 and 3)."""
+    r = api.post(path, json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["type"] in ("float_type", "int_type", "bool_type"), r.text

@@ -16,12 +16,11 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
     Strict,
-    StrictInt,
-    StrictStr,
     Tag,
     model_validator,
 )
@@ -52,7 +51,9 @@ def _storable_text(text: str, kind: str = "text fields") -> str:
 
 
 def _identifier(kind: str):  # noqa: ANN202
-    def check(value: str | int) -> str:
+    def check(value: Any) -> str:
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise ValueError(f"{kind} must be a string or an integer")
         text = str(value)
         if len(text) > 128:
             raise ValueError(f"{kind} has {len(text)} characters; at most 128 are allowed")
@@ -65,10 +66,13 @@ def _no_nul(text: str) -> str:
     return _storable_text(text)
 
 
-GroupId = Annotated[StrictStr | StrictInt, AfterValidator(_identifier("group_id"))]
-PromptId = Annotated[StrictStr | StrictInt, AfterValidator(_identifier("prompt_id"))]
+# One check of the value, so that a bad id gets one error (a str | int union lists one a branch)
+GroupId = Annotated[str, BeforeValidator(_identifier("group_id"), json_schema_input_type=str | int)]
+PromptId = Annotated[
+    str, BeforeValidator(_identifier("prompt_id"), json_schema_input_type=str | int)
+]
 Text = Annotated[str, AfterValidator(_no_nul)]
-MaskValue = Annotated[int, Strict(), Field(ge=0, le=1)] | bool
+MaskValue = Literal[0, 1, True, False]
 Split = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
 

@@ -91,6 +91,13 @@ def test_bad_groups_are_rejected_and_batch_is_atomic(api, bad):
         ),
         ("1,0", [()]),
         (7, [()]),
+        ({"rewards": [1, 0], "mask": [1, 5]}, [("with_rewards", "mask", 1)]),
+        ({"group_id": 1.5, "rewards": [1, 0]}, [("with_rewards", "group_id")]),
+        (
+            {"group_id": True, "stats": {}},
+            [("with_stats", "group_id")]
+            + [("with_stats", "stats", f) for f in ("n", "mean", "std", "min", "max")],
+        ),
     ],
 )
 def test_a_bad_group_gets_the_errors_of_its_own_form_only(api, group, errors):

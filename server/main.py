@@ -19,9 +19,12 @@ from .routes import alerts as alert_routes
 from .settings import Settings
 
 
-async def _data_error(_request: Request, exc: DataError) -> JSONResponse:
+async def _data_error(request: Request, exc: DataError) -> JSONResponse:
     # The database refused a value the schema let through (e.g. a NUL byte in a JSON string on
-    # PostgreSQL): the transaction was rolled back, so answer 422 rather than 500.
+    # PostgreSQL): the transaction was rolled back, so answer 422 rather than 500. An id in the
+    # path that PostgreSQL cannot even compare names nothing that exists: 404, as on SQLite.
+    if any("\x00" in str(v) for v in request.path_params.values()):
+        return JSONResponse({"detail": "not found (an id never contains NUL)"}, status_code=404)
     reason = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
     return JSONResponse({"detail": f"the database refused a value: {reason}"}, status_code=422)
 

@@ -728,3 +728,16 @@ def test_numbers_and_flags_are_not_read_from_booleans_or_strings(api, path, body
     r = api.post(path, json=body)
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["type"] in ("float_type", "int_type", "bool_type"), r.text
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_an_id_with_nul_in_the_path_is_not_found(api, method):
+    for path in ("/api/v1/runs/a%00b", "/api/v1/runs/a%00b/metrics", "/api/v1/alert-rules/1%00"):
+        if method == "DELETE" and path.endswith("metrics"):
+            continue
+        r = api.request(method, path)
+        assert r.status_code in (404, 422), (path, r.text)  # never 500
+        assert "database" not in r.text
+    assert api.get("/api/v1/runs/a%00b").status_code == 404
+    r = api.post("/api/v1/runs/a%00b/steps", json={"attempt": 1, "records": []})
+    assert r.status_code == 404, r.text

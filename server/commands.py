@@ -105,6 +105,10 @@ def deliver_commands(session: Session, run_id: str) -> list[dict[str, Any]]:
     ]
 
 
+class AckConflict(ValueError):
+    """An ack whose status differs from the command's earlier ack."""
+
+
 def ack_command(
     session: Session,
     run_id: str,
@@ -113,10 +117,17 @@ def ack_command(
     step: int | None,
     detail: str | None,
 ) -> dict[str, Any]:
-    """Record the trainer's ack; acking twice keeps the first. Raises LookupError if unknown."""
+    """Record the trainer's ack. An ack is final: the same ack again (a retry) answers the
+    command as it is; the other status raises AckConflict (409). Raises LookupError if the
+    command is unknown."""
     c = session.get(Command, command_id)
     if c is None or c.run_id != run_id:
         raise LookupError(f"command {command_id} not found for run {run_id}")
+    if c.status in ("applied", "rejected") and c.status != status:
+        raise AckConflict(
+            f"command {command_id} was already acked '{c.status}' (step {c.acked_step}); "
+            "an ack is final"
+        )
     if c.status in OPEN_STATES or c.status == "expired":
         c.status = status
         c.acked_step = step

@@ -423,6 +423,12 @@ def test_commands_delivered_to_rank0_until_acked(api):
     assert [c["command_id"] for c in hb.json()["commands"]] == [cid]
     ack = api.post(f"/api/v1/runs/{rid}/commands/{cid}/ack", json={"status": "applied", "step": 2})
     assert ack.status_code == 200 and ack.json()["status"] == "applied"
+    again = api.post(
+        f"/api/v1/runs/{rid}/commands/{cid}/ack", json={"status": "applied", "step": 3}
+    )
+    assert again.status_code == 200 and again.json()["acked_step"] == 2  # a retry: the first
+    other = api.post(f"/api/v1/runs/{rid}/commands/{cid}/ack", json={"status": "rejected"})
+    assert other.status_code == 409 and "already acked 'applied'" in other.text
     assert post_steps(api, run, [{"step": 2, "groups": [[0, 1]]}])["commands"] == []
     log = api.get(f"/api/v1/runs/{rid}/commands").json()["commands"]
     assert log[0]["acked_step"] == 2 and log[0]["issued_by"] == "key:all"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 from vantage.client.schema import CommandAck, CommandCreate
 
-from ..commands import ack_command, create_command, list_commands
+from ..commands import AckConflict, ack_command, create_command, list_commands
 from ..deps import ControlKey, IngestKey, ReadKey, SessionDep, SettingsDep, load_run
 
 router = APIRouter(prefix="/api/v1/runs", tags=["commands"])
@@ -46,5 +46,7 @@ def ack(
         cmd = ack_command(session, run_id, command_id, body.status, body.step, body.detail)
     except LookupError as exc:
         raise HTTPException(404, str(exc)) from exc
+    except AckConflict as exc:
+        raise HTTPException(409, str(exc)) from exc
     session.commit()
     return cmd

@@ -118,7 +118,7 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
     wasted_text = explain.fmt(None) if wasted is None else f"{100 * wasted:.0f}%"
     if wasted is None and tail:
         # Without a known group size, show completions wasted per step instead of a share.
-        wasted_text = f"{explain.fmt(int(sum(r[3] or 0 for r in tail) / len(tail)))}/step"
+        wasted_text = f"{explain.fmt(sum(r[3] or 0 for r in tail) / len(tail), 1)}/step"
     return [
         {
             "id": "acr",

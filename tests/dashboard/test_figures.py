@@ -158,6 +158,11 @@ def test_kpi_cards_explain_each_number():
     assert cards["steps_per_min"]["value"] == "30.0"  # 1 step per 2 s
     assert cards["acr_streak"]["level"] == "bad"
     assert all(len(c["help"]) > 40 for c in cards.values())
+    # without a group size: completions wasted per step, not rounded down to a whole number
+    tail = [point(s, 0.5, wasted_rollouts=w) for s, w in enumerate((17, 4, 2))]
+    state = kpis.initial_state({}, tail, False, 1)
+    cards = {c["id"]: c for c in kpis.cards(state, {"group_size": None, "status": "running"})}
+    assert cards["wasted"]["value"] == "7.7/step"
 
 
 def test_texts_never_promise_an_accuracy_prediction():

@@ -6,10 +6,13 @@ import gc
 from collections import Counter
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DataError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from . import alerts
 from .alert_worker import AlertWorker
@@ -19,14 +22,48 @@ from .routes import alerts as alert_routes
 from .settings import Settings
 
 
+def _error(msg: str, loc: list | None = None, kind: str = "value_error") -> dict:
+    """One entry of a 422's ``detail``, shaped as pydantic's validation errors are."""
+    return {"type": kind, "loc": loc or [], "msg": msg}
+
+
 async def _data_error(request: Request, exc: DataError) -> JSONResponse:
     # The database refused a value the schema let through (e.g. a NUL byte in a JSON string on
     # PostgreSQL): the transaction was rolled back, so answer 422 rather than 500. An id in the
     # path that PostgreSQL cannot even compare names nothing that exists: 404, as on SQLite.
     if any("\x00" in str(v) for v in request.path_params.values()):
         return JSONResponse({"detail": "not found (an id never contains NUL)"}, status_code=404)
+    bad = [k for k, v in request.query_params.multi_items() if "\x00" in v]
+    if bad:
+        errors = [_error("cannot contain NUL characters", ["query", k]) for k in bad]
+        return JSONResponse({"detail": errors}, status_code=422)
     reason = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
-    return JSONResponse({"detail": f"the database refused a value: {reason}"}, status_code=422)
+    error = _error(f"the database refused a value: {reason}", kind="database_refused")
+    return JSONResponse({"detail": [error]}, status_code=422)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """FastAPI's answer, except that a 422 given as one message becomes a one-entry list, so
+    that every 422 lists its errors (README, "HTTP API"); ``loc`` is empty when the message
+    concerns the request as a whole."""
+    if exc.status_code == 422 and isinstance(exc.detail, str):
+        exc = HTTPException(422, [_error(exc.detail)], headers=exc.headers)
+    return await http_exception_handler(request, exc)
+
+
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+async def _no_api_route(request: Request, path: str) -> JSONResponse:
+    """Any path under /api/ that no route serves: 404 (405 where a route serves the path with
+    other methods), in JSON, before the dashboard's catch-all answers it with its HTML."""
+    for route in request.app.router.routes:  # the API's routes come before this one
+        if getattr(route, "endpoint", None) is _no_api_route:
+            break
+        if route.matches(request.scope)[0] is Match.PARTIAL:
+            return JSONResponse({"detail": "method not allowed"}, status_code=405)
+    detail = f"no such API route: {request.method} {request.url.path}"
+    return JSONResponse({"detail": detail}, status_code=404)
 
 
 async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -73,8 +110,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.evaluator = evaluator
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(DataError, _data_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     for module in (health, runs, ingest, metrics, commands, acr, alert_routes):
         app.include_router(module.router)
+    app.add_api_route("/api/{path:path}", _no_api_route, methods=_METHODS, include_in_schema=False)
     _mount_dashboard(app, settings)
     _document_raw_bodies(app)
     return app

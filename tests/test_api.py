@@ -747,3 +747,29 @@ def test_an_id_with_nul_in_the_path_is_not_found(api, method):
     assert api.get("/api/v1/runs/a%00b").status_code == 404
     r = api.post("/api/v1/runs/a%00b/steps", json={"attempt": 1, "records": []})
     assert r.status_code == 404, r.text
+
+
+def test_unknown_api_routes_are_json_404_and_every_422_lists_its_errors(server, api):
+    """Not the dashboard's HTML with 200 (a client's typo must not look like success)."""
+    for method, path in [("GET", "/api/v1/nonexistent"), ("POST", "/api/v2/runs")]:
+        r = api.request(method, path)
+        assert r.status_code == 404 and r.json()["detail"].startswith("no such API route")
+    run = new_run(api)
+    assert api.post(f"/api/v1/runs/{run['run_id']}/metrics").status_code == 405
+    # 422s raised with one message have the list shape too; a NUL in a query is named
+    bad_target = {"name": "w", "metric": "acr", "op": ">", "threshold": 1}
+    bad_target["notify"] = ["http://169.254.169.254/x"]
+    for r in (
+        api.post("/api/v1/alert-rules", json=bad_target),
+        api.get("/api/v1/alerts", params={"since": "9999-12-31T23:59:59+23:59"}),
+    ):
+        assert r.status_code == 422, r.text
+        (error,) = r.json()["detail"]
+        assert error["loc"] == [] and error["msg"], error
+    r = api.get("/api/v1/runs", params={"project": "a\x00b"})
+    # SQLite compares it (no such project); PostgreSQL cannot hold it
+    on_postgres = server.database_url.startswith("postgresql")
+    assert r.status_code == (422 if on_postgres else 200), r.text
+    if on_postgres:
+        (error,) = r.json()["detail"]
+        assert error["loc"] == ["query", "project"] and "NUL" in error["msg"]

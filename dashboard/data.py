@@ -158,12 +158,7 @@ def metrics_csv(info, run_id: str) -> Iterator[str] | None:
     with factory() as s:
         if not context.can_see(info, q.get_run(s, run_id)):
             return None
-
-    def pieces() -> Iterator[str]:
-        with factory() as s:
-            yield from q.iter_export_csv(s, run_id)
-
-    return pieces()
+    return q.export_csv_on_own_session(factory, run_id)
 
 
 def compare(info, run_ids: list[str], max_points: int = 2000) -> dict[str, Any]:

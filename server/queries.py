@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import islice
@@ -481,6 +481,15 @@ def iter_export_csv(session: Session, run_id: str, split: str = "train") -> Iter
                 [csv_cell(v) for v in values] + [csv_cell(scalars.get(k)) for k in scalar_names]
             )
         yield buf.getvalue()
+
+
+def export_csv_on_own_session(
+    session_factory: Callable[[], Session], run_id: str, split: str = "train"
+) -> Iterator[str]:
+    """`iter_export_csv` on a session of its own, opened when the first piece is asked for: a
+    streamed answer is sent after the request's own session has closed."""
+    with session_factory() as session:
+        yield from iter_export_csv(session, run_id, split)
 
 
 def _streamed(session: Session, query: Any) -> Iterator[Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
@@ -12,7 +11,7 @@ from ..deps import ReadKey, SessionDep, load_run
 from ..queries import (
     DEFAULT_MAX_POINTS,
     PROMPT_COLUMNS,
-    iter_export_csv,
+    export_csv_on_own_session,
     run_metrics_json,
     run_prompts,
     run_summary,
@@ -71,14 +70,8 @@ def export(
 ) -> StreamingResponse:
     """The run's step metrics and scalars as CSV, streamed (`iter_export_csv`)."""
     load_run(session, run_id, key)
-    factory = request.app.state.session_factory
-
-    def pieces() -> Iterator[str]:  # its own session: the request's closes before streaming
-        with factory() as s:
-            yield from iter_export_csv(s, run_id, split)
-
     return StreamingResponse(
-        pieces(),
+        export_csv_on_own_session(request.app.state.session_factory, run_id, split),
         media_type="text/csv",
         headers={"Content-Disposition": f'attachment; filename="{run_id}.csv"'},
     )

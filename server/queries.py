@@ -11,12 +11,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import islice
+from operator import itemgetter
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import orjson
-from sqlalchemy import BigInteger, bindparam, cast, func, select
+from sqlalchemy import BigInteger, bindparam, cast, func, literal, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
@@ -101,16 +102,19 @@ def get_run(session: Session, run_id: str) -> dict[str, Any] | None:
     return run_dict(run, mitigation_state(session, [run_id])[run_id])
 
 
-def _downsample(steps: list[int], acrs: list[float | None], max_points: int) -> list[int]:
+def _downsample(
+    steps: np.ndarray | list[int], acrs: np.ndarray | list[float | None], max_points: int
+) -> list[int]:
     """Steps to keep (in step order): each bucket's lowest and highest acr, so spikes survive,
     and from 3 points on the newest step (a live chart ends where the run is); at most
-    ``max_points``."""
-    if len(steps) <= max_points:
-        return list(steps)
+    ``max_points``. ``steps``: ascending int64 (n,); ``acrs``: float64 (n,), NaN or None for
+    a null acr."""
     s = np.asarray(steps, dtype=np.int64)
+    if len(s) <= max_points:
+        return s.tolist()
     a = np.array(acrs, dtype=np.float64)  # None -> NaN
     if max_points >= 3:
-        return [*_extremes(s[:-1], a[:-1], max_points - 1), steps[-1]]
+        return [*_extremes(s[:-1], a[:-1], max_points - 1), int(s[-1])]
     return _extremes(s, a, max_points)
 
 
@@ -174,14 +178,16 @@ def _raw_rows(session: Session, statement: Any, unprepared: bool = False) -> lis
 def _rows_at_steps(
     session: Session, cols: list[Any], run_id: str, split: str, steps: list[int]
 ) -> list[tuple]:
-    """Full rows of the given steps, in step order (plain tuples)."""
-    base = select(*cols).where(Step.run_id == run_id, Step.split == split).order_by(Step.step)
+    """Rows of the given steps, in step order (plain tuples); ``cols[0]`` must be Step.step."""
+    base = select(*cols).where(Step.run_id == run_id, Step.split == split)
     if session.get_bind().dialect.name == "postgresql":  # one query with an array parameter
-        return _raw_rows(session, base.where(steps_in_array(steps)), unprepared=True)
+        # ordered here: PostgreSQL's sort of 5,000 wide rows took 3 of a 13 ms read
+        found = _raw_rows(session, base.where(steps_in_array(steps)), unprepared=True)
+        return sorted(found, key=itemgetter(0))
     conn = session.connection()
     rows: list[tuple] = []
     for i in range(0, len(steps), 900):  # SQLite caps bound parameters per statement
-        rows.extend(conn.execute(base.where(Step.step.in_(steps[i : i + 900]))))
+        rows.extend(conn.execute(base.where(Step.step.in_(steps[i : i + 900])).order_by(Step.step)))
     return rows
 
 
@@ -208,6 +214,38 @@ def _step_filter(q, run_id: str, split: str, from_step: int | None, to_step: int
     return q.order_by(Step.step)
 
 
+# float8send of a NaN (big-endian): stands for a null acr, as acr itself is never NaN
+_NAN_FLOAT8 = b"\x7f\xf8\x00\x00\x00\x00\x00\x00"
+
+
+def _step_acr_series(
+    session: Session, run_id: str, split: str, from_step: int | None, to_step: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (step, acr) series of a split: steps int64 (n,) ascending, acr float64 (n,) with NaN
+    for null. On PostgreSQL each column arrives as one bytea of packed big-endian values
+    (string_agg of int8send/float8send): 20,000 steps took 6 ms so against 11 as row tuples."""
+    scan = _step_filter(select(Step.step, Step.acr), run_id, split, from_step, to_step)
+    if session.get_bind().dialect.name != "postgresql":
+        rows = _raw_rows(session, scan)
+        return (
+            np.array([r[0] for r in rows], dtype=np.int64),
+            np.array([r[1] for r in rows], dtype=np.float64),  # None -> NaN
+        )
+    inner = scan.order_by(None).subquery()
+    packed = select(
+        func.string_agg(func.int8send(inner.c.step), literal(b"")),
+        func.string_agg(
+            func.coalesce(func.float8send(inner.c.acr), literal(_NAN_FLOAT8)), literal(b"")
+        ),
+    )
+    step_bytes, acr_bytes = _raw_rows(session, packed)[0]
+    steps = np.frombuffer(step_bytes or b"", dtype=">i8").astype(np.int64)
+    acrs = np.frombuffer(acr_bytes or b"", dtype=">f8").astype(np.float64)
+    # both aggregates see the rows in one order, which need not be the step's
+    order = np.argsort(steps, kind="stable")
+    return steps[order], acrs[order]
+
+
 def point_json(row: Any) -> str:
     """A step's point of `GET /metrics` as JSON text: step, attempt, time, every step metric
     and the scalars. ``row``: a step row (anything with its columns as attributes)."""
@@ -230,12 +268,11 @@ def run_metrics_json(
     Two reads: (step, acr) of the whole range to choose the points, then the stored points of
     the chosen steps only, so a 100,000-step run costs one narrow scan."""
     max_points = max(1, max_points)
-    scan = _step_filter(select(Step.step, Step.acr), run_id, split, from_step, to_step)
-    pairs = _raw_rows(session, scan)
-    downsampled = len(pairs) > max_points
+    steps, acrs = _step_acr_series(session, run_id, split, from_step, to_step)
+    downsampled = len(steps) > max_points
     cols = [Step.step, Step.point]
     if downsampled:
-        kept = _downsample([p[0] for p in pairs], [p[1] for p in pairs], max_points)
+        kept = _downsample(steps, acrs, max_points)
         rows = _rows_at_steps(session, cols, run_id, split, kept)
     else:
         rows = _raw_rows(session, _step_filter(select(*cols), run_id, split, from_step, to_step))

@@ -124,3 +124,42 @@ def test_downsampled_reads_are_never_prepared(app_client) -> None:  # noqa: ANN0
             _rows_at_steps(session, [Step.step], "no-such-run", "train", [3, 5, 8])
         prepared = session.execute(text("SELECT statement FROM pg_prepared_statements")).all()
     assert not [s for (s,) in prepared if "ANY" in s.upper()], prepared
+
+
+def test_downsampled_answers_choose_from_the_stored_series(app_client: TestClient) -> None:
+    """The (step, acr) series that downsampling chooses from, and the points it reads, are the
+    run's in step order whatever order the rows come in (on PostgreSQL, read also with index
+    scans off so that rows arrive in the heap's order): steps sent out of order, null acr (a
+    step of only degenerate groups) and step bounds give the points the plain rule picks from
+    the full answer."""
+    from sqlalchemy import text
+    from vantage.server.queries import _downsample, run_metrics
+
+    client = app_client
+    run = client.post("/api/v1/runs", json={"name": "series"}).json()
+    steps = [*range(300, -1, -1), *range(301, 420)]  # newest first, then in order
+    groups = {0: [[1, 1], [0, 1]], 1: [[0, 0], [0, 0]], 2: [[1]], 3: [[0, 1], [1, 0]]}
+    for i in range(0, len(steps), 100):
+        send(
+            client, run, [{"step": s, "groups": groups[s * 7 % 11 % 4]} for s in steps[i : i + 100]]
+        )
+    with client.app.state.session_factory() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(text("SET LOCAL enable_indexscan = off"))
+            session.execute(text("SET LOCAL enable_indexonlyscan = off"))
+            session.execute(text("SET LOCAL enable_bitmapscan = off"))
+        for window in ({}, {"from_step": 5, "to_step": 250}, {"from_step": 400}):
+            full = client.get(
+                f"/api/v1/runs/{run['run_id']}/metrics", params={**window, "max_points": 10_000}
+            ).json()["points"]
+            assert [p["step"] for p in full] == sorted(p["step"] for p in full)
+            assert any(p["acr"] is None for p in full) or window == {"from_step": 400}
+            by_step = {p["step"]: p for p in full}
+            for max_points in (1, 2, 3, 17, 60, 10_000):
+                body = run_metrics(session, run["run_id"], **window, max_points=max_points)
+                want = _downsample([p["step"] for p in full], [p["acr"] for p in full], max_points)
+                assert body["downsampled"] == (len(full) > max_points)
+                assert [p["step"] for p in body["points"]] == want, (window, max_points)
+                assert all(p == by_step[p["step"]] for p in body["points"])
+        empty = run_metrics(session, run["run_id"], from_step=10_000)
+    assert empty == {"run_id": run["run_id"], "downsampled": False, "points": []}

@@ -80,15 +80,27 @@ def reward_drop(rewards: list[float], reward_min: float) -> float | None:
     best is not above reward_min (nothing to drop from)."""
     if len(rewards) < REWARD_WINDOW + 1:
         return None
-    means = [
-        math.fsum(rewards[i - REWARD_WINDOW : i]) / REWARD_WINDOW
-        for i in range(REWARD_WINDOW, len(rewards) + 1)
-    ]
+    means = [_mean(rewards[i - REWARD_WINDOW : i]) for i in range(REWARD_WINDOW, len(rewards) + 1)]
     best = max(means[:-1])
     if not best > reward_min:
         return None
-    out = (best - means[-1]) / (best - reward_min)
+    scale = _unit(best, means[-1], reward_min)  # so that no difference overflows
+    out = (best / scale - means[-1] / scale) / (best / scale - reward_min / scale)
     return out if math.isfinite(out) else None
+
+
+def _unit(*xs: float) -> float:
+    """A power of two within a factor 2 of max|x| (finite xs): dividing by it is exact and
+    leaves every |x| below 2, so sums and differences of a few of them cannot overflow."""
+    return math.ldexp(1.0, math.frexp(max(map(abs, xs)))[1] - 1)
+
+
+def _mean(xs: list[float]) -> float:
+    """The mean of finite floats, rounded like ``fsum(xs) / n`` but never overflowing: five
+    rewards of 1e308 have the mean 1e308 instead of fsum's OverflowError (DESIGN.md §3's
+    overflow rule)."""
+    scale = _unit(*xs)
+    return math.fsum(x / scale for x in xs) / len(xs) * scale
 
 
 def _sample_std(xs: list[float]) -> float:

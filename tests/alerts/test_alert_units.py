@@ -26,6 +26,17 @@ def test_reward_drop_by_hand():
     assert reward_drop([0.0] * 10, 0.0) is None  # nothing to drop from
 
 
+def test_reward_drop_of_huge_rewards_is_finite_or_none():
+    """Five reward_means near the float64 limit overflowed math.fsum, and the OverflowError
+    stopped every rule of the run (found by a new-user trial with rewards of 1e308)."""
+    top = 1.7976931348623157e308
+    assert reward_drop([top] * 10 + [0.0] * 5, 0.0) == 1.0
+    assert reward_drop([top] * 10 + [top / 2] * 5, 0.0) == 0.5
+    assert reward_drop([top] * 10 + [0.0] * 5, -top) == 0.5  # best − reward_min: 2·top
+    assert reward_drop([top] * 10 + [-top] * 5, 0.0) == 2.0  # best − m5: 2·top
+    assert reward_drop([5e-324] * 10 + [0.0] * 5, 0.0) == 1.0  # subnormal
+
+
 def test_series_values_match_window_metrics(tmp_path):
     url = f"sqlite:///{tmp_path / 'w.db'}"
     upgrade(url)

@@ -403,6 +403,25 @@ def test_scalars_and_reward_drop_metrics(api):
     assert drop["fired_step"] == 14 and drop["value"] == pytest.approx(0.4 / 0.75)
 
 
+def test_huge_rewards_leave_every_rule_evaluated(api):
+    """Rewards of 1e308 once made reward_drop raise, which failed the whole evaluation of the
+    run on every batch: no rule of that run ever fired again."""
+    run = new_run(api, reward_min=-1e308, reward_max=1e308)
+    make_rule(api, name="huge_acr", run_id=run["run_id"], metric="acr", op=">", threshold=0.5)
+    make_rule(
+        api, name="huge_drop", run_id=run["run_id"], metric="reward_drop", op=">", threshold=0.45
+    )
+    huge = [{"step": s, "groups": [[1e308, 1e308], [1e308, 1e308]]} for s in range(1, 11)]
+    post_steps(api, run, huge)  # acr 1.0, reward_mean 1e308
+    small = [[1, 1], [0, 1], [0, 1]]  # acr 1/3, reward_mean 2/3
+    post_steps(api, run, [{"step": s, "groups": small} for s in range(11, 17)])
+    (acr,) = alerts_of(api, run["run_id"], "huge_acr")
+    assert (acr["state"], acr["fired_step"], acr["resolved_step"]) == ("resolved", 1, 11)
+    (drop,) = alerts_of(api, run["run_id"], "huge_drop")
+    # (1e308 − 2/3) / (1e308 − (−1e308)) once the latest 5 steps are all small
+    assert drop["fired_step"] == 15 and drop["value"] == pytest.approx(0.5, rel=1e-12)
+
+
 def test_resumed_run_replaying_steps_does_not_notify_again(api, receiver):
     """A new launch re-sends steps 1–2: the episode that already notified at step 1 is not
     announced again; a new collapse after the replay is."""

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -54,15 +54,24 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
-async def _no_api_route(request: Request, path: str) -> JSONResponse:
-    """Any path under /api/ that no route serves: 404 (405 where a route serves the path with
-    other methods), in JSON, before the dashboard's catch-all answers it with its HTML."""
-    for route in request.app.router.routes:  # the API's routes come before this one
-        if getattr(route, "endpoint", None) is _no_api_route:
+async def _no_route(request: Request, path: str) -> Response:
+    """A request that no route of ours serves (the catch-alls of /api/ and of the root, which
+    come before the dashboard's and Dash's own catch-alls that would answer with the
+    dashboard's HTML and 200): 405 where an earlier route serves the path with other methods,
+    else a JSON 404; a GET of the root leads to the dashboard."""
+    for route in request.app.router.routes:  # the routes before this one
+        if getattr(route, "endpoint", None) is _no_route:
             break
         if route.matches(request.scope)[0] is Match.PARTIAL:
-            return JSONResponse({"detail": "method not allowed"}, status_code=405)
-    detail = f"no such API route: {request.method} {request.url.path}"
+            return JSONResponse({"detail": "Method Not Allowed"}, status_code=405)
+    root = request.url.path == "/" and request.method in ("GET", "HEAD")
+    if root and getattr(request.app.state, "dash_app", None) is not None:
+        return RedirectResponse("/dashboard/", status_code=307)
+    if request.url.path.startswith("/api/"):
+        detail = f"no such API route: {request.method} {request.url.path}"
+    else:
+        where = "the API is under /api/v1/, the dashboard at /dashboard/"
+        detail = f"not found: {request.url.path} ({where})"
     return JSONResponse({"detail": detail}, status_code=404)
 
 
@@ -113,8 +122,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     for module in (health, runs, ingest, metrics, commands, acr, alert_routes):
         app.include_router(module.router)
-    app.add_api_route("/api/{path:path}", _no_api_route, methods=_METHODS, include_in_schema=False)
+    app.add_api_route("/api/{path:path}", _no_route, methods=_METHODS, include_in_schema=False)
     _mount_dashboard(app, settings)
+    # Last of ours, so before the catch-all that Dash appends at startup, which would answer
+    # every other GET (/favicon.ico, a typo) with the dashboard's page and 200.
+    app.add_api_route("/{path:path}", _no_route, methods=_METHODS, include_in_schema=False)
     _document_raw_bodies(app)
     return app
 

@@ -756,6 +756,13 @@ def test_unknown_api_routes_are_json_404_and_every_422_lists_its_errors(server, 
         assert r.status_code == 404 and r.json()["detail"].startswith("no such API route")
     run = new_run(api)
     assert api.post(f"/api/v1/runs/{run['run_id']}/metrics").status_code == 405
+    # outside /api/ too (Dash's own catch-all answered any GET with its page and 200)
+    for method, path in [("GET", "/favicon.ico"), ("GET", "/nope"), ("POST", "/nope")]:
+        r = api.request(method, path)
+        assert r.status_code == 404 and r.json()["detail"].startswith("not found: /"), r.text
+    assert api.post("/healthz").status_code == 405
+    root = api.get("/", follow_redirects=False)
+    assert (root.status_code, root.headers["location"]) == (307, "/dashboard/")
     # 422s raised with one message have the list shape too; a NUL in a query is named
     bad_target = {"name": "w", "metric": "acr", "op": ">", "threshold": 1}
     bad_target["notify"] = ["http://169.254.169.254/x"]

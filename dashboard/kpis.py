@@ -93,12 +93,15 @@ def steps_per_minute(tail: Sequence[list]) -> float | None:
 
 
 def wasted_share(tail: Sequence[list], group_size: int | None) -> float | None:
-    """Completions in collapsed groups / completions in valid groups, over the tail steps."""
+    """Completions in collapsed groups / completions in valid groups (n_valid × the run's
+    declared group size), over the tail steps. None without a group size, and when the wasted
+    completions exceed that total: the run's groups are larger than it declared (the server
+    takes groups of any size), so the share would be wrong (a trial saw 200%)."""
     if not group_size:
         return None
     wasted = sum(row[3] or 0 for row in tail)
     total = sum((row[4] or 0) * group_size for row in tail)
-    return wasted / total if total else None
+    return wasted / total if total and wasted <= total else None
 
 
 def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
@@ -117,7 +120,7 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
 
     wasted_text = explain.fmt(None) if wasted is None else f"{100 * wasted:.0f}%"
     if wasted is None and tail:
-        # Without a known group size, show completions wasted per step instead of a share.
+        # Without a group size that fits the data, show completions wasted per step instead.
         wasted_text = f"{explain.fmt(sum(r[3] or 0 for r in tail) / len(tail), 1)}/step"
     return [
         {

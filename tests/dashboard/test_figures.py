@@ -163,6 +163,13 @@ def test_kpi_cards_explain_each_number():
     state = kpis.initial_state({}, tail, False, 1)
     cards = {c["id"]: c for c in kpis.cards(state, {"group_size": None, "status": "running"})}
     assert cards["wasted"]["value"] == "7.7/step"
+    # groups larger than the declared size: per step too, never a share above 100%
+    tail = [point(s, 1.0, wasted_rollouts=w, n_valid=1) for s, w in enumerate((8, 8, 2))]
+    state = kpis.initial_state({}, tail, False, 1)
+    cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 2, "status": "running"})}
+    assert cards["wasted"]["value"] == "6.0/step"
+    cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
+    assert cards["wasted"]["value"] == "75%"  # 18 of 3 × 8
 
 
 def test_texts_never_promise_an_accuracy_prediction():

@@ -449,11 +449,12 @@ class Monitor:
             why = f"server {self.server} not reachable in time" if self.server else "no server"
             log.warning(
                 "vantage: %d groups are still in the spool %s (%s); upload them later with: "
-                "vantage sync %s",
+                "vantage sync %s --server %s --api-key KEY",
                 left,
                 self.spool_path,
                 why,
                 self.spool_path.parent,
+                self.server or "URL",
             )
 
     def _at_exit(self) -> None:

@@ -278,7 +278,7 @@ def sync(
     recorded for when the server still has it. Refused batches go to the file's dead-letter
     table. A file left with nothing worth keeping is deleted.
 
-    Returns ``{"files", "runs", "sent_batches", "sent_groups", "duplicates", "conflicts",
+    Returns ``{"server", "files", "runs", "sent_batches", "sent_groups", "duplicates", "conflicts",
     "dead_letter_batches", "remaining_groups", "dropped_groups", "errors", "failed"}``; ``errors``
     lists ``"FILE: reason"`` for files that could not be finished (server unreachable, run
     refused); ``failed`` is true when any file could not be finished or groups remain.
@@ -286,6 +286,7 @@ def sync(
     from .sender import Transport, replay_spool  # noqa: PLC0415 (sender imports this module)
 
     totals: dict[str, Any] = {
+        "server": server,
         "files": 0,
         "runs": [],
         "sent_batches": 0,

@@ -294,8 +294,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sync", help="upload a client spool left behind by a training run")
     p.add_argument("spool_dir")
-    p.add_argument("--server", default="http://127.0.0.1:8000")
-    p.add_argument("--api-key")
+    p.add_argument(
+        "--server",
+        default=os.environ.get("VANTAGE_SERVER") or "http://127.0.0.1:8000",
+        help="the server to upload to (default: $VANTAGE_SERVER, else http://127.0.0.1:8000)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("VANTAGE_API_KEY") or None,
+        help="a key with the ingest scope (default: $VANTAGE_API_KEY)",
+    )
     p.set_defaults(func=cmd_sync)
 
     p = sub.add_parser("train", help="run the bundled GRPO trainer")

@@ -460,9 +460,11 @@ def test_vantage_sync_cli_uploads_an_offline_spool(server: Server, tmp_path: Pat
     assert [p["n_groups"] for p in server.metrics(offline.run_id)] == [8] * 5
     with server.api() as api:
         assert api.get(f"/api/v1/runs/{offline.run_id}").json()["status"] == "finished"
-    proc = subprocess.run([vantage, "sync", str(tmp_path / "spool"), "--server", server.url],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["files"] == 0  # nothing left
+    env = {**os.environ, "VANTAGE_SERVER": server.url}  # the default of --server
+    proc = subprocess.run([vantage, "sync", str(tmp_path / "spool")],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    again = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (again["files"], again["server"]) == (0, server.url)  # nothing left
 
 
 def test_random_faults_on_every_endpoint_store_every_group_once(server: Server, tmp_path: Path):

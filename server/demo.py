@@ -240,7 +240,9 @@ def _print_summary(s: dict[str, Any]) -> None:
     _say("\nDemo summary")
     _say(f"  steps trained            {s['steps']}")
     _say(f"  alert fired at step      {fmt(s['alert_step'])}")
-    _say(f"  AVSPO applied at step    {fmt(s['mitigation_applied_step'])}")
+    applied = s["mitigation_applied_step"]
+    since = "" if applied is None else f" (in effect from step {applied + 1})"
+    _say(f"  AVSPO applied after step {fmt(applied)}{since}")
     _say(f"  raw ACR before / after   {fmt(s['acr_before'])} / {fmt(s['acr_after'])}")
     _say(f"  effective ACR after      {fmt(s['acr_effective_after'])}")
     _say(f"  accuracy before / after  {fmt(s['accuracy_before'])} / {fmt(s['accuracy_after'])}")

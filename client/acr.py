@@ -502,7 +502,8 @@ def _exact_mean(total: int, n: int) -> float | None:
     if n == 0:
         return None
     try:
-        return _finite_or_none(total / (n << EXACT_SHIFT))  # int / int is correctly rounded
+        # int / int is correctly rounded; + 0.0 turns the -0.0 of a tiny negative sum into 0.0
+        return _finite_or_none(total / (n << EXACT_SHIFT) + 0.0)
     except OverflowError:
         return None
 
@@ -566,11 +567,16 @@ def window_metrics(
         "acr_pooled": _ratio(collapsed, valid),
         "acr_100": math.fsum(first) / 100 if len(first) == 100 else None,
         "acr_ema": ema,
-        "acr_volatility": _sample_std(last25) if len(last25) == 25 else None,
+        "acr_volatility": sample_std(last25) if len(last25) == 25 else None,
         "acr_streak": streak,
     }
 
 
-def _sample_std(xs: Sequence[float]) -> float:
+def sample_std(xs: Sequence[float]) -> float:
+    """Sample standard deviation (n − 1) of at least 2 floats in [0, 1] (step ACRs), two-pass;
+    exactly 0.0 when every value is the same (the rounded mean can differ from them by an ulp,
+    which left a residue of about 1e-16). Used by `window_metrics` and the server's alerts."""
+    if min(xs) == max(xs):
+        return 0.0
     m = math.fsum(xs) / len(xs)
     return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1))

@@ -448,7 +448,7 @@ class Monitor:
         if left:
             why = f"server {self.server} not reachable in time" if self.server else "no server"
             log.warning(
-                "vantage: %d groups are still in the spool %s (%s); upload them later with: "
+                "vantage: %d group(s) are still in the spool %s (%s); upload them later with: "
                 "vantage sync %s --server %s --api-key KEY",
                 left,
                 self.spool_path,

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, EMA_ALPHA
+from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, EMA_ALPHA, sample_std
 
 from . import explain
 
@@ -20,7 +20,14 @@ TAIL = 25  # steps kept for volatility, speed and the wasted share
 
 
 def _tail_row(p: dict) -> list:
-    return [p["step"], p.get("time"), p.get("acr"), p.get("wasted_rollouts"), p.get("n_valid")]
+    return [
+        p["step"],
+        p.get("time"),
+        p.get("acr"),
+        p.get("wasted_rollouts"),
+        p.get("n_valid"),
+        p.get("n_completions"),
+    ]
 
 
 def initial_state(
@@ -75,8 +82,7 @@ def advance(state: dict[str, Any], points: Sequence[dict]) -> dict[str, Any]:
     s["first"] = first
     acrs = [row[2] for row in s["tail"] if row[2] is not None]
     if len(acrs) == TAIL:
-        m = math.fsum(acrs) / TAIL
-        s["volatility"] = math.sqrt(math.fsum((x - m) ** 2 for x in acrs) / (TAIL - 1))
+        s["volatility"] = sample_std(acrs)
     s["last_step"] = points[-1]["step"]
     s["latest"] = _latest(points)
     return s
@@ -93,13 +99,16 @@ def steps_per_minute(tail: Sequence[list]) -> float | None:
 
 
 def wasted_share(tail: Sequence[list], group_size: int | None) -> float | None:
-    """Completions in collapsed groups / completions in valid groups (n_valid × the run's
-    declared group size), over the tail steps. None without a group size, and when the wasted
-    completions exceed that total: the run's groups are larger than it declared (the server
-    takes groups of any size), so the share would be wrong (a trial saw 200%)."""
+    """Completions in collapsed groups / completions in valid groups, over the tail steps.
+    The completions are the points' `n_completions`; for points stored before they carried it,
+    n_valid × the run's declared group size, and None without one or when the wasted
+    completions exceed that (groups larger than declared: the share would be wrong)."""
+    wasted = sum(row[3] or 0 for row in tail)
+    if tail and all(len(row) > 5 and row[5] is not None for row in tail):
+        total = sum(row[5] for row in tail)
+        return wasted / total if total else None
     if not group_size:
         return None
-    wasted = sum(row[3] or 0 for row in tail)
     total = sum((row[4] or 0) * group_size for row in tail)
     return wasted / total if total and wasted <= total else None
 

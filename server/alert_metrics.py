@@ -22,6 +22,7 @@ from vantage.client.acr import (
     EMA_ALPHA,
     STEP_METRIC_FIELDS,
     WINDOW_METRIC_FIELDS,
+    sample_std,
 )
 
 from .locks import RunState
@@ -103,11 +104,6 @@ def _mean(xs: list[float]) -> float:
     return math.fsum(x / scale for x in xs) / len(xs) * scale
 
 
-def _sample_std(xs: list[float]) -> float:
-    mean = math.fsum(xs) / len(xs)
-    return math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
-
-
 class Window:
     """The running state of the window metrics over a split's steps, walked in step order
     (DESIGN.md §3 "Window metrics": newest-attempt view, steps with a null acr skipped) plus the
@@ -167,7 +163,7 @@ class Window:
             out["acr_100"] = self.acr_100
         if "acr_volatility" in needs:
             full = len(self.last25) == 25
-            out["acr_volatility"] = _sample_std(list(self.last25)) if full else None
+            out["acr_volatility"] = sample_std(list(self.last25)) if full else None
         if "acr_streak" in needs:
             out["acr_streak"] = float(self.streak)
         if "acr_ema" in needs:

@@ -247,9 +247,12 @@ def _step_acr_series(
 
 
 def point_json(row: Any) -> str:
-    """A step's point of `GET /metrics` as JSON text: step, attempt, time, every step metric
-    and the scalars. ``row``: a step row (anything with its columns as attributes)."""
+    """A step's point of `GET /metrics` as JSON text: step, attempt, time, every step metric,
+    `n_completions` (completions in valid groups: the denominator of the share of wasted
+    rollouts, as groups need not have the run's group size) and the scalars. ``row``: a step
+    row (anything with its columns as attributes)."""
     point = {c: getattr(row, c) for c in POINT_COLUMNS}
+    point["n_completions"] = (row.acc or {}).get("n_completions")
     point["scalars"] = row.scalars or {}
     return orjson.dumps(point).decode()
 
@@ -287,7 +290,7 @@ def run_metrics_json(
 
 def _full_rows(session: Session, run_id: str, split: str, steps: list[int]) -> list[Any]:
     """The point columns of the given steps, as rows with attribute access."""
-    names = (*POINT_COLUMNS, "scalars")
+    names = (*POINT_COLUMNS, "acc", "scalars")
     rows = _rows_at_steps(session, [getattr(Step, c) for c in names], run_id, split, steps)
     return [SimpleNamespace(**dict(zip(names, r, strict=True))) for r in rows]
 

@@ -165,6 +165,15 @@ def test_window_metrics_100_and_volatility():
     assert w["acr_100"] == pytest.approx((50 * 0.2 + 50 * 0.6) / 100)
     assert w["acr_volatility"] == pytest.approx(0.0, abs=1e-12)
     assert w["acr_streak"] == 75
+    # 25 equal ACRs whose rounded mean is an ulp off them: exactly 0, not ~1e-16
+    for acr in (1 / 3, 2 / 3):
+        w = window_metrics({"acr": acr, "n_collapsed": 0, "n_valid": 1} for _ in range(30))
+        assert w["acr_volatility"] == 0.0
+
+
+def test_a_tiny_negative_reward_mean_is_zero_not_negative_zero():
+    m = metrics([[-5e-324, -5e-324], [0, 0]], reward_min=-1.0, reward_max=1.0)  # mean -2.5e-324
+    assert m["reward_mean"] == 0.0 and math.copysign(1.0, m["reward_mean"]) == 1.0
 
 
 # ------------------------------------------------------------------ properties (hypothesis)

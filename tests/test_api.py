@@ -341,6 +341,22 @@ def test_export_streams_long_runs_and_scalars_are_bounded_per_record(api):
         assert row[-3:] == [str(step / 2) if step % 3 == k else "" for k in range(3)]
 
 
+def test_points_count_the_completions_of_valid_groups(api):
+    """`n_completions` (the wasted share's denominator) counts what valid groups really hold:
+    groups of any size, masked completions left out, degenerate and invalid groups too."""
+    run = new_run(api, group_size=2)
+    groups = [
+        [1] * 8,
+        {"rewards": [0, 1, 1, 0], "mask": [1, 1, 0, 0]},
+        [1],  # degenerate
+        [0, None, 1],  # invalid
+        [0, 1, 0, 1, 0, 1, 0, 1],
+    ]
+    post_steps(api, run, [{"step": 1, "groups": groups}])
+    (point,) = api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"]
+    assert (point["n_completions"], point["wasted_rollouts"], point["n_valid"]) == (18, 8, 3)
+
+
 def test_downsampling_keeps_extremes(api):
     run = new_run(api)
     records = [
@@ -761,6 +777,7 @@ def test_unknown_api_routes_are_json_404_and_every_422_lists_its_errors(server, 
         r = api.request(method, path)
         assert r.status_code == 404 and r.json()["detail"].startswith("not found: /"), r.text
     assert api.post("/healthz").status_code == 405
+    assert api.head("/healthz").status_code == api.head("/readyz").status_code == 200  # probes
     root = api.get("/", follow_redirects=False)
     assert (root.status_code, root.headers["location"]) == (307, "/dashboard/")
     # 422s raised with one message have the list shape too; a NUL in a query is named

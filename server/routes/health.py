@@ -14,12 +14,12 @@ from ..queries import prometheus_text
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
+@router.api_route("/healthz", methods=["GET", "HEAD"])
 def healthz() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.api_route("/readyz", methods=["GET", "HEAD"])
 def readyz(session: SessionDep) -> dict:
     try:
         session.execute(text("SELECT 1"))

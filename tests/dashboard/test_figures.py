@@ -170,6 +170,12 @@ def test_kpi_cards_explain_each_number():
     assert cards["wasted"]["value"] == "6.0/step"
     cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
     assert cards["wasted"]["value"] == "75%"  # 18 of 3 × 8
+    # points that carry their completions give the real share, whatever the declared size
+    tail = [point(s, 0.2, wasted_rollouts=8, n_valid=5, n_completions=40) for s in range(3)]
+    state = kpis.initial_state({}, tail, False, 1)
+    for size in (2, 8, None):
+        cards = {c["id"]: c for c in kpis.cards(state, {"group_size": size, "status": "running"})}
+        assert cards["wasted"]["value"] == "20%"
 
 
 def test_texts_never_promise_an_accuracy_prediction():

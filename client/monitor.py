@@ -279,11 +279,15 @@ class Monitor:
         n = self.stats["rejected_calls"]
         if n <= 5 or n % 1000 == 0:  # say it, but never flood the training log
             log.warning(
-                "vantage: %s ignored (%s: %s); call %d of this kind",
+                "vantage: %s ignored (%s: %s); call %d of this kind%s",
                 what,
                 type(exc).__name__,
                 exc,
                 n,
+                "; from now on only every 1,000th is logged (all are counted in "
+                "Monitor.stats['rejected_calls'])"
+                if n == 5
+                else "",
             )
 
     def log_groups(self, step: int, rewards: Any, *args: Any, **kwargs: Any) -> None:

@@ -322,3 +322,13 @@ def test_close_is_bounded_with_a_long_queue_and_no_server(tmp_path: Path):
     mon.close(timeout=1.0)
     assert time.monotonic() - t0 < 1.5
     assert mon.spooled_groups > 0  # what it had time for is on disk
+
+
+def test_rejected_calls_are_all_counted_and_the_log_says_when_it_goes_quiet(tmp_path: Path, caplog):
+    mon = offline(tmp_path)
+    for _ in range(7):
+        mon.log_groups(2**63, [[1.0, 0.0]])  # a step beyond int64
+    mon.close(timeout=2)
+    said = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert len(said) == 5 and mon.stats["rejected_calls"] == 7
+    assert "only every 1,000th is logged" in said[-1] and "1,000th" not in said[0]

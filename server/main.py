@@ -60,7 +60,7 @@ async def _no_route(request: Request, path: str) -> Response:
     dashboard's HTML and 200): 405 where an earlier route serves the path with other methods,
     else a JSON 404; a GET of the root leads to the dashboard."""
     for route in request.app.router.routes:  # the routes before this one
-        if getattr(route, "endpoint", None) is _no_route:
+        if route is request.scope.get("route"):
             break
         if route.matches(request.scope)[0] is Match.PARTIAL:
             return JSONResponse({"detail": "Method Not Allowed"}, status_code=405)

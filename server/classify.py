@@ -144,7 +144,7 @@ class BadGroupStats(InconsistentStatsError):
 
     def detail(self, *where: str | int) -> list[dict]:
         """A 422's ``detail``, as pydantic's errors are: ``where`` is the path to the groups'
-        owner (``"records", 3`` for a record of a batch, nothing for an /acr request)."""
+        owner (``"body", "records", 3`` for a record of a batch, ``"body"`` for /acr)."""
         loc = [*where, "groups", self.index, "with_stats", "stats"]
         msg = f"group_id '{self.group_id}': {self.reason}"
         return [{"type": "inconsistent_stats", "loc": loc, "msg": msg}]

@@ -151,7 +151,7 @@ def classify_batch(info: RunInfo, batch: StepsBatch, result: IngestResult) -> li
             else:
                 cols = classify_groups(rec.normal_groups(), settings)
         except BadGroupStats as exc:
-            raise IngestError(exc.detail("records", ri)) from exc
+            raise IngestError(exc.detail("body", "records", ri)) from exc
         owned = _first_in_batch(seen, rec, cols, result)
         if len(owned) == len(cols.cls):
             result.invalid_groups += cols.cls.count(INVALID)

@@ -108,8 +108,8 @@ def test_a_bad_group_gets_the_errors_of_its_own_form_only(api, group, errors):
     r = api.post(f"/api/v1/runs/{run['run_id']}/steps", json=body)
     assert r.status_code == 422
     detail = r.json()["detail"]
-    assert [tuple(e["loc"][4:]) for e in detail] == errors, detail
-    assert all(tuple(e["loc"][:4]) == ("records", 0, "groups", 1) for e in detail)
+    assert [tuple(e["loc"][5:]) for e in detail] == errors, detail
+    assert all(tuple(e["loc"][:5]) == ("body", "records", 0, "groups", 1) for e in detail)
     if errors == [()]:
         assert (
             detail[0]["msg"] == "a group is a list of rewards, or an object with rewards or stats"
@@ -157,17 +157,25 @@ def test_stats_form_and_inconsistent_stats(api):
     )
     assert r.status_code == 422 and "g7" in r.text and "min" in r.text
     (error,) = r.json()["detail"]
-    assert error["loc"] == ["records", 0, "groups", 0, "with_stats", "stats"]
+    assert error["loc"] == ["body", "records", 0, "groups", 0, "with_stats", "stats"]
     assert error["type"] == "inconsistent_stats" and error["msg"].startswith("group_id 'g7': ")
     # binary stats (n_pass) that contradict themselves, in the second record of a batch
     liar = {"stats": {"n": 4, "mean": 0.5, "std": 0.57735, "min": 0, "max": 1, "n_pass": 4}}
     records = [{"step": 3, "groups": [[0, 1]]}, {"step": 4, "groups": [[1, 0], liar]}]
     r = api.post(f"/api/v1/runs/{run['run_id']}/steps", json={"attempt": 1, "records": records})
     assert r.status_code == 422 and "n_pass 4 of n 4" in r.text
-    assert r.json()["detail"][0]["loc"] == ["records", 1, "groups", 1, "with_stats", "stats"]
+    assert r.json()["detail"][0]["loc"] == [
+        "body",
+        "records",
+        1,
+        "groups",
+        1,
+        "with_stats",
+        "stats",
+    ]
     r = api.post("/api/v1/acr", json={"groups": [[0, 1], liar]})
     assert r.status_code == 422
-    assert r.json()["detail"][0]["loc"] == ["groups", 1, "with_stats", "stats"]
+    assert r.json()["detail"][0]["loc"] == ["body", "groups", 1, "with_stats", "stats"]
     points = api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"]
     assert [p["step"] for p in points] == [1]  # nothing of the refused batches
 

@@ -31,11 +31,14 @@ async def read_limited_body(request: Request, limit: int) -> bytes:
 
 def parse_body(model: type[T], raw: bytes) -> T:
     """Validate a raw JSON body with ``model`` (422 listing the errors, without the inputs:
-    they may hold NaN, which a JSON answer cannot carry)."""
+    they may hold NaN, which a JSON answer cannot carry). Each ``loc`` starts with "body", as
+    in the errors of the bodies FastAPI validates itself."""
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        for error in errors:
+            error["loc"] = ("body", *error["loc"])
         raise HTTPException(422, errors) from exc
 
 

@@ -24,7 +24,7 @@ async def acr(request: Request, key: ReadKey) -> Response:
     try:
         cols = classify_groups(body.normal_groups(), settings)
     except BadGroupStats as exc:
-        raise HTTPException(422, exc.detail()) from exc
+        raise HTTPException(422, exc.detail("body")) from exc
     acc = StepAccumulator()
     cols.add_to(acc)
     classes = cols.classes()

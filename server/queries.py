@@ -223,7 +223,7 @@ def _step_acr_series(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The (step, acr) series of a split: steps int64 (n,) ascending, acr float64 (n,) with NaN
     for null. On PostgreSQL each column arrives as one bytea of packed big-endian values
-    (string_agg of int8send/float8send): 20,000 steps took 6 ms so against 11 as row tuples."""
+    (string_agg of int8send/float8send): 20,000 steps took 6 ms, against 11 as row tuples."""
     scan = _step_filter(select(Step.step, Step.acr), run_id, split, from_step, to_step)
     if session.get_bind().dialect.name != "postgresql":
         rows = _raw_rows(session, scan)

@@ -202,6 +202,17 @@ class Evaluator:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.on_notify: Callable[[], None] | None = None  # wakes this process's outbox sender
+        self._failing: dict[str, str] = {}  # run id -> the error its evaluation last raised
+
+    def _failed(self, run_id: str, exc: Exception, where: str) -> None:
+        """Log a failed evaluation: with its traceback when the run's error is new, in one
+        line while it fails alike (the periodic pass retries every few seconds)."""
+        error = f"{type(exc).__name__}: {exc}"
+        if self._failing.get(run_id) == error:
+            log.warning("%s failed again for run %s: %s", where, run_id, error)
+        else:
+            self._failing[run_id] = error
+            log.error("%s failed for run %s", where, run_id, exc_info=exc)
 
     def after_ingest(
         self, session: Session, run: RunState, result: Any, write: Callable[[], None]
@@ -215,12 +226,14 @@ class Evaluator:
             write()
             return Outcome()
         try:
-            return evaluate_locked(
+            outcome = evaluate_locked(
                 session, run, self.settings, candidates=result.candidates, before_reads=write
             )
         except Exception as exc:
-            log.exception("alert evaluation failed for run %s", run.id)
+            self._failed(run.id, exc, "alert evaluation")
             raise EvaluationFailed(str(exc)) from exc
+        self._failing.pop(run.id, None)
+        return outcome
 
     def notified(self) -> None:
         """Wake this process's outbox sender (after the transaction that queued a message)."""
@@ -244,10 +257,11 @@ class Evaluator:
             with session_factory() as session:
                 try:
                     notified = evaluate_run(session, run_id, self.settings, stale=True)
-                except Exception:  # noqa: BLE001
+                except Exception as exc:  # noqa: BLE001
                     session.rollback()
-                    log.exception("periodic alert pass failed for run %s", run_id)
+                    self._failed(run_id, exc, "periodic alert pass")
                     continue
+                self._failing.pop(run_id, None)
                 if notified:
                     self.notified()
 

@@ -151,3 +151,24 @@ def test_webhook_allow_list():
     for bad in ("https://evil.test/x", "http://192.168.1.1/x", "http://hooks.slack.com.evil.test/"):
         with pytest.raises(RefusedTarget, match="VANTAGE_WEBHOOK_ALLOW"):
             check_target(bad, allow)
+
+
+def test_a_run_that_keeps_failing_logs_its_traceback_once(caplog):
+    """The periodic pass retries a failing run every few seconds; a trial saw the same
+    traceback repeat for as long as the server ran."""
+    from vantage.server.alerts import Evaluator
+    from vantage.server.settings import Settings
+
+    ev = Evaluator(Settings(database_url="sqlite://"))
+    for _ in range(3):
+        ev._failed("r1", OverflowError("intermediate overflow in fsum"), "periodic alert pass")
+    ev._failed("r1", KeyError("other"), "periodic alert pass")
+    ev._failed("r2", OverflowError("intermediate overflow in fsum"), "alert evaluation")
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert [r.getMessage() for r in tracebacks] == [
+        "periodic alert pass failed for run r1",
+        "periodic alert pass failed for run r1",
+        "alert evaluation failed for run r2",
+    ]
+    again = [r.getMessage() for r in caplog.records if "failed again" in r.getMessage()]
+    assert len(again) == 2 and "OverflowError" in again[0]

@@ -263,6 +263,18 @@ def _check_n_pass(
         )
 
 
+def _implied_n_pass(n: int, min: float, max: float, settings: ACRSettings) -> int | None:  # noqa: A002
+    """The n_pass that stats without one still fix, so that they are binary exactly when the
+    same rewards sent as a list would be: every value at one bound (min == max == reward_max
+    or reward_min), or two values, one at each bound. None otherwise."""
+    lo, hi = settings.reward_min, settings.reward_max
+    if min == max:
+        return n if min == hi else 0 if min == lo else None
+    if n == 2 and min == lo and max == hi:
+        return 1
+    return None
+
+
 def summarize_stats(
     n: int,
     mean: float | None,
@@ -305,6 +317,8 @@ def summarize_stats(
     if n < 2:
         return GroupSummary(GroupClass.DEGENERATE, None, n, mean, None, min, max, None)
     assert mean is not None and std is not None and min is not None and max is not None
+    if n_pass is None:
+        n_pass = _implied_n_pass(n, min, max, settings)
     s = abs(min) if abs(min) >= abs(max) else abs(max)
     s = s or 1.0
     cls, side = _classify(n, min, max, mean / s, std / s, s, settings)

@@ -229,3 +229,25 @@ def _same(a: dict, b: dict) -> bool:
         elif not math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-12):
             return False
     return True
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [[[1, 0], [1, 1, 1]], [[1, 0], [0, 0, 0, 0]], [[1, 1], [0, 1]], [[0, 1], [1, 0], [1, 1, 1, 1]]],
+)
+def test_stats_without_n_pass_are_binary_where_their_rewards_are(groups):
+    """A collapsed stats group at a bound (or two values, one at each bound) fixes its n_pass;
+    without it one such group turned pass_rate, expected_acr and excess_acr null for its step."""
+    s = ACRSettings()
+    stats = []
+    for g in groups:
+        r = summarize_rewards(g, settings=s)
+        stats.append(summarize_stats(r.n, r.mean, r.std, r.min, r.max, settings=s))
+    raw = summarize_step([summarize_rewards(g, settings=s) for g in groups])
+    assert raw["pass_rate"] is not None
+    got = summarize_step(stats)
+    for name in ("pass_rate", "expected_acr", "excess_acr", "acr"):
+        assert got[name] == pytest.approx(raw[name], rel=1e-12), name
+    # values strictly inside the bounds say nothing about passes
+    assert summarize_stats(3, 0.5, 0.0, 0.5, 0.5, settings=s).n_pass is None
+    assert summarize_stats(3, 0.5, 0.5, 0.0, 1.0, settings=s).n_pass is None

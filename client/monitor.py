@@ -36,7 +36,7 @@ import orjson
 
 from .inputs import capture, materialize, plain_rewards
 from .launch import derive_launch_id, torch_distributed
-from .schema import MAX_GROUPS_PER_REQUEST, RunCreate
+from .schema import MAX_GROUP_SIZE, MAX_GROUPS_PER_REQUEST, RunCreate
 from .sender import (
     Backoff,
     Reply,
@@ -205,6 +205,7 @@ class Monitor:
         self._final_lock = threading.Lock()
         self._queue_dropped = 0
         self._group_counters: dict[tuple[int, str, int], int] = {}
+        self._warnings: dict[str, int] = {}  # warnings of each kind so far (`_warn`)
 
         self._commands: deque[Command] = deque()
         self._seen_commands: set[str] = set()
@@ -276,19 +277,17 @@ class Monitor:
         if self.strict:
             raise exc
         self.stats["rejected_calls"] += 1
-        n = self.stats["rejected_calls"]
-        if n <= 5 or n % 1000 == 0:  # say it, but never flood the training log
-            log.warning(
-                "vantage: %s ignored (%s: %s); call %d of this kind%s",
-                what,
-                type(exc).__name__,
-                exc,
-                n,
-                "; from now on only every 1,000th is logged (all are counted in "
-                "Monitor.stats['rejected_calls'])"
-                if n == 5
-                else "",
-            )
+        kind = f"{what.split('(')[0]}:{type(exc).__name__}"
+        self._warn(kind, "vantage: %s ignored (%s: %s)", what, type(exc).__name__, exc)
+
+    def _warn(self, kind: str, message: str, *args: Any) -> None:
+        """Log a warning of ``kind``: the first 5 of each kind, then every 1,000th, so that a
+        bad call in a training loop never floods its log (every rejected call is counted in
+        ``stats['rejected_calls']``)."""
+        n = self._warnings[kind] = self._warnings.get(kind, 0) + 1
+        if n <= 5 or n % 1000 == 0:
+            quiet = "; from now on only every 1,000th of this kind is logged" if n == 5 else ""
+            log.warning(f"{message}; %s of this kind{quiet}", *args, f"{n:,}")
 
     def log_groups(self, step: int, rewards: Any, *args: Any, **kwargs: Any) -> None:
         """Queue one reward list per group for ``step`` (see ``_log_groups``). Bad input is
@@ -400,7 +399,8 @@ class Monitor:
         """Acknowledge a command: ``status`` is ``applied`` or ``rejected``, ``step`` the step at
         which it took effect. Delivered in the background (and kept in the spool until it is)."""
         if status not in ("applied", "rejected"):
-            raise ValueError("status must be 'applied' or 'rejected'")
+            exc = ValueError(f"status must be 'applied' or 'rejected', not {status!r}")
+            return self._reject(f"ack({command_id!r})", exc)
         body: dict[str, Any] = {"status": status, "step": None if step is None else int(step)}
         if detail is not None:
             body["detail"] = str(detail)[:2000]
@@ -569,7 +569,13 @@ class Monitor:
                     try:
                         scalars[str(name)] = float(value)
                     except (TypeError, ValueError):
-                        log.debug("vantage: scalar %r is not a number; skipped", name)
+                        self._warn(
+                            "scalar",
+                            "vantage: step %s: scalar %r is %r, not a number; skipped",
+                            step,
+                            name,
+                            value,
+                        )
             time.sleep(0)  # let a waiting training thread have the GIL
         self._spool.count_dropped(dropped)
         for body, n_groups in _pack_or_drop(records, self._spool):
@@ -593,8 +599,17 @@ class Monitor:
                 "group_id": ids[i] if ids is not None else str(start + i),
                 "rewards": row if plain else plain_rewards(row),
             }
+            if len(g["rewards"]) > MAX_GROUP_SIZE:  # the server would refuse the whole batch
+                raise ValueError(
+                    f"group {i} has {len(g['rewards'])} rewards (at most {MAX_GROUP_SIZE:,})"
+                )
             if masks is not None:
                 g["mask"] = [int(bool(m)) for m in masks[i]]
+                if len(g["mask"]) != len(g["rewards"]):
+                    n_mask, n_rewards = len(g["mask"]), len(g["rewards"])
+                    raise ValueError(
+                        f"group {i}: mask has {n_mask} entries for {n_rewards} rewards"
+                    )
             if prompts is not None:
                 g["prompt_id"] = prompts[i]
             groups.append(g)

@@ -325,10 +325,33 @@ def test_close_is_bounded_with_a_long_queue_and_no_server(tmp_path: Path):
 
 
 def test_rejected_calls_are_all_counted_and_the_log_says_when_it_goes_quiet(tmp_path: Path, caplog):
+    """Five warnings of each kind, then every 1,000th: a kind that went quiet no longer hides
+    the first warnings of another (a trial's later bad calls vanished without a word)."""
     mon = offline(tmp_path)
     for _ in range(7):
         mon.log_groups(2**63, [[1.0, 0.0]])  # a step beyond int64
+    mon.log_groups(1, None)  # another kind
+    mon.log_scalars(2**63, {"a": 1.0})
+    mon.ack("c1", "weird", 3)  # never raised into the training loop
     mon.close(timeout=2)
     said = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
-    assert len(said) == 5 and mon.stats["rejected_calls"] == 7
-    assert "only every 1,000th is logged" in said[-1] and "1,000th" not in said[0]
+    assert len(said) == 8 and mon.stats["rejected_calls"] == 10
+    assert "only every 1,000th of this kind is logged" in said[4] and "1,000th" not in said[0]
+    assert "log_groups(step=1)" in said[5] and "log_scalars" in said[6] and "ack('c1')" in said[7]
+    with pytest.raises(ValueError, match="weird"):
+        offline(tmp_path / "strict", strict=True).ack("c1", "weird", 3)
+
+
+def test_scalars_and_masks_that_cannot_be_sent_are_named(tmp_path: Path, caplog):
+    """Dropped in the background, where the server would refuse the batch, and said so."""
+    mon = offline(tmp_path)
+    mon.log_scalars(4, {"loss": 0.5, "kl": "x", "n": None})
+    mon.log_groups(4, [[1.0, 0.0]], mask=[[1]])  # one mask entry for two rewards
+    mon.log_groups(4, [[0.0, 1.0, 1.0]])
+    mon.close(timeout=2)
+    said = " | ".join(r.getMessage() for r in caplog.records)
+    assert "scalar 'kl' is 'x', not a number" in said and "scalar 'n' is None" in said
+    assert "mask has 1 entries for 2 rewards" in said
+    (rec,) = spooled_records(mon.spool_path)
+    assert rec["scalars"] == {"loss": 0.5}
+    assert [g["rewards"] for g in rec["groups"]] == [[0.0, 1.0, 1.0]]

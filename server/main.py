@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 from collections import Counter
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -64,15 +65,38 @@ async def _no_route(request: Request, path: str) -> Response:
             break
         if route.matches(request.scope)[0] is Match.PARTIAL:
             return JSONResponse({"detail": "Method Not Allowed"}, status_code=405)
-    root = request.url.path == "/" and request.method in ("GET", "HEAD")
-    if root and getattr(request.app.state, "dash_app", None) is not None:
+    path = request.scope["path"]  # as sent: request.url reads "//api/..." as a host
+    if path == "/" and getattr(request.app.state, "dash_app", None) is not None:
+        if request.method != "GET":  # HEAD arrives as GET (`HeadAsGet`)
+            return JSONResponse({"detail": "Method Not Allowed"}, status_code=405)
         return RedirectResponse("/dashboard/", status_code=307)
-    if request.url.path.startswith("/api/"):
-        detail = f"no such API route: {request.method} {request.url.path}"
+    if path.startswith("/api/"):
+        detail = f"no such API route: {request.method} {path}"
     else:
-        where = "the API is under /api/v1/, the dashboard at /dashboard/"
-        detail = f"not found: {request.url.path} ({where})"
+        detail = f"not found: {path} (the API is under /api/v1/, the dashboard at /dashboard/)"
     return JSONResponse({"detail": detail}, status_code=404)
+
+
+class HeadAsGet:
+    """ASGI middleware: a HEAD request is routed as a GET and answered without its body
+    (RFC 9110 §9.3.2), so every GET route takes HEAD (FastAPI's routes take only the methods
+    they name; health checks and link checkers send HEAD)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            return await self.app(scope, receive, send)
+
+        async def headers_only(message: dict) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
 async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -127,6 +151,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Last of ours, so before the catch-all that Dash appends at startup, which would answer
     # every other GET (/favicon.ico, a typo) with the dashboard's page and 200.
     app.add_api_route("/{path:path}", _no_route, methods=_METHODS, include_in_schema=False)
+    app.add_middleware(HeadAsGet)
     _document_raw_bodies(app)
     return app
 

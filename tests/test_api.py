@@ -785,9 +785,15 @@ def test_unknown_api_routes_are_json_404_and_every_422_lists_its_errors(server, 
         r = api.request(method, path)
         assert r.status_code == 404 and r.json()["detail"].startswith("not found: /"), r.text
     assert api.post("/healthz").status_code == api.post("/dashboard/logout").status_code == 405
-    assert api.head("/healthz").status_code == api.head("/readyz").status_code == 200  # probes
+    # HEAD is answered as GET without a body, on every GET route (probes, link checkers)
+    for path in ("/healthz", "/readyz", "/metrics", f"/api/v1/runs/{run['run_id']}/metrics"):
+        head, get = api.head(path), api.get(path)
+        assert (head.status_code, head.content) == (200, b""), path
+        assert head.headers["content-length"] == str(len(get.content)), path
+    assert api.head("/nope").status_code == 404
     root = api.get("/", follow_redirects=False)
     assert (root.status_code, root.headers["location"]) == (307, "/dashboard/")
+    assert api.post("/").status_code == 405
     # 422s raised with one message have the list shape too; a NUL in a query is named
     bad_target = {"name": "w", "metric": "acr", "op": ">", "threshold": 1}
     bad_target["notify"] = ["http://169.254.169.254/x"]

@@ -14,12 +14,12 @@ from ..queries import prometheus_text
 router = APIRouter(tags=["health"])
 
 
-@router.api_route("/healthz", methods=["GET", "HEAD"])
+@router.get("/healthz")
 def healthz() -> dict:
     return {"status": "ok"}
 
 
-@router.api_route("/readyz", methods=["GET", "HEAD"])
+@router.get("/readyz")
 def readyz(session: SessionDep) -> dict:
     try:
         session.execute(text("SELECT 1"))

@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-trainer}"
+if [[ ! "$extras" =~ ^[a-z]+(,[a-z]+)*$ ]]; then
+  echo "usage: bash scripts/install.sh [EXTRAS]   (comma-separated: server, trainer, bench, dev, vllm;" >&2
+  echo "       default trainer). Creates .venv and installs Vantage with those extras." >&2
+  [[ "$extras" == "-h" || "$extras" == "--help" ]] && exit 0 || exit 2
+fi
 python3 -m venv .venv 2>/dev/null || true
 [ -x .venv/bin/pip ] || python3 -m venv --clear .venv
 .venv/bin/python -m pip install -q --upgrade pip setuptools wheel

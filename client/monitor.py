@@ -552,7 +552,8 @@ class Monitor:
                 try:
                     chunks.extend(self._encode_item(item))
                 except Exception as exc:  # noqa: BLE001 - one bad call must not cost the others
-                    log.warning(
+                    self._warn(
+                        f"rewards:{type(exc).__name__}",
                         "vantage: step %s: rewards could not be read (%s: %s); "
                         "dropped %d groups of this call, kept the rest",
                         step,

@@ -66,3 +66,47 @@ def _terminate(url: str, pid: int) -> None:
             if not admin.execute(alive, (pid,)).fetchone():
                 return
             time.sleep(0.02)
+
+
+PROBE = text("SELECT 42 AS vantage_prepared_probe")
+PREPARED = text(
+    "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%vantage_prepared_probe%'"
+)
+
+
+def test_sessions_that_end_normally_keep_the_connections_prepared_statements(postgres_url):
+    """psycopg prepares a statement at its fifth execution on a connection and forgets every
+    prepared statement at a ROLLBACK: a session closed after a read must end in COMMIT, or the
+    next ingest on that pooled connection plans its statements again. The pool's idle check
+    ends its own transaction the same way."""
+    engine = db.make_engine(postgres_url)
+    factory = db.session_factory(engine)
+    try:
+        for _ in range(6):  # one pooled connection, a session each time
+            with factory() as session:
+                session.execute(PROBE)
+        time.sleep(0.3)  # idle past the threshold: the next checkout runs the check
+        with factory() as session:
+            assert session.execute(PREPARED).scalar() == 1
+    finally:
+        engine.dispose()
+
+
+def test_a_session_whose_block_raises_rolls_back(database_url):
+    """Only a block that returns commits: what a raising block wrote is discarded."""
+    engine = db.make_engine(database_url)
+    factory = db.session_factory(engine)
+    table = f"t_{int(time.time() * 1e6)}"
+    try:
+        with factory() as session:
+            session.execute(text(f"CREATE TABLE {table} (x integer)"))
+        with pytest.raises(RuntimeError), factory() as session:
+            session.execute(text(f"INSERT INTO {table} VALUES (1)"))
+            raise RuntimeError("stop")
+        with factory() as session:
+            session.execute(text(f"INSERT INTO {table} VALUES (2)"))
+        with factory() as session:
+            assert session.execute(text(f"SELECT x FROM {table}")).scalars().all() == [2]
+            session.execute(text(f"DROP TABLE {table}"))
+    finally:
+        engine.dispose()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import false, func, select, true
+from sqlalchemy import false, select, true
 from sqlalchemy.orm import Session
 
 from .locks import RunState
@@ -106,21 +106,28 @@ def _evaluated_ranks(session: Session, run_id: str, split: str, attempt: int) ->
 def _passed(session: Session, row: Step) -> bool:
     """A later step of the same attempt was already evaluated (this one arrived late)."""
     later = session.scalar(
-        select(func.max(Step.step)).where(
+        select(Step.step)
+        .where(
             Step.run_id == row.run_id,
             Step.split == row.split,
             Step.attempt == row.attempt,
             Step.evaluated == true(),
             Step.step > row.step,
         )
+        .limit(1)
     )
     return later is not None
 
 
 def evaluated_frontier(session: Session, run_id: str, split: str) -> int:
     """The highest evaluated step of a run's split (-1 when none), as in the session now."""
-    q = select(func.max(Step.step)).where(
-        Step.run_id == run_id, Step.split == split, Step.evaluated == true()
+    # The newest step by the (run_id, split, step) index, not max(): without table statistics
+    # PostgreSQL may plan max() as an aggregate over every step of the run.
+    q = (
+        select(Step.step)
+        .where(Step.run_id == run_id, Step.split == split, Step.evaluated == true())
+        .order_by(Step.step.desc())
+        .limit(1)
     )
     frontier = session.scalar(q)
     return -1 if frontier is None else frontier

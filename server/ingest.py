@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import orjson
-from sqlalchemy import bindparam, false, insert, or_, select, tuple_, update
+from sqlalchemy import bindparam, false, insert, select, tuple_, union_all, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from vantage.client.acr import (
@@ -324,13 +324,16 @@ def _merge_record(d: _StepDelta, rec: StepRecord) -> None:
 STEPS = Step.__table__  # ingest reads and writes step rows with Core: no unit-of-work overhead
 STEP_COLUMNS = tuple(c.name for c in STEPS.columns if c.name != "id")
 # Built once (a statement memoizes its cache key): the batch's step rows and every unevaluated
-# step row of the run, in one read; their inserts and updates.
-_READ_STEPS = select(STEPS).where(
-    STEPS.c.run_id == bindparam("run_id"),
-    or_(
+# step row of the run, in one read; their inserts and updates. Two branches, each with its own
+# index (a row in both comes twice): with the two conditions ORed, PostgreSQL without table
+# statistics planned, and for a prepared statement kept, a scan of every step of the run (300
+# index entries a batch at step 300; 0.3 ms a batch, then 2.6 ms 1,700 steps later).
+_READ_STEPS = union_all(
+    select(STEPS).where(
+        STEPS.c.run_id == bindparam("run_id"),
         tuple_(STEPS.c.split, STEPS.c.step).in_(bindparam("keys", expanding=True)),
-        STEPS.c.evaluated == false(),
     ),
+    select(STEPS).where(STEPS.c.run_id == bindparam("run_id"), STEPS.c.evaluated == false()),
 )
 _INSERT_STEP = insert(STEPS)
 _UPDATE_STEP = update(STEPS).where(STEPS.c.id == bindparam("row_id"))
@@ -343,18 +346,16 @@ def _step_rows(
     the run, read together, as plain objects with the columns as attributes. The caller holds
     the run's lock (`vantage.server.locks.run_lock`), so no other writer touches them; it
     writes them back with `write_step_rows`."""
-    out: dict[tuple[str, int], SimpleNamespace] = {}
-    unevaluated: dict[int, SimpleNamespace] = {}
+    by_id: dict[int, SimpleNamespace] = {}  # a row read twice is one object
     conn = session.connection()
     for i in range(0, len(keys), 400):  # 2 parameters a key: within old SQLite's 999
         params = {"run_id": run.id, "keys": keys[i : i + 400]}
         for mapping in conn.execute(_READ_STEPS, params).mappings():
-            row = SimpleNamespace(**mapping)
-            out[(row.split, row.step)] = row
-            if not row.evaluated:
-                unevaluated[row.id] = row
+            if mapping["id"] not in by_id:
+                by_id[mapping["id"]] = SimpleNamespace(**mapping)
     wanted = set(keys)
-    out = {k: row for k, row in out.items() if k in wanted}
+    out = {(r.split, r.step): r for r in by_id.values() if (r.split, r.step) in wanted}
+    unevaluated = {r.id: r for r in by_id.values() if not r.evaluated}
     now = utcnow()
     for split, step in keys:
         if (split, step) not in out:

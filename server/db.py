@@ -106,9 +106,9 @@ class CommittingSession(Session):
     statements at every ROLLBACK (psycopg 3.3, ``Connection.rollback``), so each read that
     ended that way (the outbox poll every 0.25 s, the key check of every request with auth on,
     dashboard reads) made the pooled connection it used parse and plan ingest's statements
-    afresh for their next five executions. Measured on an ingest load with the outbox poll
-    running: 2,906 statements parsed unnamed against 216, and 25% more of PostgreSQL's time
-    per request (psycopg prepares a statement at its fifth execution on a connection)."""
+    afresh for their next five executions (psycopg prepares a statement at its fifth
+    execution on a connection). Measured side by side under ingest load: PostgreSQL's CPU per
+    500-group request 4.45 ms before, 3.48 ms after (5.48 and 4.38 ms with auth on)."""
 
     def __exit__(self, type_: Any, value: Any, traceback: Any) -> None:
         try:

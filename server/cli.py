@@ -4,12 +4,14 @@ missing exits 2 naming the extra, and `vantage serve` never imports torch."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 EXIT_MISSING_EXTRA = 2
@@ -78,8 +80,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # line decided. They share nothing but the database (DESIGN.md §8, scale-out).
     os.environ["VANTAGE_DATABASE_URL"] = settings.database_url
     os.environ["VANTAGE_AUTH_ENABLED"] = "true" if settings.auth_enabled else "false"
-    uvicorn.run("vantage.server.main:create_app", factory=True, workers=args.workers, **options)
+    with _shared_counters():
+        uvicorn.run("vantage.server.main:create_app", factory=True, workers=workers, **options)
     return 0
+
+
+@contextlib.contextmanager
+def _shared_counters() -> Iterator[None]:
+    """A folder where the worker processes keep their Prometheus counters, so that a scrape of
+    any of them answers the group's sums (`vantage.server.telemetry`); removed afterwards. A
+    folder the environment already names is used as it is."""
+    from .telemetry import MULTIPROC_ENV
+
+    if os.environ.get(MULTIPROC_ENV):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="vantage-metrics-") as folder:
+        os.environ[MULTIPROC_ENV] = folder
+        try:
+            yield
+        finally:
+            del os.environ[MULTIPROC_ENV]
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:

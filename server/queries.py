@@ -538,11 +538,10 @@ def _streamed(session: Session, query: Any) -> Iterator[Any]:
     return iter(session.execute(query.execution_options(yield_per=EXPORT_CHUNK)))
 
 
-def prometheus_text(session: Session, counters: dict[str, float]) -> str:
-    """Prometheus exposition: this process's ingest counters and each run's latest ACR."""
-    lines = []
-    for name, value in sorted(counters.items()):
-        lines += [f"# TYPE vantage_{name} counter", f"vantage_{name} {value}"]
+def prometheus_text(session: Session) -> str:
+    """Prometheus exposition of each run's latest ACR (the ingest counters are
+    `vantage.server.telemetry`'s)."""
+    lines = ["# HELP vantage_run_latest_acr The ACR of the run's latest training step."]
     lines.append("# TYPE vantage_run_latest_acr gauge")
     for rid, name, acr in session.execute(select(Run.id, Run.name, Run.latest_acr)):
         if acr is not None and math.isfinite(acr):

@@ -546,7 +546,8 @@ def test_prometheus_metrics(server, api):
     post_steps(api, run, [{"step": 1, "groups": [[1, 1], [0, 1]]}])
     with server.client(None) as anon:
         text = anon.get("/metrics").text
-    assert "vantage_ingested_groups_total" in text
+    assert "# TYPE vantage_ingested_groups_total counter" in text
+    assert "# TYPE vantage_run_latest_acr gauge" in text
     assert f'run_id="{run["run_id"]}"' in text and 'quo\\"ted' in text
 
 

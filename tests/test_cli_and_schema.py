@@ -124,7 +124,8 @@ def test_schemathesis_finds_no_server_error(server, tmp_path):
 
 def test_serve_with_workers_on_postgres(postgres_url, tmp_path):
     """`--workers 2`: two processes share the port and one run; concurrent batches of several
-    steps all land once, with their metrics; SIGTERM stops them all within 10 s."""
+    steps all land once, with their metrics; `/metrics` counts them all whichever worker
+    answers; SIGTERM stops them all within 10 s."""
     from concurrent.futures import ThreadPoolExecutor
 
     from .conftest import new_postgres_database
@@ -147,6 +148,11 @@ def test_serve_with_workers_on_postgres(postgres_url, tmp_path):
             assert [p["step"] for p in points] == list(range(40))
             assert {p["acr"] for p in points} == {0.5} and {p["n_groups"] for p in points} == {100}
             assert c.get(f"/api/v1/runs/{run['run_id']}").json()["last_step"] == 39
+        for _ in range(8):  # new connections reach either worker: each answers the sums
+            with srv.client(None) as scraper:
+                text = scraper.get("/metrics").text
+            assert "\nvantage_ingested_groups_total 4000.0\n" in text, text
+            assert "\nvantage_ingest_requests_total 40.0\n" in text, text
         t0 = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
         srv.proc.wait(15)

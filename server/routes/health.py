@@ -10,6 +10,7 @@ from sqlalchemy import text
 
 from ..deps import SessionDep, SettingsDep
 from ..queries import prometheus_text
+from ..telemetry import counters_text
 
 router = APIRouter(tags=["health"])
 
@@ -35,6 +36,5 @@ def metrics(request: Request, session: SessionDep, settings: SettingsDep) -> Pla
         if not secrets.compare_digest(token, settings.metrics_token):
             raise HTTPException(401, "this /metrics needs 'Authorization: Bearer <metrics token>'")
     return PlainTextResponse(
-        prometheus_text(session, dict(request.app.state.counters)),
-        media_type="text/plain; version=0.0.4",
+        counters_text() + prometheus_text(session), media_type="text/plain; version=0.0.4"
     )

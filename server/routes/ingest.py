@@ -31,6 +31,7 @@ from ..ingest import (
     write_step_rows,
 )
 from ..locks import run_lock, save_run_state
+from ..telemetry import count_ingest
 from . import json_response, parse_body, raw_body_openapi, read_limited_body
 
 router = APIRouter(prefix="/api/v1/runs", tags=["ingest"])
@@ -126,11 +127,7 @@ def _ingest_once(state, run_id, batch, key, evaluate: bool) -> dict:  # noqa: AN
             raise HTTPException(409, str(exc)) from exc
     if outcome.notified:
         state.evaluator.notified()
-    counters = state.counters
-    counters["ingested_groups_total"] += result.accepted
-    counters["duplicate_groups_total"] += result.duplicates
-    counters["conflict_groups_total"] += result.conflicts
-    counters["ingest_requests_total"] += 1
+    count_ingest(result.accepted, result.duplicates, result.conflicts)
     return {
         "accepted": result.accepted,
         "duplicates": result.duplicates,

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -123,16 +124,18 @@ def test_schemathesis_finds_no_server_error(server, tmp_path):
 
 
 def test_serve_with_workers_on_postgres(postgres_url, tmp_path):
-    """`--workers 2`: two processes share the port and one run; concurrent batches of several
-    steps all land once, with their metrics; `/metrics` counts them all whichever worker
-    answers; SIGTERM stops them all within 10 s."""
+    """`--workers 2` (here from VANTAGE_WORKERS): two processes share the port and one run;
+    concurrent batches of several steps all land once, with their metrics; `/metrics` counts
+    them all whichever worker answers; SIGTERM stops them all within 10 s."""
     from concurrent.futures import ThreadPoolExecutor
 
     from .conftest import new_postgres_database
 
     url, drop = new_postgres_database()
-    srv = start_server(url, tmp_path, "--insecure-no-auth", "--workers", "2")
+    # VANTAGE_WORKERS is `--workers` from the environment
+    srv = start_server(url, tmp_path, "--insecure-no-auth", env={"VANTAGE_WORKERS": "2"})
     try:
+        assert len(_spawned_workers(srv.proc.pid)) == 2
         with srv.client(None) as c:
             run = new_run(c)
 
@@ -160,6 +163,17 @@ def test_serve_with_workers_on_postgres(postgres_url, tmp_path):
     finally:
         srv.stop()
         drop()
+
+
+def _spawned_workers(pid: int) -> list[int]:
+    """The worker processes that uvicorn spawned under ``pid`` (Linux /proc)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"multiprocessing.spawn" in cmdline:
+                out.append(int(child))
+    return out
 
 
 def test_groups_from_python_keep_every_collection_form():

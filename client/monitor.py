@@ -450,7 +450,7 @@ class Monitor:
         except Exception:  # noqa: BLE001 - the spool may already be closed by the sender
             left = 0
         if left:
-            why = f"server {self.server} not reachable in time" if self.server else "no server"
+            why = self._why_left()
             log.warning(
                 "vantage: %d group(s) are still in the spool %s (%s); upload them later with: "
                 "vantage sync %s --server %s --api-key KEY",
@@ -460,6 +460,16 @@ class Monitor:
                 self.spool_path.parent,
                 self.server or "URL",
             )
+
+    def _why_left(self) -> str:
+        """Why groups stay in the spool at close, for the warning: the server refused the run
+        (a wrong key, say), or it did not answer in time (with its last error), or no server."""
+        if not self.server:
+            return "no server"
+        if self._refused is not None:
+            return f"server {self.server} refused the run: {self._refused}"
+        why = f"server {self.server} not reachable in time"
+        return f"{why}; last error: {self.last_error}" if self.last_error else why
 
     def _at_exit(self) -> None:
         """Interpreter exit: close if the user did not, then stop a sender that is still busy

@@ -484,3 +484,21 @@ def test_random_faults_on_every_endpoint_store_every_group_once(server: Server, 
     assert [p["step"] for p in points] == list(range(30))
     assert all(p["n_groups"] == 8 for p in points)
     assert {p["attempt"] for p in points} == {1}  # retried run creation kept one attempt
+
+
+def test_close_says_the_run_was_refused_not_that_the_server_was_unreachable(tmp_path: Path, caplog):
+    """A wrong key: the server answers 401 to the run, and the warning at close names that
+    refusal (it used to blame the network), with the groups kept in the spool to sync."""
+    from tests.serving import start_server
+
+    srv = start_server(f"sqlite:///{tmp_path / 'auth.db'}", tmp_path)  # auth on, no keys
+    try:
+        mon = Monitor(srv.url, "vtg_" + "x" * 40, spool_dir=tmp_path / "spool", run_name="k")
+        mon.log_groups(0, [[1.0, 0.0]] * 3)
+        mon.close(timeout=5)
+    finally:
+        srv.stop()
+    message = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
+    assert f"server {srv.url} refused the run: HTTP 401" in message, message
+    assert "not reachable" not in message
+    assert mon.spooled_groups == 3

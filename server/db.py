@@ -13,7 +13,13 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
-from tenacity import RetryCallState, retry, stop_after_delay, wait_exponential
+from tenacity import (
+    RetryCallState,
+    retry,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+)
 
 log = logging.getLogger("vantage.db")
 
@@ -137,13 +143,29 @@ def _say_waiting(state: RetryCallState) -> None:
         log.warning("waiting up to 60 s for the database at %s", safe_url(str(engine.url)))
 
 
+# PostgreSQL's refusals that waiting does not change, as its FATAL message words them (psycopg
+# gives a failed connection no SQLSTATE): no such database or role, a refused password.
+_LASTING_REFUSALS = ("does not exist", "password authentication failed", "no pg_hba.conf entry")
+
+
+def _may_pass(exc: BaseException) -> bool:
+    """Whether waiting for the database may help: not for SQLite, whose file opens now or
+    never, nor for PostgreSQL's refusal of the database, role or password."""
+    orig = getattr(exc, "orig", exc)
+    if type(orig).__module__ == "sqlite3":
+        return False
+    return not any(refusal in str(orig) for refusal in _LASTING_REFUSALS)
+
+
 @retry(
+    retry=retry_if_exception(_may_pass),
     stop=stop_after_delay(60),
     wait=wait_exponential(multiplier=0.2, max=3),
     reraise=True,
     before_sleep=_say_waiting,
 )
 def wait_for_database(engine: Engine) -> None:
-    """Block until the database answers (up to 60 s), as the pre-start step of the template."""
+    """Block until the database answers (up to 60 s), as the pre-start step of the template;
+    a database that cannot come to answer (`_may_pass`) fails at once."""
     with engine.connect() as conn:
         conn.execute(text("SELECT 1"))

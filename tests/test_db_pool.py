@@ -110,3 +110,30 @@ def test_a_session_whose_block_raises_rolls_back(database_url):
             session.execute(text(f"DROP TABLE {table}"))
     finally:
         engine.dispose()
+
+
+def test_a_database_that_cannot_come_is_not_waited_for(postgres_url, tmp_path):
+    """`vantage db upgrade` waits up to 60 s for a database that does not answer yet (a
+    refused connection), but fails at once, naming why, for one that never will: a SQLite
+    file in a missing folder, a PostgreSQL database or role that does not exist."""
+    from tests.conftest import run_cli
+    from tests.serving import free_port
+
+    base = postgres_url.rsplit("/", 1)[0]
+    lasting = [
+        (f"sqlite:///{tmp_path / 'missing' / 'x.db'}", "unable to open database file"),
+        (f"{base}/no_such_database_here", 'database "no_such_database_here" does not exist'),
+        (postgres_url.replace("postgres@", "no_such_role@"), 'role "no_such_role"'),
+    ]
+    for url, why in lasting:
+        t0 = time.monotonic()
+        proc = run_cli("db", "upgrade", "--database-url", url, check=False)
+        assert proc.returncode == 1 and why in proc.stderr, proc.stderr
+        assert "waiting" not in proc.stderr and time.monotonic() - t0 < 15
+    engine = db.make_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/x")
+    try:
+        with pytest.raises(OperationalError) as refused, engine.connect():
+            pass
+        assert db._may_pass(refused.value)  # nobody listening yet: worth waiting for
+    finally:
+        engine.dispose()

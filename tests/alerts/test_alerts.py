@@ -117,6 +117,14 @@ def test_rule_crud_defaults_and_scopes(server, api):
             json={"name": "bad", "metric": "acr", "op": ">", "threshold": 1, **bad},
         )
         assert r.status_code == 422, (bad, r.text)
+    # text a database cannot hold is refused at the edge, naming the field (PostgreSQL's own
+    # refusal of a NUL gave no field)
+    for field, value in (("name", "a\u0000"), ("severity", "s\u0000"), ("notify", ["\u0000"])):
+        body = {"name": "nul", "metric": "acr", "op": ">", "threshold": 1, field: value}
+        r = api.post("/api/v1/alert-rules", json=body)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"][:2] == ["body", field], r.text
+    r = api.post("/api/v1/silences", json={"until": "2100-01-01T00:00:00Z", "reason": "\u0000"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "reason"], r.text
     r = api.put(f"/api/v1/alert-rules/{rule['id']}", json={"threshold": 0.7, "for_steps": 3})
     assert (r.json()["threshold"], r.json()["for_steps"]) == (0.7, 3)
     assert api.delete(f"/api/v1/alert-rules/{rule['id']}").status_code == 204

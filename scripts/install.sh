@@ -13,9 +13,10 @@ fi
 # editable install: code changes need none). Skipping pip saves about 30 s a run.
 stamp=.venv/.vantage-installed
 digest=$(sha256sum pyproject.toml | cut -c1-64)
+installed=""  # the extras installed since pyproject.toml last changed, one a line
 if [ -x .venv/bin/vantage ] && [ -f "$stamp" ] && [ "$(head -n1 "$stamp")" = "$digest" ]; then
-  missing=$(tr ',' '\n' <<<"$extras" | grep -vxF -f <(tail -n +2 "$stamp") || true)
-  [ -z "$missing" ] && exit 0
+  installed=$(tail -n +2 "$stamp")
+  tr ',' '\n' <<<"$extras" | grep -qvxF -e "" -f <(echo "$installed") || exit 0
 fi
 python3 -m venv .venv 2>/dev/null || true
 [ -x .venv/bin/pip ] || python3 -m venv --clear .venv
@@ -25,6 +26,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 .venv/bin/python -m pip install -q -e ".[${extras}]"
 # The stamp: the digest, then every extra installed with it (those of earlier installs too).
-{ [ -f "$stamp" ] && [ "$(head -n1 "$stamp")" = "$digest" ] && tail -n +2 "$stamp"
-  tr ',' '\n' <<<"$extras"; } | sort -u | { echo "$digest"; cat; } > "$stamp.new"
+{ echo "$digest"; { echo "$installed"; tr ',' '\n' <<<"$extras"; } | grep . | sort -u; } \
+  > "$stamp.new"
 mv "$stamp.new" "$stamp"

@@ -64,6 +64,12 @@ def visible_runs(info) -> list[dict]:
         return [r for r in _queries().list_runs(s) if context.can_see(info, r)]
 
 
+def run_visible(info, run_id: str) -> bool:
+    """Whether the run exists and the key may see it."""
+    with context.session() as s:
+        return context.can_see(info, _queries().get_run(s, run_id))
+
+
 def filter_options(info) -> tuple[list[str], list[str]]:
     """The projects and tags of the runs the key may see (for the runs page's filters)."""
     runs = visible_runs(info)

@@ -158,29 +158,39 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _key_line(k: dict) -> str:
+    state = "revoked" if k["revoked"] else "active"
+    return (
+        f"{k['id']}\t{k['name']}\t{k['prefix']}…\t{k['scopes']}\t"
+        f"{k['project'] or '*'}\t{state}\t{k['created_at']}"
+    )
+
+
 def cmd_keys_list(args: argparse.Namespace) -> int:
     from .keys import list_keys
 
     with _session(args) as session:
         for k in list_keys(session):
-            state = "revoked" if k["revoked"] else "active"
-            print(
-                f"{k['id']}\t{k['name']}\t{k['prefix']}…\t{k['scopes']}\t"
-                f"{k['project'] or '*'}\t{state}\t{k['created_at']}"
-            )
+            print(_key_line(k))
     return 0
 
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
-    from .keys import revoke_key
+    from .keys import AmbiguousKey, revoke_key
 
-    with _session(args) as session:
-        n = revoke_key(session, args.key)
-        session.commit()
-    if not n:
+    try:
+        with _session(args) as session:
+            revoked = revoke_key(session, args.key, every_match=args.all)
+    except AmbiguousKey as exc:
+        print(f"error: {exc}; revoke one by its id, or all of them with --all:", file=sys.stderr)
+        for k in exc.matches:
+            print(_key_line(k), file=sys.stderr)
+        return 1
+    if not revoked:
         print(f"error: no active key with id, name or prefix '{args.key}'", file=sys.stderr)
         return 1
-    print(f"revoked {n} key(s)", file=sys.stderr)
+    for k in revoked:
+        print(f"revoked {_key_line(k)}", file=sys.stderr)
     return 0
 
 
@@ -297,11 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--project")
     _db_arg(p)
     p.set_defaults(func=cmd_keys_create)
-    p = keys.add_parser("list")
+    p = keys.add_parser("list", help="list keys: id, name, prefix, scopes, project, state")
     _db_arg(p)
     p.set_defaults(func=cmd_keys_list)
-    p = keys.add_parser("revoke")
+    p = keys.add_parser("revoke", help="revoke a key by its id, name or prefix")
     p.add_argument("key", help="the key's id, name or prefix")
+    p.add_argument(
+        "--all", action="store_true", help="revoke every active key the name or prefix matches"
+    )
     _db_arg(p)
     p.set_defaults(func=cmd_keys_revoke)
 

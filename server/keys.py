@@ -91,26 +91,41 @@ def authenticate(session: Session, plaintext: str) -> KeyInfo | None:
 
 
 def list_keys(session: Session) -> list[dict]:
-    rows = session.scalars(select(ApiKey).order_by(ApiKey.id)).all()
-    return [
-        {
-            "id": r.id,
-            "name": r.name,
-            "prefix": r.prefix,
-            "scopes": r.scopes,
-            "project": r.project,
-            "created_at": r.created_at.isoformat(),
-            "revoked": r.revoked_at is not None,
-        }
-        for r in rows
-    ]
+    """Every key, oldest first: ``{id, name, prefix, scopes, project, created_at, revoked}``
+    (never the key or its hash)."""
+    return [_key_row(r) for r in session.scalars(select(ApiKey).order_by(ApiKey.id))]
 
 
-def revoke_key(session: Session, key: str) -> int:
-    """Revoke by id, name or prefix; returns how many keys were revoked."""
+def _key_row(r: ApiKey) -> dict:
+    return {
+        "id": r.id,
+        "name": r.name,
+        "prefix": r.prefix,
+        "scopes": r.scopes,
+        "project": r.project,
+        "created_at": r.created_at.isoformat(),
+        "revoked": r.revoked_at is not None,
+    }
+
+
+class AmbiguousKey(ValueError):
+    """A revoke whose name or prefix matches more than one active key; ``matches`` lists them
+    as ``list_keys`` rows."""
+
+    def __init__(self, key: str, matches: list[dict]):
+        self.matches = matches
+        super().__init__(f"'{key}' matches {len(matches)} active keys")
+
+
+def revoke_key(session: Session, key: str, every_match: bool = False) -> list[dict]:
+    """Revoke the active key whose id, name or prefix is ``key`` and return it as a `list_keys`
+    row (an empty list when none matches). An id names one key; a name or prefix may match
+    several, which raises `AmbiguousKey` unless ``every_match`` revokes them all."""
     rows = session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None))).all()
-    hits = [r for r in rows if key in (str(r.id), r.name, r.prefix)]
+    hits = [r for r in rows if str(r.id) == key] or [r for r in rows if key in (r.name, r.prefix)]
+    if len(hits) > 1 and not every_match:
+        raise AmbiguousKey(key, [_key_row(r) for r in hits])
     now: datetime = utcnow()
     for r in hits:
         r.revoked_at = now
-    return len(hits)
+    return [_key_row(r) for r in hits]

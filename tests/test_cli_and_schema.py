@@ -35,6 +35,34 @@ def test_keys_create_prints_key_alone_on_last_line(tmp_path):
     assert run_cli("keys", "revoke", "ci", "--database-url", url).returncode == 0
 
 
+def test_revoke_by_a_shared_name_asks_for_an_id_or_all(tmp_path):
+    url = f"sqlite:///{tmp_path}/k.db"
+    for _ in range(2):
+        run_cli("keys", "create", "--name", "dup", "--scopes", "read", "--database-url", url)
+    run_cli("keys", "create", "--name", "other", "--scopes", "read", "--database-url", url)
+
+    def states() -> list[str]:
+        out = run_cli("keys", "list", "--database-url", url).stdout
+        return [line.split("\t")[5] for line in out.splitlines()]
+
+    shared = run_cli("keys", "revoke", "dup", "--database-url", url, check=False)
+    assert shared.returncode == 1 and "matches 2 active keys" in shared.stderr
+    assert shared.stderr.count("\tdup\t") == 2 and "--all" in shared.stderr
+    assert states() == ["active", "active", "active"]  # nothing revoked
+    one = run_cli("keys", "revoke", "2", "--database-url", url)
+    assert "revoked 2\tdup" in one.stderr
+    assert states() == ["active", "revoked", "active"]
+    run_cli("keys", "revoke", "dup", "--database-url", url)  # one active match left
+    assert states() == ["revoked", "revoked", "active"]
+    run_cli("keys", "create", "--name", "dup", "--scopes", "read", "--database-url", url)
+    run_cli("keys", "create", "--name", "dup", "--scopes", "read", "--database-url", url)
+    both = run_cli("keys", "revoke", "dup", "--all", "--database-url", url)
+    assert both.stderr.count("revoked ") == 2
+    assert states() == ["revoked", "revoked", "active", "revoked", "revoked"]
+    helps = run_cli("keys", "--help").stdout
+    assert "list keys" in helps and "revoke a key" in helps
+
+
 def test_revoked_key_is_refused(server):
     key = create_key(server.database_url, "read", "to-revoke")
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}) as c:

@@ -26,6 +26,8 @@ def _graph(id_: str, help_text: str) -> html.Div:
 
 def layout(run_id: str | None = None, **_query) -> html.Div:
     info = context.current_key()
+    if not run_id or not data.run_visible(info, run_id):
+        return _missing(run_id or "")
     can_control = context.can(info, "control")
     return html.Div(
         [
@@ -76,6 +78,19 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
             ),
         ],
         id="run-page",
+    )
+
+
+def _missing(run_id: str) -> html.Div:
+    """The page of a run that does not exist or that the key may not see (no controls)."""
+    shown = run_id if len(run_id) <= 80 else run_id[:80] + "…"
+    return html.Div(
+        [
+            html.H2("Run not found"),
+            html.P(f"No run {shown} visible to this key."),
+            dcc.Link("All runs", href=components.URL_BASE),
+        ],
+        id="run-missing",
     )
 
 
@@ -133,12 +148,8 @@ def update_run(run_id, _n, state):
         out = run_view.live_update(info, run_id, state)
     else:
         out = run_view.first_load(info, run_id, context.can(info, "control"))
-    if out is None:
-        missing = html.Div(
-            [html.H2("Run not found"), html.P(f"No run {run_id} visible to this key.")],
-            id="run-missing",
-        )
-        return (missing, *([no_update] * 7), True)
+    if out is None:  # deleted, or moved to a project the key may not see, since the page loaded
+        return (_missing(run_id), *([no_update] * 7), True)
     return out
 
 

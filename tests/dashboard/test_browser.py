@@ -129,11 +129,14 @@ def test_pages_load_without_script_errors(login_as, server):
         for path, ready in (
             (f"/dashboard/compare?runs={run_id}", "#compare-tbl"),
             (f"/dashboard/runs/{run_id}", "#kpi-acr-value"),
+            ("/dashboard/runs/no-such-run", "#run-missing"),
             ("/dashboard/", "#runs-table"),
         ):
             page.goto(server.url + path)
             page.wait_for_selector(ready)
             page.wait_for_timeout(500)
+            if ready == "#run-missing":  # nothing to act on for a run that is not there
+                assert page.locator("button.action").count() == 0
         assert page.title() == "Vantage · runs"
         assert errors == []
     finally:

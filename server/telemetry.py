@@ -4,7 +4,11 @@ One server process counts in memory. The worker processes of `vantage serve --wo
 one port, so a scrape reaches any one of them: they count in prometheus_client's multiprocess
 mode (``PROMETHEUS_MULTIPROC_DIR``, which `vantage serve` sets to a folder of its own before it
 starts them), and every scrape answers the sum over the process group. Before, each worker
-answered its own counts, so consecutive scrapes went up and down and Prometheus read resets."""
+answered its own counts, so consecutive scrapes went up and down and Prometheus read resets.
+
+One process also answers each counter's standard ``_created`` sample (the multiprocess mode has
+none). They stay on: turning them off is process-wide in prometheus_client, and would change the
+exposition of an application that embeds the server and counts with it too."""
 
 from __future__ import annotations
 
@@ -13,14 +17,12 @@ import os
 from prometheus_client import (
     CollectorRegistry,
     Counter,
-    disable_created_metrics,
     generate_latest,
     multiprocess,
 )
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-disable_created_metrics()  # the `_created` samples of each counter say nothing useful here
 _REGISTRY = CollectorRegistry()
 INGESTED_GROUPS = Counter("vantage_ingested_groups", "Groups stored by ingest.", registry=_REGISTRY)
 DUPLICATE_GROUPS = Counter(

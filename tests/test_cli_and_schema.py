@@ -124,6 +124,22 @@ def test_missing_extra_exits_2_naming_it():
     assert proc.returncode == 2 and "'trainer' extra" in proc.stderr
 
 
+def test_importing_the_server_leaves_other_prometheus_counters_alone():
+    """An application that embeds the server and counts with prometheus_client itself keeps
+    its counters' standard `_created` samples (turning them off is process-wide)."""
+    code = (
+        "import vantage.server.main\n"
+        "from prometheus_client import CollectorRegistry, Counter, generate_latest\n"
+        "registry = CollectorRegistry()\n"
+        "Counter('app_jobs', 'Jobs.', registry=registry).inc()\n"
+        "print(generate_latest(registry).decode())\n"
+    )
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "app_jobs_total 1.0" in proc.stdout and "app_jobs_created" in proc.stdout
+
+
 def test_schemathesis_finds_no_server_error(server, tmp_path):
     port = server.url.rsplit(":", 1)[1]
     st = VANTAGE.replace("/vantage", "/st")

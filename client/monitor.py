@@ -21,6 +21,7 @@ import atexit
 import logging
 import os
 import re
+import shlex
 import tempfile
 import threading
 import time
@@ -39,6 +40,7 @@ from .launch import derive_launch_id, torch_distributed
 from .schema import MAX_GROUP_SIZE, MAX_GROUPS_PER_REQUEST, RunCreate
 from .sender import (
     Backoff,
+    Outage,
     Reply,
     Transport,
     create_run,
@@ -47,6 +49,7 @@ from .sender import (
     send_acks,
     send_finish,
     send_head,
+    server_url_problem,
 )
 from .spool import SPOOL_SUFFIX, Spool
 
@@ -56,6 +59,10 @@ log = logging.getLogger("vantage.client")
 
 BATCH_GROUPS = 1_000
 BATCH_INTERVAL_S = 1.0
+# A server that keeps failing is reported once it has failed for this long, then every
+# OUTAGE_REPEAT_S while it lasts (seconds).
+OUTAGE_WARN_S = 15.0
+OUTAGE_REPEAT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -163,6 +170,10 @@ class Monitor:
         strict: bool = False,
     ) -> None:
         self.server = server or os.environ.get("VANTAGE_SERVER") or None
+        # A server URL that can never work (no scheme, say): recorded to the spool only.
+        self._unusable = server_url_problem(self.server) if self.server else None
+        if self._unusable and strict:
+            raise ValueError(self._unusable)
         api_key = api_key or os.environ.get("VANTAGE_API_KEY") or None
         dist = torch_distributed()
         if rank is None:
@@ -239,9 +250,15 @@ class Monitor:
         self._spool.set_meta("run", self._run_body)
         self.spool_path = self._spool.path
 
-        self._transport = (
-            Transport(self.server, api_key, request_timeout_s) if self.server else None
-        )
+        if self._unusable:
+            log.error(
+                "vantage: %s; recording to the spool %s only (upload later with `vantage sync`)",
+                self._unusable,
+                self.spool_path,
+            )
+        usable = self.server and not self._unusable
+        self._transport = Transport(self.server, api_key, request_timeout_s) if usable else None
+        self._outage = Outage(OUTAGE_WARN_S, OUTAGE_REPEAT_S)
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._force_drain = False
@@ -457,8 +474,8 @@ class Monitor:
                 left,
                 self.spool_path,
                 why,
-                self.spool_path.parent,
-                self.server or "URL",
+                shlex.quote(str(self.spool_path.parent)),
+                shlex.quote(self.server) if self.server and not self._unusable else "URL",
             )
 
     def _why_left(self) -> str:
@@ -466,6 +483,8 @@ class Monitor:
         (a wrong key, say), or it did not answer in time (with its last error), or no server."""
         if not self.server:
             return "no server"
+        if self._unusable:
+            return self._unusable
         if self._refused is not None:
             return f"server {self.server} refused the run: {self._refused}"
         why = f"server {self.server} not reachable in time"
@@ -707,6 +726,29 @@ class Monitor:
                 self._take_commands(reply.data)
         return None
 
+    def _note_failing(self, reply: Reply) -> None:
+        """Tell the user when the server has kept failing for a while (training goes on)."""
+        lasted = self._outage.failed(time.monotonic())
+        if lasted is not None:
+            log.warning(
+                "vantage: server %s has failed for %.0f s (last error: %s); training goes on, "
+                "and %d group(s) wait in the spool %s until it answers",
+                self.server,
+                lasted,
+                reply.error,
+                self.spooled_groups + self._queued,
+                self.spool_path,
+            )
+
+    def _note_answering(self) -> None:
+        lasted = self._outage.succeeded(time.monotonic())
+        if lasted is not None:
+            log.warning(
+                "vantage: server %s answers again after %.0f s; sending what the spool kept",
+                self.server,
+                lasted,
+            )
+
     def _health(self) -> bytes:
         """The heartbeat body: this rank's client-health counters (DESIGN.md §4)."""
         return orjson.dumps(
@@ -774,10 +816,13 @@ class Monitor:
                     failed = self._pump(now)
                     if failed is None or self._progress:
                         backoff.reset()
+                        self._note_answering()
                     if failed is not None:
                         self.stats["retries"] += 1
                         self.last_error = failed.error
                         retry_at = time.monotonic() + backoff.next_delay(failed.retry_after)
+                        if not self._progress:
+                            self._note_failing(failed)
             except Exception:  # the sender must outlive any bug of ours
                 log.exception("vantage: sender error")
                 retry_at = time.monotonic() + backoff.next_delay()

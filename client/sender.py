@@ -24,11 +24,13 @@ from .spool import Spool
 
 __all__ = [
     "Backoff",
+    "Outage",
     "Reply",
     "Transport",
     "encode_groups",
     "pack_records",
     "replay_spool",
+    "server_url_problem",
     "steps_body",
 ]
 
@@ -58,6 +60,45 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
+
+
+def server_url_problem(server: str) -> str | None:
+    """Why ``server`` cannot be the server's base URL (None when it can): it must be an
+    ``http://`` or ``https://`` URL with a host, such as ``http://127.0.0.1:8000``."""
+    try:
+        url = httpx.URL(server)
+    except (httpx.InvalidURL, TypeError) as exc:
+        return f"server {server!r} is not a URL ({exc})"
+    if url.scheme not in ("http", "https") or not url.host:
+        return f"server {server!r} is not an http:// or https:// URL with a host"
+    return None
+
+
+class Outage:
+    """When to tell the user that the server keeps failing: once a run of consecutive
+    failures has lasted ``warn_after_s`` seconds, again every ``repeat_s`` while it lasts, and
+    when it ends after a warning. Times are ``time.monotonic()`` seconds."""
+
+    def __init__(self, warn_after_s: float = 15.0, repeat_s: float = 600.0) -> None:
+        self.warn_after_s, self.repeat_s = warn_after_s, repeat_s
+        self.since: float | None = None  # start of the current run of failures
+        self._next_warning = 0.0
+        self.warned = False
+
+    def failed(self, now: float) -> float | None:
+        """Note a failure; the outage's length so far when it is time to warn, else None."""
+        if self.since is None:
+            self.since, self._next_warning = now, now + self.warn_after_s
+        if now < self._next_warning:
+            return None
+        self.warned, self._next_warning = True, now + self.repeat_s
+        return now - self.since
+
+    def succeeded(self, now: float) -> float | None:
+        """Note a success; the outage's length when one was warned about, else None."""
+        lasted = None if self.since is None or not self.warned else now - self.since
+        self.since, self.warned = None, False
+        return lasted
 
 
 @dataclass

@@ -212,9 +212,13 @@ def cmd_sync(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from vantage.client import spool
+    from vantage.client.sender import server_url_problem
 
     if not Path(args.spool_dir).is_dir():
         print(f"error: {args.spool_dir} is not a folder (a client spool)", file=sys.stderr)
+        return 2
+    if problem := server_url_problem(args.server):
+        print(f"error: {problem}, such as http://127.0.0.1:8000", file=sys.stderr)
         return 2
     result = spool.sync(args.spool_dir, server=args.server, api_key=args.api_key)
     print(json.dumps(result))

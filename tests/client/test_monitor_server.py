@@ -367,6 +367,35 @@ def test_close_is_bounded_when_the_server_is_down_then_sync_uploads(tmp_path: Pa
         srv.cleanup()
 
 
+def test_an_outage_is_reported_while_it_lasts_and_when_it_ends(tmp_path: Path, caplog, monkeypatch):
+    """The user learns that the server is down during the run, not only at close."""
+    import vantage.client.monitor as monitor_module
+
+    monkeypatch.setattr(monitor_module, "OUTAGE_WARN_S", 1.0)
+    srv = Server(tmp_path)  # not started yet
+    mon = monitor(srv.url, tmp_path, batch_interval_s=0.2)
+
+    def said(text: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+    try:
+        for step in range(5):
+            mon.log_groups(step, step_rewards(step))
+        assert wait_for(lambda: said("has failed for"), timeout=15)
+        (warning,) = said("has failed for")
+        assert srv.url in warning and "ConnectError" in warning, warning
+        assert "training goes on" in warning and str(mon.spool_path) in warning
+        assert not said("answers again")
+        srv.start()
+        assert wait_for(lambda: said("answers again"), timeout=60)
+        assert mon.flush(timeout=30)
+        assert [p["step"] for p in srv.metrics(mon.run_id)] == list(range(5))
+        mon.close(timeout=10)
+        assert len(said("has failed for")) == 1  # once per outage (then every 10 minutes)
+    finally:
+        srv.cleanup()
+
+
 def test_close_is_bounded_against_a_server_that_never_answers(tmp_path: Path):
     hole = socket.socket()
     hole.bind(("127.0.0.1", 0))
@@ -465,6 +494,9 @@ def test_vantage_sync_cli_uploads_an_offline_spool(server: Server, tmp_path: Pat
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     again = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (again["files"], again["server"]) == (0, server.url)  # nothing left
+    proc = subprocess.run([vantage, "sync", str(tmp_path / "spool"), "--server", "127.0.0.1:8000"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and "not an http:// or https:// URL" in proc.stderr, proc.stderr
 
 
 def test_random_faults_on_every_endpoint_store_every_group_once(server: Server, tmp_path: Path):

@@ -16,7 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from vantage.client import Monitor, derive_launch_id
 from vantage.client.schema import StepsBatch
-from vantage.client.sender import Backoff, _retry_after, encode_groups, pack_records, steps_body
+from vantage.client.sender import (
+    Backoff,
+    Outage,
+    _retry_after,
+    encode_groups,
+    pack_records,
+    server_url_problem,
+    steps_body,
+)
 from vantage.client.spool import Spool
 
 
@@ -162,6 +170,50 @@ def test_closing_an_offline_monitor_names_the_spool_to_sync(tmp_path: Path, capl
     message = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
     assert "(no server)" in message
     assert f"vantage sync {tmp_path} --server URL --api-key KEY" in message
+
+
+def test_outage_warns_after_a_while_then_rarely_and_says_when_it_ended():
+    outage = Outage(warn_after_s=15, repeat_s=600)
+    assert [outage.failed(t) for t in (100, 105, 114.9)] == [None, None, None]
+    assert outage.failed(115) == 15
+    assert outage.failed(200) is None and outage.failed(715) == 615
+    assert outage.succeeded(720) == 620
+    assert outage.succeeded(721) is None  # nothing to report: no outage
+    assert outage.failed(800) is None and outage.succeeded(801) is None  # too short to report
+    assert outage.failed(900) is None and outage.failed(915) == 15  # a new outage's own clock
+
+
+@pytest.mark.parametrize(
+    "url", ["127.0.0.1:8000", "localhost:8000", "not a url", "ftp://h/x", "http://"]
+)
+def test_a_server_url_that_cannot_work_is_said_at_once_and_the_run_goes_on(tmp_path, caplog, url):
+    assert server_url_problem(url) is not None
+    mon = Monitor(url, None, run_name="u", spool_dir=tmp_path)
+    (error,) = [
+        r.getMessage() for r in caplog.records if "recording to the spool" in r.getMessage()
+    ]
+    assert repr(url) in error and "http://" in error, error
+    mon.log_groups(0, [[1.0, 0.0]] * 3)
+    mon.close(timeout=2)
+    message = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
+    assert "--server URL" in message and "not an http://" in message, message
+    assert mon.spooled_groups == 3
+    with pytest.raises(ValueError, match="http:// or https://"):
+        Monitor(url, None, run_name="u", spool_dir=tmp_path / "strict", strict=True)
+
+
+def test_usable_server_urls_pass():
+    for url in ("http://127.0.0.1:8000", "https://vantage.example.com/", "http://[::1]:8000"):
+        assert server_url_problem(url) is None, url
+
+
+def test_the_sync_hint_at_close_can_be_pasted(tmp_path: Path, caplog):
+    folder = tmp_path / "my spool"
+    mon = Monitor(None, None, run_name="u", spool_dir=folder)
+    mon.log_groups(0, [[1.0, 0.0]])
+    mon.close(timeout=2)
+    message = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
+    assert f"vantage sync '{folder}' --server URL" in message, message
 
 
 def test_clean_spool_file_is_removed_on_close(tmp_path: Path):

@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 EXIT_MISSING_EXTRA = 2
@@ -129,13 +130,51 @@ def _upgrade(database_url: str) -> bool:
     return True
 
 
-def _session(args: argparse.Namespace):  # noqa: ANN202
-    settings = _settings(args)
-    from .db import make_engine, session_factory
-    from .migrate import upgrade
+def _session(args: argparse.Namespace, create: bool = False):  # noqa: ANN202
+    """A session on the command's database, at the newest schema. A database without Vantage's
+    schema (a typo in the URL, say) exits 1 unless ``create``, which makes it and says so; a
+    database that cannot be used exits 1 with the reason in one line."""
+    url = _settings(args).database_url
+    from .db import make_engine, safe_url, session_factory
 
-    upgrade(settings.database_url)
-    return session_factory(make_engine(settings.database_url))()
+    try:
+        fresh = not _has_schema(url)
+    except Exception as exc:  # noqa: BLE001 - any failure here means the database is unusable
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"error: cannot use the database at {safe_url(url)}: {reason}", file=sys.stderr)
+        raise SystemExit(1) from None
+    if fresh and not create:
+        print(
+            f"error: no Vantage database at {safe_url(url)}; give the server's --database-url "
+            "(or VANTAGE_DATABASE_URL)",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
+    if not _upgrade(url):
+        raise SystemExit(1)
+    if fresh:
+        print(f"note: created a new Vantage database at {safe_url(url)}", file=sys.stderr)
+    return session_factory(make_engine(url))()
+
+
+def _has_schema(url: str) -> bool:
+    """Whether the database exists and holds Vantage's schema; never creates a SQLite file."""
+    from sqlalchemy import inspect
+    from sqlalchemy.engine import make_url
+
+    from .db import make_engine, normalize_url
+
+    parsed = make_url(normalize_url(url))
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:") or not Path(database).is_file():
+            return False
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return inspect(conn).has_table("alembic_version")
+    finally:
+        engine.dispose()
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
@@ -146,7 +185,10 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    with _session(args) as session:
+    if not args.name.strip():
+        print("error: give the key a name (--name), to list and revoke it by", file=sys.stderr)
+        return 2
+    with _session(args, create=True) as session:
         key = create_key(session, args.name, scopes, args.project)
         session.commit()
     print(
@@ -187,7 +229,9 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
             print(_key_line(k), file=sys.stderr)
         return 1
     if not revoked:
-        print(f"error: no active key with id, name or prefix '{args.key}'", file=sys.stderr)
+        print(
+            f"error: no active key is '{args.key}' or has it as id, name or prefix", file=sys.stderr
+        )
         return 1
     for k in revoked:
         print(f"revoked {_key_line(k)}", file=sys.stderr)
@@ -209,8 +253,6 @@ def cmd_runs_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from vantage.client import spool
     from vantage.client.sender import server_url_problem
 
@@ -314,8 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = keys.add_parser("list", help="list keys: id, name, prefix, scopes, project, state")
     _db_arg(p)
     p.set_defaults(func=cmd_keys_list)
-    p = keys.add_parser("revoke", help="revoke a key by its id, name or prefix")
-    p.add_argument("key", help="the key's id, name or prefix")
+    p = keys.add_parser("revoke", help="revoke a key by its id, name, prefix or itself")
+    p.add_argument("key", help="the key's id, name or prefix, or the key itself")
     p.add_argument(
         "--all", action="store_true", help="revoke every active key the name or prefix matches"
     )

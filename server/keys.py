@@ -118,11 +118,14 @@ class AmbiguousKey(ValueError):
 
 
 def revoke_key(session: Session, key: str, every_match: bool = False) -> list[dict]:
-    """Revoke the active key whose id, name or prefix is ``key`` and return it as a `list_keys`
-    row (an empty list when none matches). An id names one key; a name or prefix may match
-    several, which raises `AmbiguousKey` unless ``every_match`` revokes them all."""
+    """Revoke the active key that ``key`` is (its plaintext), or whose id, name or prefix it is,
+    and return it as a `list_keys` row (an empty list when none matches). The key itself and an
+    id name one key, and win over names and prefixes; a name or prefix may match several, which
+    raises `AmbiguousKey` unless ``every_match`` revokes them all."""
     rows = session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None))).all()
-    hits = [r for r in rows if str(r.id) == key] or [r for r in rows if key in (r.name, r.prefix)]
+    digest = hash_key(key)
+    hits = [r for r in rows if r.key_hash == digest or str(r.id) == key]
+    hits = hits or [r for r in rows if key in (r.name, r.prefix)]
     if len(hits) > 1 and not every_match:
         raise AmbiguousKey(key, [_key_row(r) for r in hits])
     now: datetime = utcnow()

@@ -63,6 +63,35 @@ def test_revoke_by_a_shared_name_asks_for_an_id_or_all(tmp_path):
     assert "list keys" in helps and "revoke a key" in helps
 
 
+def test_keys_on_a_database_that_is_not_vantages_say_so_in_one_line(tmp_path):
+    typo = tmp_path / "typo.db"
+    for args in (("list",), ("revoke", "1")):
+        out = run_cli("keys", *args, "--database-url", f"sqlite:///{typo}", check=False)
+        assert out.returncode == 1 and "no Vantage database at" in out.stderr, out.stderr
+        assert not typo.exists()  # nothing made on the way
+    pruned = run_cli("runs", "prune", "--older-than", "1", "--database-url", f"sqlite:///{typo}",
+                     check=False)  # fmt: skip
+    assert pruned.returncode == 1 and not typo.exists()
+    for url in ("bogus://x", f"sqlite:///{tmp_path}/no/such/folder/k.db"):
+        out = run_cli("keys", "create", "--name", "a", "--scopes", "read", "--database-url", url,
+                      check=False)  # fmt: skip
+        assert out.returncode == 1 and "error: cannot use the database" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1
+    # A first key may be made before the server's first start; that is said.
+    made = run_cli("keys", "create", "--name", "a", "--scopes", "read", "--database-url",
+                   f"sqlite:///{typo}")  # fmt: skip
+    assert "created a new Vantage database" in made.stderr
+    again = run_cli("keys", "create", "--name", "b", "--scopes", "read", "--database-url",
+                    f"sqlite:///{typo}")  # fmt: skip
+    assert "created a new" not in again.stderr
+    nameless = run_cli("keys", "create", "--name", " ", "--scopes", "read", "--database-url",
+                       f"sqlite:///{typo}", check=False)  # fmt: skip
+    assert nameless.returncode == 2 and "name" in nameless.stderr
+    key = again.stdout.strip()
+    revoked = run_cli("keys", "revoke", key, "--database-url", f"sqlite:///{typo}")
+    assert "revoked 2\tb" in revoked.stderr
+
+
 def test_revoked_key_is_refused(server):
     key = create_key(server.database_url, "read", "to-revoke")
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}) as c:

@@ -172,7 +172,7 @@ def compare(info, run_ids: list[str], max_points: int = 2000) -> dict[str, Any]:
     q = _queries()
     runs, metrics, windows = [], {}, {}
     with context.session() as s:
-        for rid in run_ids:
+        for rid in dict.fromkeys(run_ids):  # each run once, in the order given
             run = q.get_run(s, rid)
             if not context.can_see(info, run):
                 continue

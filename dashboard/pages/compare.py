@@ -19,11 +19,14 @@ WINDOW_COLUMNS = [
 
 
 def layout(runs: str | None = None, **_query) -> html.Div:
-    chosen = [r for r in (runs or "").split(",") if r]
+    asked = list(dict.fromkeys(r.strip() for r in (runs or "").split(",") if r.strip()))
     options = [
         {"label": f"{r.get('name') or r['run_id'][:8]} · {r['run_id'][:8]}", "value": r["run_id"]}
         for r in data.visible_runs(context.current_key())
     ]
+    visible = {o["value"] for o in options}
+    chosen = [r for r in asked if r in visible]
+    missing = [r if len(r) <= 40 else r[:40] + "…" for r in asked if r not in visible]
     return html.Div(
         [
             html.H2("Compare runs"),
@@ -33,6 +36,13 @@ def layout(runs: str | None = None, **_query) -> html.Div:
                 "equal or higher reward is the win.",
                 className="muted",
             ),
+            html.P(
+                f"Not found or not visible to this key: {', '.join(missing)}",
+                id="compare-missing",
+                className="muted",
+            )
+            if missing
+            else None,
             dcc.Dropdown(
                 id="compare-runs",
                 options=options,

@@ -105,12 +105,16 @@ def test_a_read_only_key_sees_no_enabled_action(read_page, server):
 
 
 def test_compare_page_overlays_chosen_runs(login_as, server):
-    ids = ",".join(server.runs.values())
+    first = next(iter(server.runs.values()))
+    # each run once however often the link names it; an unknown id is said, not dropped silently
+    ids = ",".join([*server.runs.values(), first, "no-such-run"])
     page = login_as("read", f"/dashboard/compare?runs={ids}")
     try:
         page.wait_for_selector("#compare-tbl")
         text = page.inner_text("#compare-tbl")
         assert all(name in text for name in server.runs)
+        assert page.locator("#compare-tbl tbody tr").count() == len(server.runs)
+        assert "no-such-run" in page.inner_text("#compare-missing")
         page.wait_for_function(
             "document.querySelector('#compare-graph .js-plotly-plot')?.data?.length == 6"
         )

@@ -21,6 +21,7 @@ from pydantic import (
     Discriminator,
     Field,
     Strict,
+    StringConstraints,
     Tag,
     model_validator,
 )
@@ -72,6 +73,18 @@ PromptId = Annotated[
     str, BeforeValidator(_identifier("prompt_id"), json_schema_input_type=str | int)
 ]
 Text = Annotated[str, AfterValidator(_no_nul)]
+
+
+def text(max_length: int, min_length: int = 0) -> Any:
+    """`Text` of ``min_length`` to ``max_length`` characters. The length is checked on the
+    string itself, so that the error says "String should have at most N characters" (a length
+    given to the field of a ``Text | None`` is checked after validation, as if of a list:
+    "at most N items")."""
+    limits = StringConstraints(min_length=min_length or None, max_length=max_length)
+    return Annotated[str, limits, AfterValidator(_no_nul)]
+
+
+Name = text(200, 1)
 MaskValue = Literal[0, 1, True, False]
 Split = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
@@ -262,7 +275,7 @@ class Effective(_Strict):
         return self
 
 
-ScalarName = Annotated[Text, Field(min_length=1, max_length=128)]
+ScalarName = text(128, 1)
 Scalars = Annotated[dict[ScalarName, Reward], Field(max_length=MAX_SCALARS_PER_RECORD)]
 
 
@@ -346,23 +359,23 @@ class RunCreate(_RewardBounds):
     run_id: str | None = Field(
         default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$"
     )
-    launch_id: Text | None = Field(default=None, min_length=1, max_length=128)
-    name: Text = Field(default="run", min_length=1, max_length=200)
-    project: Text | None = Field(default=None, max_length=200)
+    launch_id: text(128, 1) | None = None
+    name: Name = "run"
+    project: text(200) | None = None
     config: StorableJSON = None
     group_size: Annotated[int, Strict(), Field(ge=1, le=MAX_GROUP_SIZE)] | None = None
     trainer_eps: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] = 1e-4
     world_size: Annotated[int, Strict(), Field(ge=1, le=65_536)] = 1
     heartbeat_s: Annotated[float, Strict(), Field(gt=0, le=86_400, allow_inf_nan=False)] = 10.0
-    tags: list[Annotated[Text, Field(max_length=100)]] = Field(default_factory=list, max_length=50)
+    tags: list[text(100)] = Field(default_factory=list, max_length=50)
 
 
 class RunPatch(_Strict):
     """Body of ``PATCH /api/v1/runs/{run_id}``."""
 
-    name: Text | None = Field(default=None, min_length=1, max_length=200)
-    tags: list[Annotated[Text, Field(max_length=100)]] | None = Field(default=None, max_length=50)
-    notes: Text | None = Field(default=None, max_length=10_000)
+    name: Name | None = None
+    tags: list[text(100)] | None = Field(default=None, max_length=50)
+    notes: text(10_000) | None = None
     mitigation_mode: Literal["off", "suggest", "auto"] | None = None
 
 
@@ -389,7 +402,7 @@ class CommandCreate(_Strict):
 
     type: Literal["set_mitigation", "set_sampling", "checkpoint", "stop"]
     params: dict[str, Any] = Field(default_factory=dict)
-    reason: Text | None = Field(default=None, max_length=1000)
+    reason: text(1000) | None = None
 
     @model_validator(mode="after")
     def _params(self) -> CommandCreate:
@@ -448,4 +461,4 @@ def validate_command_params(kind: str, params: dict[str, Any]) -> None:
 class CommandAck(_Strict):
     status: Literal["applied", "rejected"]
     step: Annotated[int, Strict(), Field(ge=0, le=2**62)] | None = None
-    detail: Text | None = Field(default=None, max_length=2000)
+    detail: text(2000) | None = None

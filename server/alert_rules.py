@@ -19,7 +19,7 @@ from pydantic import (
 )
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from vantage.client.schema import Split, Text, validate_command_params
+from vantage.client.schema import Name, Split, Text, text, validate_command_params
 
 from .alert_metrics import check_metric
 from .alert_models import AlertRule, Silence
@@ -65,9 +65,9 @@ class RulePatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Text | None = Field(default=None, min_length=1, max_length=200)
-    run_id: Text | None = Field(default=None, max_length=64)
-    project: Text | None = Field(default=None, max_length=200)
+    name: Name | None = None
+    run_id: text(64) | None = None
+    project: text(200) | None = None
     metric: str | None = Field(default=None, max_length=200)
     op: Op | None = None
     threshold: Annotated[float, Strict()] | None = None
@@ -75,13 +75,13 @@ class RulePatch(BaseModel):
     clear_threshold: Annotated[float, Strict()] | None = None
     clear_steps: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
     min_valid_groups: StrictInt | None = Field(default=None, ge=0, le=10**9)
-    severity: Text | None = Field(default=None, min_length=1, max_length=32)
+    severity: text(32, 1) | None = None
     notify: list[Text] | None = Field(default=None, max_length=20)
     mitigation: Mitigation | None = None
     cooldown_steps: StrictInt | None = Field(default=None, ge=0, le=10**12)
     split: Split | None = None  # the same rule as a record's split
     enabled: StrictBool | None = None
-    description: Text | None = Field(default=None, max_length=2000)
+    description: text(2000) | None = None
 
     @field_validator("metric")
     @classmethod
@@ -99,7 +99,7 @@ class RulePatch(BaseModel):
 class RuleCreate(RulePatch):
     """Body of `POST /api/v1/alert-rules`; §6 defaults for what is left out."""
 
-    name: Text = Field(min_length=1, max_length=200)
+    name: Name
     metric: str = Field(max_length=200)
     op: Op
     threshold: Annotated[float, Strict()]
@@ -222,9 +222,9 @@ def list_rules(session: Session, project: str | None = None) -> list[dict[str, A
 class SilenceMatchers(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    rule: Text | None = Field(default=None, max_length=200)
-    run_id: Text | None = Field(default=None, max_length=64)
-    project: Text | None = Field(default=None, max_length=200)
+    rule: text(200) | None = None
+    run_id: text(64) | None = None
+    project: text(200) | None = None
 
 
 class SilenceCreate(BaseModel):
@@ -234,7 +234,7 @@ class SilenceCreate(BaseModel):
 
     matchers: SilenceMatchers = Field(default_factory=SilenceMatchers)
     until: datetime
-    reason: Text | None = Field(default=None, max_length=1000)
+    reason: text(1000) | None = None
 
     @field_validator("until")
     @classmethod

@@ -812,3 +812,23 @@ def test_unknown_api_routes_are_json_404_and_every_422_lists_its_errors(server, 
     if on_postgres:
         (error,) = r.json()["detail"]
         assert error["loc"] == ["query", "project"] and "NUL" in error["msg"]
+
+
+def test_too_long_text_is_named_in_characters(api):
+    """A text field's length error counts characters (it used to read "at most N items")."""
+    run = new_run(api)
+    rid = run["run_id"]
+    cmd = api.post(f"/api/v1/runs/{rid}/commands", json={"type": "checkpoint", "params": {}})
+    cid = cmd.json()["command_id"]
+    for method, path, body, field in (
+        ("post", "/api/v1/runs", {"name": "x", "project": "p" * 201}, "project"),
+        ("patch", f"/api/v1/runs/{rid}", {"notes": "n" * 10_001}, "notes"),
+        ("patch", f"/api/v1/runs/{rid}", {"name": ""}, "name"),
+        ("post", f"/api/v1/runs/{rid}/commands/{cid}/ack",
+         {"status": "applied", "step": 1, "detail": "d" * 2001}, "detail"),  # fmt: skip
+        ("post", "/api/v1/silences", {"reason": "r" * 1001, "until_s": 60}, "reason"),
+    ):
+        r = api.request(method, path, json=body)
+        assert r.status_code == 422, (path, r.text)
+        (error,) = [e for e in r.json()["detail"] if e["loc"][-1] == field]
+        assert "character" in error["msg"] and "items" not in error["msg"], error

@@ -212,8 +212,10 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
     from .keys import list_keys
 
     with _session(args) as session:
-        for k in list_keys(session):
-            print(_key_line(k))
+        keys = list_keys(session)
+    print("id\tname\tprefix\tscopes\tproject\tstate\tcreated_at", file=sys.stderr)
+    for k in keys:
+        print(_key_line(k))
     return 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
@@ -103,7 +103,8 @@ def _key_row(r: ApiKey) -> dict:
         "prefix": r.prefix,
         "scopes": r.scopes,
         "project": r.project,
-        "created_at": r.created_at.isoformat(),
+        # SQLite gives back naive datetimes: they are UTC, written as such
+        "created_at": r.created_at.replace(tzinfo=r.created_at.tzinfo or UTC).isoformat(),
         "revoked": r.revoked_at is not None,
     }
 

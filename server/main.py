@@ -98,6 +98,26 @@ class HeadAsGet:
         await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
+class RefuseEncodedBodies:
+    """ASGI middleware: an API request whose body has a ``Content-Encoding`` (gzip, say) gets
+    415 naming it; the API reads plain JSON, and would otherwise answer "invalid JSON"."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/api/"):
+            encoding = dict(scope["headers"]).get(b"content-encoding", b"").strip().lower()
+            if encoding not in (b"", b"identity"):
+                detail = (
+                    f"Content-Encoding {encoding.decode('latin-1')} is not supported; "
+                    "send the JSON body uncompressed"
+                )
+                response = JSONResponse({"detail": detail}, status_code=415)
+                return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
 async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
     # Inputs are left out: they may hold NaN, which JSON cannot carry, and can be large.
     errors = [
@@ -150,6 +170,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # every other GET (/favicon.ico, a typo) with the dashboard's page and 200.
     app.add_api_route("/{path:path}", _no_route, methods=_METHODS, include_in_schema=False)
     app.add_middleware(HeadAsGet)
+    app.add_middleware(RefuseEncodedBodies)
     _document_raw_bodies(app)
     return app
 

@@ -824,11 +824,28 @@ def test_too_long_text_is_named_in_characters(api):
         ("post", "/api/v1/runs", {"name": "x", "project": "p" * 201}, "project"),
         ("patch", f"/api/v1/runs/{rid}", {"notes": "n" * 10_001}, "notes"),
         ("patch", f"/api/v1/runs/{rid}", {"name": ""}, "name"),
-        ("post", f"/api/v1/runs/{rid}/commands/{cid}/ack",
-         {"status": "applied", "step": 1, "detail": "d" * 2001}, "detail"),  # fmt: skip
+        (
+            "post",
+            f"/api/v1/runs/{rid}/commands/{cid}/ack",
+            {"status": "applied", "step": 1, "detail": "d" * 2001},
+            "detail",
+        ),  # fmt: skip
         ("post", "/api/v1/silences", {"reason": "r" * 1001, "until_s": 60}, "reason"),
     ):
         r = api.request(method, path, json=body)
         assert r.status_code == 422, (path, r.text)
         (error,) = [e for e in r.json()["detail"] if e["loc"][-1] == field]
         assert "character" in error["msg"] and "items" not in error["msg"], error
+
+
+def test_a_compressed_body_gets_415_naming_its_encoding(api):
+    import gzip
+
+    run = new_run(api)
+    body = gzip.compress(b'{"attempt": 1, "records": [{"step": 0, "groups": [[1, 0]]}]}')
+    headers = {"content-type": "application/json", "content-encoding": "gzip"}
+    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", content=body, headers=headers)
+    assert r.status_code == 415 and "Content-Encoding gzip" in r.json()["detail"], r.text
+    r = api.post("/api/v1/runs", content=gzip.compress(b'{"name": "z"}'), headers=headers)
+    assert r.status_code == 415
+    assert api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"] == []  # nothing

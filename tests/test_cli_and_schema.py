@@ -28,6 +28,7 @@ def test_keys_create_prints_key_alone_on_last_line(tmp_path):
     assert last not in out.stderr
     listed = run_cli("keys", "list", "--database-url", url).stdout
     assert "ci" in listed and last not in listed  # only a prefix is ever shown again
+    assert listed.rstrip().endswith("+00:00")  # created_at in UTC, on SQLite too
     bad = run_cli(
         "keys", "create", "--name", "x", "--scopes", "read,root", "--database-url", url, check=False
     )

@@ -304,7 +304,7 @@ class Monitor:
         n = self._warnings[kind] = self._warnings.get(kind, 0) + 1
         if n <= 5 or n % 1000 == 0:
             quiet = "; from now on only every 1,000th of this kind is logged" if n == 5 else ""
-            log.warning(f"{message}; %s of this kind{quiet}", *args, f"{n:,}")
+            log.warning(f"{message} [warning %s of kind %s{quiet}]", *args, f"{n:,}", kind)
 
     def log_groups(self, step: int, rewards: Any, *args: Any, **kwargs: Any) -> None:
         """Queue one reward list per group for ``step`` (see ``_log_groups``). Bad input is

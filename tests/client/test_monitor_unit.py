@@ -389,6 +389,7 @@ def test_rejected_calls_are_all_counted_and_the_log_says_when_it_goes_quiet(tmp_
     said = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
     assert len(said) == 8 and mon.stats["rejected_calls"] == 10
     assert "only every 1,000th of this kind is logged" in said[4] and "1,000th" not in said[0]
+    assert said[1].endswith("[warning 2 of kind log_groups:ValueError]"), said[1]
     assert "log_groups(step=1)" in said[5] and "log_scalars" in said[6] and "ack('c1')" in said[7]
     with pytest.raises(ValueError, match="weird"):
         offline(tmp_path / "strict", strict=True).ack("c1", "weird", 3)

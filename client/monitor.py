@@ -139,8 +139,11 @@ class Monitor:
     ``rank`` and ``world_size`` default to ``torch.distributed``'s when a process group is up, else
     to ``RANK``/``WORLD_SIZE``, else 0 and 1. ``spool_dir`` defaults to ``VANTAGE_SPOOL_DIR`` or a
     user cache folder. ``server=None`` (and no ``VANTAGE_SERVER``) records to the spool only, for a
-    later ``vantage sync``. ``spool_max_bytes`` caps the spool; groups beyond it are dropped and
-    counted. ``max_queue_groups`` caps the in-memory queue the same way.
+    later ``vantage sync``; so does a ``server`` that is not an ``http(s)://`` URL with a host,
+    which is logged at once (``strict=True`` raises ValueError instead). A server that keeps
+    failing is logged after ``OUTAGE_WARN_S`` (15 s), then every 10 minutes, and when it answers
+    again. ``spool_max_bytes`` caps the spool; groups beyond it are dropped and counted.
+    ``max_queue_groups`` caps the in-memory queue the same way.
     """
 
     def __init__(

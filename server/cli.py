@@ -115,19 +115,22 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 def _upgrade(database_url: str) -> bool:
     """Upgrade the schema; on failure say why in one line (password hidden) instead of a
     traceback."""
-    from .db import safe_url
     from .migrate import upgrade
 
     try:
         upgrade(database_url)
     except Exception as exc:  # noqa: BLE001 - any failure here means the database is unusable
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(
-            f"error: cannot use the database at {safe_url(database_url)}: {reason}",
-            file=sys.stderr,
-        )
+        _say_unusable(database_url, exc)
         return False
     return True
+
+
+def _say_unusable(database_url: str, exc: Exception) -> None:
+    """One line on stderr: the database (password hidden) and the first line of the error."""
+    from .db import safe_url
+
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"error: cannot use the database at {safe_url(database_url)}: {reason}", file=sys.stderr)
 
 
 def _session(args: argparse.Namespace, create: bool = False):  # noqa: ANN202
@@ -140,8 +143,7 @@ def _session(args: argparse.Namespace, create: bool = False):  # noqa: ANN202
     try:
         fresh = not _has_schema(url)
     except Exception as exc:  # noqa: BLE001 - any failure here means the database is unusable
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"error: cannot use the database at {safe_url(url)}: {reason}", file=sys.stderr)
+        _say_unusable(url, exc)
         raise SystemExit(1) from None
     if fresh and not create:
         print(

@@ -65,7 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .main import create_app
 
-    if not args.no_upgrade and not _upgrade(settings.database_url):
+    if not args.no_upgrade and not upgrade_or_explain(settings.database_url):
         return 1
     print(
         f"Vantage API on http://{args.host}:{args.port} (dashboard at /dashboard/)", file=sys.stderr
@@ -106,13 +106,13 @@ def _shared_counters() -> Iterator[None]:
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    if not _upgrade(settings.database_url):
+    if not upgrade_or_explain(settings.database_url):
         return 1
     print("database is at the newest schema", file=sys.stderr)
     return 0
 
 
-def _upgrade(database_url: str) -> bool:
+def upgrade_or_explain(database_url: str) -> bool:
     """Upgrade the schema; on failure say why in one line (password hidden) instead of a
     traceback."""
     from .migrate import upgrade
@@ -152,7 +152,7 @@ def _session(args: argparse.Namespace, create: bool = False):  # noqa: ANN202
             file=sys.stderr,
         )
         raise SystemExit(1)
-    if not _upgrade(url):
+    if not upgrade_or_explain(url):
         raise SystemExit(1)
     if fresh:
         print(f"note: created a new Vantage database at {safe_url(url)}", file=sys.stderr)

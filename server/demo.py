@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -67,6 +68,7 @@ def _start_server(database_url: str, port: int, log_path: Path) -> subprocess.Po
     proc = subprocess.Popen(
         [
             sys.executable,
+            "-P",  # not the current folder on the import path: a local dash.py must not shadow Dash
             "-m",
             "vantage.server.cli",
             "serve",
@@ -185,18 +187,20 @@ def _train(
 
 def run_demo(args: argparse.Namespace) -> int:
     """The `vantage demo` command; returns the exit status."""
+    from .cli import upgrade_or_explain
     from .db import safe_url
-    from .migrate import upgrade
     from .settings import Settings
 
     database_url = args.database_url or Settings().database_url
     port = args.port if args.port and _port_free(args.port) else _free_port()
     base = f"http://127.0.0.1:{port}"
-    work = Path(tempfile.mkdtemp(prefix="vantage-demo-"))
     _say(f"database: {safe_url(database_url)}")
-    upgrade(database_url)
+    if not upgrade_or_explain(database_url):
+        return 1
+    work = Path(tempfile.mkdtemp(prefix="vantage-demo-"))  # removed when the demo succeeds
     trainer_key, viewer_key = _create_keys(database_url)
     proc = _start_server(database_url, port, work / "server.log")
+    succeeded = False
     try:
         run_id = str(uuid.uuid4())
         dashboard_url = f"{base}/dashboard/runs/{run_id}"
@@ -224,6 +228,7 @@ def run_demo(args: argparse.Namespace) -> int:
             _say(f"\nStill serving {dashboard_url} — press Ctrl-C to stop.")
             with contextlib.suppress(KeyboardInterrupt):
                 proc.wait()
+        succeeded = True
         return 0
     finally:
         proc.terminate()
@@ -231,6 +236,8 @@ def run_demo(args: argparse.Namespace) -> int:
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
+        if succeeded:  # a failure keeps the server's log, which its message points to
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _print_summary(s: dict[str, Any]) -> None:

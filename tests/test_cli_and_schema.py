@@ -78,6 +78,9 @@ def test_keys_on_a_database_that_is_not_vantages_say_so_in_one_line(tmp_path):
                       check=False)  # fmt: skip
         assert out.returncode == 1 and "error: cannot use the database" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1
+    demo = run_cli("demo", "--quick", "--no-browser", "--database-url", "bogus://x", check=False)
+    assert demo.returncode == 1 and "error: cannot use the database" in demo.stderr, demo.stderr
+    assert "Traceback" not in demo.stderr
     # A first key may be made before the server's first start; that is said.
     made = run_cli("keys", "create", "--name", "a", "--scopes", "read", "--database-url",
                    f"sqlite:///{typo}")  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -128,6 +129,22 @@ class TrainConfig:
             raise ValueError(
                 f"group_size must be at least 2 (GRPO compares within a group): {self.group_size}"
             )
+        for name, low, high in _RANGES:
+            value = getattr(self, name)
+            if not (low <= value <= high):  # also refuses NaN
+                bounds = f"at least {low}" if high == math.inf else f"from {low} to {high}"
+                raise ValueError(f"{name} must be {bounds}; got {value!r}")
+        for name in _POSITIVE:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be above 0; got {getattr(self, name)!r}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name} must be a finite number; got {value!r}")
+        if not self.arith_operators or set(self.arith_operators) - set("+-*"):
+            raise ValueError(f"arith_operators must be some of '+-*'; got {self.arith_operators!r}")
+        if self.aapo_delta_low > self.aapo_delta_high:
+            raise ValueError("aapo_delta_low must not exceed aapo_delta_high")
         if self.reward_max <= self.reward_min:
             raise ValueError("reward_max must exceed reward_min")
         if self.task == "jsonl" and not self.data_path:
@@ -141,26 +158,76 @@ class TrainConfig:
         return out
 
 
+# (field, lowest, highest) of the numbers that have a range (inclusive).
+_RANGES = (
+    *((name, 0, math.inf) for name in (
+        "seed", "torch_threads", "sft_steps", "sft_warmup_steps", "steps", "warmup_steps",
+        "micro_batch_size", "eval_size", "eval_every", "checkpoint_every", "arith_max_operand",
+        "eps_low", "eps_high", "kl_beta", "weight_decay",
+    )),
+    *((name, 1, math.inf) for name in (
+        "tiny_hidden_size", "tiny_layers", "tiny_heads", "tiny_intermediate_size",
+        "sft_batch_size", "prompts_per_step", "max_new_tokens", "num_iterations", "arith_terms",
+    )),
+    ("tiny_max_positions", 2, math.inf),
+    ("top_p", 0, 1),
+    ("vllm_gpu_memory_utilization", 0, 1),
+    ("avspo_tau0", 0, 1),
+)  # fmt: skip
+# Numbers that must be above 0.
+_POSITIVE = ("temperature", "top_p", "lr", "sft_lr", "grad_clip", "sft_grad_clip", "avspo_alpha")
+
 _FIELDS = {f.name: f for f in fields(TrainConfig)}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_KIND_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "tuple": "numbers",
+}
 
 
 def _coerce(name: str, value: Any) -> Any:
+    """``value`` as the field's type; raises ValueError naming the field for a value of another
+    kind (a fraction for an integer, a word for a number, a number for a switch)."""
     kind = str(_FIELDS[name].type)
     if value is None:
         return None
-    if kind.startswith("tuple"):
-        return tuple(float(v) for v in value)
-    if kind.startswith("bool"):
-        if isinstance(value, str):
-            return value.lower() in ("1", "true", "yes", "on")
-        return bool(value)
-    if kind.startswith("int"):
-        return int(value)
-    if kind.startswith("float"):
-        return float(value)
-    if kind.startswith("str"):
-        return str(value)
-    return value
+    try:
+        if kind.startswith("tuple"):
+            return tuple(_number(v) for v in value)
+        if kind.startswith("bool"):
+            return _switch(value)
+        if kind.startswith("int"):
+            return _integer(value)
+        if kind.startswith("float"):
+            return _number(value)
+    except (TypeError, ValueError):
+        wanted = _KIND_WORDS[kind.split(" ")[0].split("[")[0]]
+        raise ValueError(f"{name} must be {wanted}; got {value!r}") from None
+    if kind.startswith("str") and isinstance(value, (dict, list)):
+        raise ValueError(f"{name} must be a string; got {value!r}")
+    return str(value) if kind.startswith("str") else value
+
+
+def _switch(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+        return value.lower() in _TRUE
+    raise ValueError(value)
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(value)
+    return int(value)
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(value)
+    return float(value)
 
 
 def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -206,9 +273,21 @@ def load_config(
             path = bundled_config(str(source))
         if not path.exists():
             raise FileNotFoundError(f"config file {path} does not exist")
-        values = yaml.safe_load(path.read_text()) or {}
+        if not path.is_file():
+            raise ValueError(f"{path} is not a file (give a YAML config file)")
+        try:
+            values = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem_mark", None)
+            at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+            problem = getattr(exc, "problem", None) or type(exc).__name__
+            raise ValueError(f"{path} is not valid YAML: {problem}{at}") from None
         if not isinstance(values, dict):
             raise ValueError(f"{path}: a config file must be a mapping of field: value")
+        # A config of its own gets a run name and folder of its own: it never resumes the
+        # checkpoint another config left in the default folder.
+        values.setdefault("run_name", path.stem)
+        values.setdefault("output_dir", f"runs/{values['run_name']}")
     unknown = sorted(set(values) - set(_FIELDS))
     if unknown:
         raise ValueError(f"unknown config fields {unknown}; see vantage.trainer.config.TrainConfig")

@@ -385,6 +385,7 @@ class GRPOTrainer:
             "reference_spec": self.reference_spec,
             "run_id": self.run_id,
             "history": self.history,
+            "config": self.config.to_dict(),  # what a resume must agree with (`run.setup`)
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

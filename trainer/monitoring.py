@@ -175,6 +175,7 @@ def make_monitor(
     construct is logged and training runs unmonitored."""
     if factory is None:
         if not server:
+            log.info("no Vantage server (server: or VANTAGE_SERVER): training runs unmonitored")
             return MonitorAdapter(None)
         try:
             from vantage.client import Monitor

@@ -51,9 +51,40 @@ def _init_distributed() -> bool:
 
 
 def _device(config: TrainConfig) -> torch.device:
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            "device cuda: this torch sees no CUDA device (a CPU build, or no GPU); "
+            "set device: cpu or auto"
+        )
     if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+# What a checkpoint must share with the config that resumes it: the model's shape and source,
+# the task, and what the server fixed for the run. (Older checkpoints carry no config.)
+RESUME_FIELDS = (
+    "model_source", "model_path", "gguf_file", "tiny_hidden_size", "tiny_layers", "tiny_heads",
+    "tiny_intermediate_size", "tiny_max_positions", "task", "data_path", "reasoning_gym_task",
+    "group_size", "reward_min", "reward_max",
+)  # fmt: skip
+
+
+def _check_resumable(cfg: TrainConfig, saved: dict[str, Any] | None, output_dir: Path) -> None:
+    """Raise ValueError when the checkpoint in ``output_dir`` was made by a config that differs
+    from ``cfg`` in `RESUME_FIELDS` (resuming would load another model or task into this run)."""
+    if not saved:
+        return
+    diffs = [
+        f"{name} {saved[name]!r}, here {getattr(cfg, name)!r}"
+        for name in RESUME_FIELDS
+        if name in saved and saved[name] != getattr(cfg, name)
+    ]
+    if diffs:
+        raise ValueError(
+            f"{output_dir} holds the checkpoint of another config ({'; '.join(diffs)}); give "
+            "this run an output_dir of its own, or set resume: false to start over there"
+        )
 
 
 def _broadcast_parameters(model: torch.nn.Module, dist: Distributed) -> None:
@@ -76,11 +107,15 @@ def setup(
         torch.set_num_threads(cfg.torch_threads)
     device = _device(cfg)
     output_dir = Path(cfg.output_dir)
+    checkpoint = latest_checkpoint(output_dir) if cfg.resume else None
+    state: dict[str, Any] = {}
+    if checkpoint is not None:
+        state = torch.load(checkpoint / "state.pt", weights_only=False)
+        _check_resumable(cfg, state.get("config"), output_dir)
     if dist.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
 
-    checkpoint = latest_checkpoint(output_dir) if cfg.resume else None
     sft_stats: dict[str, Any] = {}
     if checkpoint is not None:
         log.info("resuming from %s", checkpoint)
@@ -110,10 +145,7 @@ def setup(
         _broadcast_parameters(policy, dist)
 
     # one run_id for every rank: the checkpoint's, the config's, or a new one from rank 0
-    state_run_id = None
-    if checkpoint is not None:
-        state_run_id = torch.load(checkpoint / "state.pt", weights_only=False).get("run_id")
-    run_id = dist.broadcast(state_run_id or cfg.run_id or str(uuid.uuid4()))
+    run_id = dist.broadcast(state.get("run_id") or cfg.run_id or str(uuid.uuid4()))
     monitor = make_monitor(
         monitor_factory,
         cfg.server,
@@ -302,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.WARNING if args.quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request drowns the log
     try:
         summary = train(args.config, args.overrides)
     except (ValueError, FileNotFoundError, ImportError) as exc:

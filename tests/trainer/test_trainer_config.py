@@ -60,3 +60,67 @@ def test_every_field_has_a_comment():
 
 def test_api_key_is_not_in_the_run_config():
     assert "api_key" not in TrainConfig(api_key="vtg_secret").to_dict()
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("steps=-1", "steps must be at least 0; got -1"),
+        ("steps=3.5", "steps must be an integer; got 3.5"),
+        ("group_size=true", "group_size must be an integer; got True"),
+        ("temperature=-1", "temperature must be above 0"),
+        ("lr=-1", "lr must be above 0"),
+        ("lr=.nan", "lr must be above 0"),
+        ("max_new_tokens=0", "max_new_tokens must be at least 1"),
+        ("prompts_per_step=-3", "prompts_per_step must be at least 1"),
+        ("top_p=1.5", "top_p must be from 0 to 1"),
+        ("progress=maybe", "progress must be true or false"),
+        ("run_name=[1]", "run_name must be a string"),
+        ("arith_operators=/", "arith_operators must be some of"),
+        ("aapo_delta_low=0.5", "aapo_delta_low must not exceed aapo_delta_high"),
+        ("kl_beta=.inf", "kl_beta must be a finite number"),
+    ],
+)
+def test_values_that_cannot_work_are_refused_naming_the_field(override, says):
+    """Checked when the config loads, before any model is built (they used to run, or fail
+    deep inside transformers after the model was loaded)."""
+    with pytest.raises(ValueError, match=says.replace("[", r"\[").replace(".", r"\.")):
+        load_config("arith-tiny", [override])
+
+
+def test_a_config_file_gets_its_own_run_name_and_folder(tmp_path):
+    """A config without run_name and output_dir never shares the default folder (and so never
+    resumes a checkpoint that another config left there)."""
+    path = tmp_path / "my-run.yaml"
+    path.write_text("group_size: 4\nsteps: 5\n")
+    cfg = load_config(path)
+    assert (cfg.run_name, cfg.output_dir) == ("my-run", "runs/my-run")
+    assert load_config(path, ["run_name=x"]).output_dir == "runs/my-run"  # the file names it
+    path.write_text("run_name: named\n")
+    assert load_config(path).output_dir == "runs/named"
+
+
+def test_unreadable_config_files_get_one_line(tmp_path):
+    bad = tmp_path / "b.yaml"
+    bad.write_text("steps: [unclosed\n")
+    with pytest.raises(ValueError, match=r"not valid YAML: .* \(line 2, column 1\)"):
+        load_config(bad)
+    with pytest.raises(ValueError, match="is not a file"):
+        load_config(tmp_path)
+
+
+def test_vantage_train_says_a_user_mistake_in_one_line(tmp_path, capsys):
+    import torch
+    from vantage.trainer.run import main
+
+    bad = tmp_path / "b.yaml"
+    bad.write_text("steps: [unclosed\n")
+    cases = [[str(bad)], [str(tmp_path)], ["arith-tiny", "--set", "prompts_per_step=-3"]]
+    if not torch.cuda.is_available():
+        out = f"output_dir={tmp_path / 'run'}"
+        cases.append(["arith-tiny", "--set", "device=cuda", "--set", out])
+    for argv in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("vantage train: ") and len(err.splitlines()) == 1, err
+    assert "sees no CUDA device" in err or torch.cuda.is_available()

@@ -152,6 +152,12 @@ def test_resume_continues_exactly(warm_policy, tmp_path):
     a = torch.load(Path(straight["checkpoint"]) / "state.pt", weights_only=False)
     b = torch.load(Path(second["checkpoint"]) / "state.pt", weights_only=False)
     assert a["avspo_state"] == b["avspo_state"]
+    # another config in that folder is refused before anything is loaded or written
+    other = small_config(tmp_path / "split", steps=6, **{**common, "group_size": 3})
+    config_json = (tmp_path / "split" / "config.json").read_text()
+    with pytest.raises(ValueError, match=r"checkpoint of another config \(group_size 4, here 3\)"):
+        setup(other)
+    assert (tmp_path / "split" / "config.json").read_text() == config_json
 
 
 def test_aapo_reference_is_the_step0_policy(warm_policy, tmp_path):

@@ -84,7 +84,13 @@ def set_mitigation(trainer: GRPOTrainer, params: dict[str, Any]) -> str:
         trainer.ensure_reference()  # fail now, with a reason, rather than mid-step
     trainer.mitigation = new
     ignored = f"; ignored {sorted(params)}" if params else ""
-    return f"mitigation {mode} {asdict(new)}{ignored}"
+    return f"mitigation {_described(new)}{ignored}"
+
+
+def _described(m: Mitigation) -> str:
+    """The mode and the parameters that act in it ("avspo threshold=fixed alpha=0.5 eta=0.01")."""
+    shown = {"avspo": ("threshold", "alpha", "eta"), "aapo": ("delta_low", "delta_high")}
+    return " ".join([m.mode, *(f"{k}={getattr(m, k)}" for k in shown.get(m.mode, ()))])
 
 
 def is_number(value: Any) -> bool:

@@ -200,6 +200,8 @@ def test_set_mitigation_aapo_mid_run_and_kl(warm_policy, tmp_path):
     assert [r["mitigation"] for r in history] == ["none", "aapo", "aapo"]
     assert trainer.mitigation.delta_high == 0.3
     assert summary["commands"][0]["status"] == "applied" and summary["commands"][0]["step"] == 1
+    # the ack's detail lists what acts in AAPO, not AVSPO's settings
+    assert summary["commands"][0]["detail"] == "mitigation aapo delta_low=-0.2 delta_high=0.3"
 
 
 def test_clip_bites_with_several_updates(warm_policy, tmp_path):

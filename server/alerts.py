@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from .alert_metrics import SERIES_METRICS, Window, series_values, stale_value, step_value
 from .alert_models import AlertEpisode, AlertRule, AlertState, Silence
 from .alert_steps import evaluable_steps, evaluated_frontier, mark_evaluated, unevaluated_steps
-from .commands import create_command
+from .commands import create_command, mitigation_state
 from .locks import RunState, run_lock, save_run_state
 from .models import Run, Step, utcnow
 from .notify import enqueue
@@ -520,8 +520,9 @@ def _fire(
             st.notified_through = step
     if rule.mitigation and ctx.run.mitigation_mode == "auto" and step is not None:
         last, cooldown = st.last_mitigation_step, rule.cooldown_steps or 0
-        if last is None or cooldown == 0 or abs(step - last) >= cooldown:
-            mit = rule.mitigation
+        mit = rule.mitigation
+        due = last is None or cooldown == 0 or abs(step - last) >= cooldown
+        if due and not _in_effect(ctx.session, ctx.run.id, mit):
             create_command(
                 ctx.session,
                 ctx.run.id,
@@ -535,6 +536,17 @@ def _fire(
             )
             st.last_mitigation_step = step
             ctx.issued = True
+
+
+def _in_effect(session: Session, run_id: str, mitigation: dict[str, Any]) -> bool:
+    """Whether the run's newest set_mitigation that is pending, delivered or applied already
+    asks for ``mitigation`` (its mode and every parameter the rule gives): issuing it again
+    would only repeat it, each time the alert fires anew."""
+    if mitigation.get("type") != "set_mitigation":
+        return False
+    requested = mitigation_state(session, [run_id])[run_id]["requested"]
+    wanted = mitigation.get("params") or {}
+    return requested is not None and all(requested.get(k) == v for k, v in wanted.items())
 
 
 def _notify(

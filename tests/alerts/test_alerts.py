@@ -335,6 +335,36 @@ def test_auto_mitigation_respects_cooldown_steps(api):
     assert sorted(by_step[c["alert_id"]] for c in log) == [1, 7]
 
 
+def test_a_mitigation_already_requested_is_not_issued_again(api):
+    """Each new episode of a rule whose mitigation is already asked for (pending, delivered or
+    applied) issues nothing; once another mitigation is asked for, it issues again."""
+    run = new_run(api)
+    rid = run["run_id"]
+    avspo = {"type": "set_mitigation", "params": {"mode": "avspo"}}
+    make_rule(api, name="again", run_id=rid, metric="acr", op=">=", threshold=0.9,
+              mitigation=avspo)  # fmt: skip
+    flap(api, run, "CLCLC")  # three episodes: fired at 1, 3 and 5
+    assert sorted(e["fired_step"] for e in alerts_of(api, rid, "again")) == [1, 3, 5]
+
+    def log() -> list[dict]:
+        return api.get(f"/api/v1/runs/{rid}/commands").json()["commands"]
+
+    (first,) = log()
+    assert first["params"] == {"mode": "avspo"} and first["issued_by"] == "alert:again"
+    r = api.post(f"/api/v1/runs/{rid}/commands/{first['command_id']}/ack",
+                 json={"status": "applied", "step": 1})  # fmt: skip
+    assert r.status_code == 200
+    post_steps(api, run, [{"step": 6, "groups": LIVE}])
+    post_steps(api, run, [{"step": 7, "groups": ALL_FAIL}])  # applied: still nothing new
+    assert len(log()) == 1
+    none = {"type": "set_mitigation", "params": {"mode": "none"}, "reason": "by hand"}
+    assert api.post(f"/api/v1/runs/{rid}/commands", json=none).status_code == 201
+    post_steps(api, run, [{"step": 8, "groups": LIVE}])
+    post_steps(api, run, [{"step": 9, "groups": ALL_FAIL}])
+    newest = log()[0]
+    assert len(log()) == 3 and newest["params"] == {"mode": "avspo"}, log()
+
+
 @pytest.mark.parametrize("mode", ["suggest", "off"])
 def test_suggest_and_off_modes_issue_no_command(api, mode):
     run = new_run(api)

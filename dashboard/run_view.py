@@ -53,7 +53,8 @@ def header(run: dict) -> list:
 
 def suggestions(run: dict, alerts: list[dict], state: dict) -> list[dict]:
     """Mitigations to offer for one click: those of firing alerts whose rule carries one (the
-    run's mode is 'suggest'), else AVSPO when the run looks stalled and has none applied."""
+    run's mode is 'suggest'), else AVSPO when the run looks stalled (ACR above 0.35 for more
+    than 50 steps), has none requested and its mode is not 'off'."""
     requested = run.get("mitigation_requested") or {}
     requested_mode = requested.get("mode") if isinstance(requested, dict) else requested
 
@@ -77,7 +78,8 @@ def suggestions(run: dict, alerts: list[dict], state: dict) -> list[dict]:
                     }
                 )
     avspo = {"mode": "avspo", "threshold": "fixed", "alpha": 0.5}
-    if not out and (state.get("streak") or 0) > 50 and requested_mode in (None, "none"):
+    stalled = (state.get("streak") or 0) > 50 and requested_mode in (None, "none")
+    if not out and stalled and run.get("mitigation_mode") != "off":
         out.append(
             {
                 "type": "set_mitigation",

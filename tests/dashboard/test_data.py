@@ -119,3 +119,14 @@ def test_a_run_without_steps_yet_fills_in_live(dashboard):
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 4))
         out = run_view.live_update(READ, run_id, state)
         assert out[run_view.OUTPUTS.index("state")]["last_step"] == 3
+
+
+def test_a_stalled_run_is_offered_avspo_unless_its_mode_is_off_or_one_is_asked_for():
+    stalled, calm = {"streak": 53}, {"streak": 12}
+    for mode in ("auto", "suggest"):
+        (offer,) = run_view.suggestions({"mitigation_mode": mode}, [], stalled)
+        assert offer["params"]["mode"] == "avspo" and "53 steps" in offer["why"]
+    assert run_view.suggestions({"mitigation_mode": "off"}, [], stalled) == []
+    assert run_view.suggestions({"mitigation_mode": "auto"}, [], calm) == []
+    asked = {"mitigation_mode": "auto", "mitigation_requested": {"mode": "aapo"}}
+    assert run_view.suggestions(asked, [], stalled) == []

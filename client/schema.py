@@ -452,10 +452,51 @@ def validate_command_params(kind: str, params: dict[str, Any]) -> None:
         mode = params.get("mode")
         if mode not in MITIGATION_MODES:
             raise ValueError(f"set_mitigation needs params.mode in {list(MITIGATION_MODES)}")
+        _check_mitigation_params(params)
     elif kind == "set_sampling":
         t = params.get("temperature")
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 10:
             raise ValueError("set_sampling needs params.temperature, a number in (0, 10]")
+        _only(kind, params, ("temperature",))
+    elif params:  # checkpoint, stop
+        raise ValueError(f"{kind} takes no params; got {sorted(params)}")
+
+
+# set_mitigation's numbers besides mode (DESIGN.md §7; the trainer's Mitigation): name →
+# (lowest, highest, whether the lowest itself is refused).
+MITIGATION_NUMBERS = {
+    "alpha": (0.0, 100.0, True),  # AVSPO: K = max(1, min(G, ⌈G·ACR^α⌉))
+    "eta": (0.0, 1.0, False),  # AVSPO adaptive: τ's step size
+    "tau": (0.0, 1.0, False),  # AVSPO adaptive: τ now
+    "delta_low": (-10.0, 10.0, False),  # AAPO: margin clip, low
+    "delta_high": (-10.0, 10.0, False),  # AAPO: margin clip, high
+}
+AVSPO_THRESHOLDS = ("fixed", "adaptive", "single")
+
+
+def _only(kind: str, params: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ValueError(f"{kind} takes params {list(allowed)}; unknown {unknown}")
+
+
+def _check_mitigation_params(params: dict[str, Any]) -> None:
+    """What the trainer would refuse or silently ignore, refused here with its name."""
+    _only("set_mitigation", params, ("mode", "threshold", "variant", *MITIGATION_NUMBERS))
+    for key in ("threshold", "variant"):
+        if key in params and params[key] not in AVSPO_THRESHOLDS:
+            raise ValueError(f"set_mitigation {key} must be one of {list(AVSPO_THRESHOLDS)}")
+    for key, (low, high, above) in MITIGATION_NUMBERS.items():
+        v = params.get(key)
+        if key not in params:
+            continue
+        number = isinstance(v, int | float) and not isinstance(v, bool)
+        if not number or not (low < v <= high if above else low <= v <= high):
+            bounds = f"above {low:g} and at most {high:g}" if above else f"from {low:g} to {high:g}"
+            raise ValueError(f"set_mitigation {key} must be a number {bounds}")
+    low, high = params.get("delta_low"), params.get("delta_high")
+    if low is not None and high is not None and low > high:
+        raise ValueError("set_mitigation delta_low must not exceed delta_high")
 
 
 class CommandAck(_Strict):

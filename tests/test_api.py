@@ -849,3 +849,33 @@ def test_a_compressed_body_gets_415_naming_its_encoding(api):
     r = api.post("/api/v1/runs", content=gzip.compress(b'{"name": "z"}'), headers=headers)
     assert r.status_code == 415
     assert api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"] == []  # nothing
+
+
+@pytest.mark.parametrize(
+    ("kind", "params", "says"),
+    [
+        ("set_mitigation", {"mode": "avspo", "alpha": -5}, "alpha must be a number above 0"),
+        ("set_mitigation", {"mode": "aapo", "delta_low": "abc"}, "delta_low must be a number"),
+        (
+            "set_mitigation",
+            {"mode": "aapo", "delta_low": 0.5, "delta_high": 0.1},
+            "must not exceed",
+        ),
+        ("set_mitigation", {"mode": "avspo", "threshold": "sometimes"}, "threshold must be one of"),
+        ("set_mitigation", {"mode": "avspo", "beta": 1}, "unknown ['beta']"),
+        ("set_sampling", {"temperature": 0.5, "top_p": 2}, "unknown ['top_p']"),
+        ("checkpoint", {"x": 1}, "checkpoint takes no params"),
+        ("stop", {"now": True}, "stop takes no params"),
+    ],
+)
+def test_command_params_the_trainer_would_refuse_or_ignore_get_422(api, kind, params, says):
+    """Checked when the command is issued, as the trainer's own config checks them (they were
+    stored, then applied as they were, ignored, or rejected by the trainer with a raw error)."""
+    run = new_run(api)
+    r = api.post(f"/api/v1/runs/{run['run_id']}/commands", json={"type": kind, "params": params})
+    assert r.status_code == 422 and says in r.text, r.text
+    assert api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"] == []
+    good = {"mode": "avspo", "threshold": "adaptive", "alpha": 0.5, "eta": 0.01, "tau": 0.4}
+    ok = api.post(f"/api/v1/runs/{run['run_id']}/commands",
+                  json={"type": "set_mitigation", "params": good})  # fmt: skip
+    assert ok.status_code == 201

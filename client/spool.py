@@ -299,24 +299,21 @@ def sync(
         "errors": [],
     }
     paths = sorted(Path(spool_dir).glob(f"*{SPOOL_SUFFIX}"), key=lambda p: p.stat().st_mtime)
+    unreachable = None  # once a file got no answer in its whole timeout, the rest are not tried
     with Transport(server, api_key) as transport:
         for path in paths:
             totals["files"] += 1
             spool = Spool(path, max_bytes=1 << 62)
             try:
-                result = replay_spool(spool, transport, deadline=time.monotonic() + timeout)
-                for key in ("sent_batches", "sent_groups", "duplicates", "conflicts"):
-                    totals[key] += result[key]
-                if result.get("run_id"):
-                    totals["runs"].append(
-                        {
-                            "run_id": result["run_id"],
-                            "attempt": result.get("attempt"),
-                            "file": path.name,
-                        }
-                    )
-                if result.get("error"):
-                    totals["errors"].append(f"{path.name}: {result['error']}")
+                if unreachable:
+                    totals["errors"].append(f"{path.name}: not tried ({unreachable})")
+                else:
+                    result = replay_spool(spool, transport, deadline=time.monotonic() + timeout)
+                    _add_result(totals, result, path.name)
+                    if str(result.get("error", "")).startswith("gave up") and not (
+                        result["sent_batches"] or result.get("attempt")
+                    ):
+                        unreachable = f"the server did not answer in {timeout:g} s"
                 totals["dead_letter_batches"] += spool.dead_letter_batches
                 totals["remaining_groups"] += spool.pending_groups
                 totals["dropped_groups"] += spool.dropped_groups
@@ -324,3 +321,15 @@ def sync(
                 spool.close(remove_if_clean=True)
     totals["failed"] = bool(totals["errors"]) or totals["remaining_groups"] > 0
     return totals
+
+
+def _add_result(totals: dict[str, Any], result: dict[str, Any], name: str) -> None:
+    """Add one file's `replay_spool` result to the `sync` totals."""
+    for key in ("sent_batches", "sent_groups", "duplicates", "conflicts"):
+        totals[key] += result[key]
+    if result.get("run_id"):
+        totals["runs"].append(
+            {"run_id": result["run_id"], "attempt": result.get("attempt"), "file": name}
+        )
+    if result.get("error"):
+        totals["errors"].append(f"{name}: {result['error']}")

@@ -68,7 +68,7 @@ class RulePatch(BaseModel):
     name: Name | None = None
     run_id: text(64) | None = None
     project: text(200) | None = None
-    metric: str | None = Field(default=None, max_length=200)
+    metric: text(200, 1) | None = None
     op: Op | None = None
     threshold: Annotated[float, Strict()] | None = None
     for_steps: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
@@ -100,7 +100,7 @@ class RuleCreate(RulePatch):
     """Body of `POST /api/v1/alert-rules`; §6 defaults for what is left out."""
 
     name: Name
-    metric: str = Field(max_length=200)
+    metric: text(200, 1)
     op: Op
     threshold: Annotated[float, Strict()]
 

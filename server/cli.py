@@ -266,6 +266,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
     if problem := server_url_problem(args.server):
         print(f"error: {problem}, such as http://127.0.0.1:8000", file=sys.stderr)
         return 2
+    files = len(list(Path(args.spool_dir).glob(f"*{spool.SPOOL_SUFFIX}")))
+    print(f"syncing {files} spool file(s) to {args.server} ...", file=sys.stderr, flush=True)
     result = spool.sync(args.spool_dir, server=args.server, api_key=args.api_key)
     print(json.dumps(result))
     return 0 if not result.get("failed") else 1

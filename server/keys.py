@@ -124,6 +124,7 @@ def revoke_key(session: Session, key: str, every_match: bool = False) -> list[di
     id name one key, and win over names and prefixes; a name or prefix may match several, which
     raises `AmbiguousKey` unless ``every_match`` revokes them all."""
     rows = session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None))).all()
+    key = key.removesuffix("…")  # a prefix pasted as `keys list` shows it
     digest = hash_key(key)
     hits = [r for r in rows if r.key_hash == digest or str(r.id) == key]
     hits = hits or [r for r in rows if key in (r.name, r.prefix)]

@@ -94,6 +94,11 @@ def test_keys_on_a_database_that_is_not_vantages_say_so_in_one_line(tmp_path):
     key = again.stdout.strip()
     revoked = run_cli("keys", "revoke", key, "--database-url", f"sqlite:///{typo}")
     assert "revoked 2\tb" in revoked.stderr
+    shown = run_cli("keys", "list", "--database-url", f"sqlite:///{typo}").stdout
+    prefix = shown.splitlines()[0].split("\t")[2]  # key 1's prefix, as the list shows it
+    assert prefix.endswith("…")
+    pasted = run_cli("keys", "revoke", prefix, "--database-url", f"sqlite:///{typo}")
+    assert "revoked 1\ta" in pasted.stderr
 
 
 def test_revoked_key_is_refused(server):

@@ -119,7 +119,13 @@ def test_rule_crud_defaults_and_scopes(server, api):
         assert r.status_code == 422, (bad, r.text)
     # text a database cannot hold is refused at the edge, naming the field (PostgreSQL's own
     # refusal of a NUL gave no field)
-    for field, value in (("name", "a\u0000"), ("severity", "s\u0000"), ("notify", ["\u0000"])):
+    nul_fields = (
+        ("name", "a\u0000"),
+        ("severity", "s\u0000"),
+        ("notify", ["\u0000"]),
+        ("metric", "scalars.lo\u0000ss"),
+    )
+    for field, value in nul_fields:
         body = {"name": "nul", "metric": "acr", "op": ">", "threshold": 1, field: value}
         r = api.post("/api/v1/alert-rules", json=body)
         assert r.status_code == 422 and r.json()["detail"][0]["loc"][:2] == ["body", field], r.text

@@ -499,6 +499,21 @@ def test_vantage_sync_cli_uploads_an_offline_spool(server: Server, tmp_path: Pat
     assert proc.returncode == 2 and "not an http:// or https:// URL" in proc.stderr, proc.stderr
 
 
+def test_sync_to_a_server_that_never_answers_stops_after_the_first_file(tmp_path: Path):
+    """One file's whole timeout without an answer: the other files are not tried (each took
+    the whole timeout, silently), and say so."""
+    for name in ("a", "b", "c"):
+        offline = Monitor(None, None, run_name=name, spool_dir=tmp_path / "spool")
+        offline.log_groups(0, step_rewards(0))
+        offline.close(timeout=5)
+    t0 = time.monotonic()
+    result = sync(tmp_path / "spool", f"http://127.0.0.1:{free_port()}", None, timeout=2.0)
+    assert time.monotonic() - t0 < 6.0
+    assert result["failed"] and result["files"] == 3 and result["remaining_groups"] == 3 * 8
+    assert sum("not tried (the server did not answer in 2 s)" in e for e in result["errors"]) == 2
+    assert sum("gave up: ConnectError" in e for e in result["errors"]) == 1, result["errors"]
+
+
 def test_random_faults_on_every_endpoint_store_every_group_once(server: Server, tmp_path: Path):
     proxy = FlakyProxy(server.url, fail_first=0, chaos=0.3)
     try:

@@ -26,6 +26,12 @@ def plain(value: Any) -> Any:
     return value
 
 
+def shown_id(run_id: str, limit: int = 40) -> str:
+    """A run id as a page shows it: whole, or its first ``limit`` characters and an ellipsis
+    (a link can carry any text)."""
+    return run_id if len(run_id) <= limit else run_id[:limit] + "…"
+
+
 def run_href(run_id: str) -> str:
     return f"{URL_BASE}runs/{run_id}"
 

@@ -26,7 +26,7 @@ def layout(runs: str | None = None, **_query) -> html.Div:
     ]
     visible = {o["value"] for o in options}
     chosen = [r for r in asked if r in visible]
-    missing = [r if len(r) <= 40 else r[:40] + "…" for r in asked if r not in visible]
+    missing = [components.shown_id(r) for r in asked if r not in visible]
     return html.Div(
         [
             html.H2("Compare runs"),

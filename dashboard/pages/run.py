@@ -83,11 +83,10 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
 
 def _missing(run_id: str) -> html.Div:
     """The page of a run that does not exist or that the key may not see (no controls)."""
-    shown = run_id if len(run_id) <= 80 else run_id[:80] + "…"
     return html.Div(
         [
             html.H2("Run not found"),
-            html.P(f"No run {shown} visible to this key."),
+            html.P(f"No run {components.shown_id(run_id)} visible to this key."),
             dcc.Link("All runs", href=components.URL_BASE),
         ],
         id="run-missing",

@@ -50,8 +50,10 @@ def apply_command(trainer: GRPOTrainer, command: Command) -> str:
         return set_mitigation(trainer, params)
     if command.type == "set_sampling":
         temperature = params.get("temperature")
-        if not is_number(temperature) or not 0 <= float(temperature) <= 10:
-            raise ValueError(f"set_sampling needs a temperature in [0, 10]; got {temperature!r}")
+        # (0, 10] as the server checks and the config requires: at 0 (greedy) the G completions
+        # of a prompt are identical, so every group collapses and GRPO learns nothing
+        if not is_number(temperature) or not 0 < float(temperature) <= 10:
+            raise ValueError(f"set_sampling needs a temperature in (0, 10]; got {temperature!r}")
         trainer.temperature = float(temperature)
         return f"temperature {trainer.temperature}"
     if command.type == "checkpoint":

@@ -31,6 +31,7 @@ def test_streams_to_the_monitor_and_obeys_commands(warm_policy, tmp_path):
             {"command_id": "c2", "type": "set_sampling", "params": {"temperature": 0.7}},
             {"command_id": "c3", "type": "launch_rockets", "params": {}},
             {"command_id": "c4", "type": "set_mitigation", "params": {"mode": "dapo"}},
+            {"command_id": "c6", "type": "set_sampling", "params": {"temperature": 0}},
         ],
         4: [avspo],  # delivered again (at-least-once): applied only once
         5: [{"command_id": "c5", "type": "stop", "params": {}}],
@@ -54,10 +55,12 @@ def test_streams_to_the_monitor_and_obeys_commands(warm_policy, tmp_path):
         "c2": ("applied", 2),
         "c3": ("rejected", 2),
         "c4": ("rejected", 2),
+        "c6": ("rejected", 2),  # greedy sampling would collapse every group
         "c5": ("applied", 4),
     }
     assert [a[0] for a in mon.acks].count("c1") == 1
-    assert "unknown command type" in dict((a[0], a[3]) for a in mon.acks)["c3"]
+    details = dict((a[0], a[3]) for a in mon.acks)
+    assert "unknown command type" in details["c3"] and "(0, 10]" in details["c6"]
 
     # raw rewards of every step, [P, G], with prompt ids
     assert [g[0] for g in mon.groups] == [1, 2, 3, 4]

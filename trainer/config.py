@@ -20,7 +20,7 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 class TrainConfig:
     # ---- run
     run_name: str = "arith-tiny"  # name shown on the server and dashboard
-    output_dir: str = "runs/arith-tiny"  # checkpoints, reference policy, summary.json go here
+    output_dir: str = "runs/arith-tiny"  # checkpoints, reference, summary; runs/<run_name> if unset
     seed: int = 0  # seeds Python, torch (rank r adds r), the task and the prompt sampler
     device: str = "auto"  # "auto" (CUDA when present), "cpu" or "cuda"
     dtype: str = "float32"  # parameters: "float32" or "bfloat16" (bf16 is for GPUs)
@@ -284,12 +284,14 @@ def load_config(
             raise ValueError(f"{path} is not valid YAML: {problem}{at}") from None
         if not isinstance(values, dict):
             raise ValueError(f"{path}: a config file must be a mapping of field: value")
-        # A config of its own gets a run name and folder of its own: it never resumes the
-        # checkpoint another config left in the default folder.
+        # A config of its own gets a run name of its own, and so (below) a folder of its own:
+        # it never resumes the checkpoint another config left in the default folder.
         values.setdefault("run_name", path.stem)
-        values.setdefault("output_dir", f"runs/{values['run_name']}")
     unknown = sorted(set(values) - set(_FIELDS))
     if unknown:
         raise ValueError(f"unknown config fields {unknown}; see vantage.trainer.config.TrainConfig")
     values = apply_overrides(values, overrides or [])
+    # Unless given, the folder follows the final run name, so `--set run_name=x` is a run of its
+    # own in runs/x rather than a resume of the file's run under another name.
+    values.setdefault("output_dir", f"runs/{values.get('run_name', TrainConfig.run_name)}")
     return TrainConfig(**{k: _coerce(k, v) for k, v in values.items()})

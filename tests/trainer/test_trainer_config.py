@@ -95,7 +95,13 @@ def test_a_config_file_gets_its_own_run_name_and_folder(tmp_path):
     path.write_text("group_size: 4\nsteps: 5\n")
     cfg = load_config(path)
     assert (cfg.run_name, cfg.output_dir) == ("my-run", "runs/my-run")
-    assert load_config(path, ["run_name=x"]).output_dir == "runs/my-run"  # the file names it
+    # the folder follows the run name, unless the file or an override names one
+    assert load_config(path, ["run_name=x"]).output_dir == "runs/x"
+    assert load_config("arith-tiny", ["run_name=x"]).output_dir == "runs/x"
+    assert load_config(None, ["run_name=x"]).output_dir == "runs/x"
+    assert load_config(path, ["run_name=x", "output_dir=o"]).output_dir == "o"
+    path.write_text("run_name: named\noutput_dir: there\n")
+    assert load_config(path, ["run_name=x"]).output_dir == "there"
     path.write_text("run_name: named\n")
     assert load_config(path).output_dir == "runs/named"
 

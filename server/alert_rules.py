@@ -128,6 +128,33 @@ def check_notify(urls: list[str], allow: str | None) -> list[str]:
         raise ValueError(str(exc)) from exc
 
 
+class RuleExists(Exception):
+    """Another rule has this rule's name in the same scope (run_id and project): a 409."""
+
+
+def _check_unique_name(session: Session, rule: AlertRule) -> None:
+    """Two rules of one name and scope would both fire and notify for the same thing (a setup
+    script run twice), and `GET /alerts?rule=NAME` could not tell them apart. A rule of the same
+    name in another scope (a project's own `acr_stall` beside the global one) is fine."""
+    q = select(AlertRule.id).where(
+        AlertRule.name == rule.name,
+        AlertRule.run_id.is_not_distinct_from(rule.run_id),
+        AlertRule.project.is_not_distinct_from(rule.project),
+    )
+    if rule.id is not None:
+        q = q.where(AlertRule.id != rule.id)
+    with session.no_autoflush:
+        other = session.scalars(q.limit(1)).first()
+    if other is not None:
+        scope = "every run"
+        if rule.run_id or rule.project:
+            scope = f"run {rule.run_id}" if rule.run_id else f"project '{rule.project}'"
+        raise RuleExists(
+            f"alert rule {other} is already named '{rule.name}' for {scope}; change it with "
+            f"PUT /api/v1/alert-rules/{other} or choose another name"
+        )
+
+
 def _apply(session: Session, rule: AlertRule, fields: dict[str, Any], allow: str | None) -> None:
     if "notify" in fields and fields["notify"] is not None:
         fields["notify"] = check_notify(fields["notify"], allow)
@@ -138,6 +165,7 @@ def _apply(session: Session, rule: AlertRule, fields: dict[str, Any], allow: str
             value = {"type": value["type"], "params": value.get("params") or {}}
         setattr(rule, name, value)
     _check_clear_side(rule)
+    _check_unique_name(session, rule)
     rule.updated_at = utcnow()
 
 
@@ -157,7 +185,8 @@ def _check_clear_side(rule: AlertRule) -> None:
 
 
 def create_rule(session: Session, body: RuleCreate, allow: str | None) -> dict[str, Any]:
-    """A new rule with §6 defaults. Raises ValueError (refused target) or LookupError (run)."""
+    """A new rule with §6 defaults. Raises ValueError (refused target), LookupError (run) or
+    RuleExists (the name is taken in this scope)."""
     rule = AlertRule(
         for_steps=1,
         clear_steps=1,
@@ -241,7 +270,14 @@ class SilenceCreate(BaseModel):
     def _aware(cls, v: datetime) -> datetime:
         if not 1970 <= v.year <= 9000:  # the database cannot store far-off dates everywhere
             raise ValueError("until must be a date between 1970 and 9000")
-        return v if v.tzinfo else v.replace(tzinfo=UTC)
+        v = v if v.tzinfo else v.replace(tzinfo=UTC)
+        now = datetime.now(UTC)
+        if v <= now:  # it would mute nothing, and the answer would look like it does
+            raise ValueError(
+                f"until {v.isoformat()} is not in the future (now is "
+                f"{now.isoformat(timespec='seconds')}); a silence mutes until then"
+            )
+        return v
 
 
 def silence_dict(s: Silence) -> dict[str, Any]:

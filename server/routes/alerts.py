@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
 from ..alert_models import AlertRule, Silence
 from ..alert_rules import (
     RuleCreate,
+    RuleExists,
     RulePatch,
     SilenceCreate,
     create_rule,
@@ -73,6 +74,8 @@ def rules_create(
         rule = create_rule(session, body, settings.webhook_allow)
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from exc
+    except RuleExists as exc:
+        raise HTTPException(409, str(exc)) from exc
     session.commit()
     return rule
 
@@ -94,6 +97,8 @@ def rules_update(
         out = update_rule(session, rule, body, settings.webhook_allow)
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from exc
+    except RuleExists as exc:
+        raise HTTPException(409, str(exc)) from exc
     session.commit()
     return out
 

@@ -131,8 +131,22 @@ def test_rule_crud_defaults_and_scopes(server, api):
         assert r.status_code == 422 and r.json()["detail"][0]["loc"][:2] == ["body", field], r.text
     r = api.post("/api/v1/silences", json={"until": "2100-01-01T00:00:00Z", "reason": "\u0000"})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "reason"], r.text
+    past = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()  # it would mute nothing
+    r = api.post("/api/v1/silences", json={"until": past, "reason": "too late"})
+    assert r.status_code == 422 and "is not in the future" in r.text, r.text
     r = api.put(f"/api/v1/alert-rules/{rule['id']}", json={"threshold": 0.7, "for_steps": 3})
     assert (r.json()["threshold"], r.json()["for_steps"]) == (0.7, 3)
+    # one name per scope: a second "crud" for every run would fire and notify twice
+    same = {"name": "crud", "metric": "acr_eps", "op": ">", "threshold": 0.9}
+    r = api.post("/api/v1/alert-rules", json=same)
+    assert r.status_code == 409 and f"alert rule {rule['id']} is already named 'crud'" in r.text
+    project_rule = make_rule(api, **same, project="crud-project")  # another scope: fine
+    r = api.post("/api/v1/alert-rules", json={**same, "project": "crud-project"})
+    assert r.status_code == 409 and "for project 'crud-project'" in r.text
+    r = api.put(f"/api/v1/alert-rules/{project_rule['id']}", json={"project": None})
+    assert r.status_code == 409, r.text  # moving it into the taken scope
+    assert api.put(f"/api/v1/alert-rules/{rule['id']}", json={"name": "crud"}).status_code == 200
+    assert api.delete(f"/api/v1/alert-rules/{project_rule['id']}").status_code == 204
     assert api.delete(f"/api/v1/alert-rules/{rule['id']}").status_code == 204
     assert api.get(f"/api/v1/alert-rules/{rule['id']}").status_code == 404
 

@@ -63,16 +63,15 @@ def describe(kind: str, params: dict[str, Any]) -> str:
     )
 
 
-def _button(action: str, enabled: bool) -> html.Button:
-    text, _kind, _help, danger = ACTIONS[action]
+def _button(action: str, why_not: str | None) -> html.Button:
+    """A command button; ``why_not`` (shown as its tooltip) disables it."""
+    text, _kind, help_key, danger = ACTIONS[action]
     return html.Button(
         text,
         id={"type": "cmd", "action": action},
         className="action danger" if danger else "action",
-        disabled=not enabled,
-        title=explain.COMMAND_HELP[ACTIONS[action][2]]
-        if enabled
-        else "Needs an API key with the control scope.",
+        disabled=why_not is not None,
+        title=why_not or explain.COMMAND_HELP[help_key],
     )
 
 
@@ -86,18 +85,34 @@ def _number(id_: str, value: float, step: float, label: str, help_text: str) -> 
     )
 
 
-def panel(can_control: bool) -> html.Div:
-    note = (
-        []
-        if can_control
-        else [
-            html.P(
-                "Read-only: your key has no control scope, so actions are disabled.",
-                className="result-error",
-                id="cmd-readonly",
-            )
-        ]
-    )
+def current_temperature(run: dict, commands: list[dict]) -> float:
+    """The run's sampling temperature as far as the server knows: that of the newest applied
+    `set_sampling` (``commands`` newest first, as the log lists them), else the config's
+    `temperature`, else 1.0 (the trainer's default)."""
+    for c in commands:
+        if c.get("type") == "set_sampling" and c.get("status") == "applied":
+            return float(c["params"]["temperature"])
+    t = (run.get("config") or {}).get("temperature")
+    ok = isinstance(t, int | float) and not isinstance(t, bool) and 0 < t <= 10
+    return float(t) if ok else 1.0
+
+
+def panel(can_control: bool, ended: str | None = None, temperature: float = 1.0) -> html.Div:
+    """The command controls. ``ended``: the run's status when it has finished or failed (no
+    trainer reads commands then, and the server refuses them); ``temperature``: the run's
+    current sampling temperature, the starting value of its box."""
+    note, why_not = [], None
+    if not can_control:
+        why_not = "Needs an API key with the control scope."
+        text = "Read-only: your key has no control scope, so actions are disabled."
+        note = [html.P(text, className="result-error", id="cmd-readonly")]
+    elif ended:
+        why_not = f"The run has {ended}: no trainer reads its commands."
+        text = (
+            f"This run has {ended}, so no trainer reads commands and actions are disabled. "
+            "Relaunching it (a new attempt of the same run) makes them available again."
+        )
+        note = [html.P(text, className="muted", id="cmd-ended")]
     return html.Div(
         [
             *note,
@@ -121,7 +136,7 @@ def panel(can_control: bool) -> html.Div:
                                 "α",
                                 "Virtual samples per collapsed group: K = ⌈G·ACR^α⌉.",
                             ),
-                            _button("avspo", can_control),
+                            _button("avspo", why_not),
                         ],
                         className="cmd",
                     ),
@@ -132,7 +147,7 @@ def panel(can_control: bool) -> html.Div:
                             _number("aapo-delta-low", -0.2, 0.01, "δ low", "Margin clip, low."),
                             _number("aapo-delta-high", 0.28, 0.01, "δ high", "Margin clip, high."),
                             html.Br(),
-                            _button("aapo", can_control),
+                            _button("aapo", why_not),
                         ],
                         className="cmd",
                     ),
@@ -140,7 +155,7 @@ def panel(can_control: bool) -> html.Div:
                         [
                             html.H4("Plain GRPO"),
                             html.P(explain.COMMAND_HELP["none"]),
-                            _button("none", can_control),
+                            _button("none", why_not),
                         ],
                         className="cmd",
                     ),
@@ -150,12 +165,12 @@ def panel(can_control: bool) -> html.Div:
                             html.P(explain.COMMAND_HELP["temperature"]),
                             _number(
                                 "temperature-value",
-                                1.0,
+                                temperature,
                                 0.05,
                                 "temperature",
                                 explain.COMMAND_HELP["temperature"],
                             ),
-                            _button("temperature", can_control),
+                            _button("temperature", why_not),
                         ],
                         className="cmd",
                     ),
@@ -167,9 +182,9 @@ def panel(can_control: bool) -> html.Div:
                                 + " "
                                 + explain.COMMAND_HELP["stop"]
                             ),
-                            _button("checkpoint", can_control),
+                            _button("checkpoint", why_not),
                             " ",
-                            _button("stop", can_control),
+                            _button("stop", why_not),
                         ],
                         className="cmd",
                     ),

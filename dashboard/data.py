@@ -64,10 +64,11 @@ def visible_runs(info) -> list[dict]:
         return [r for r in _queries().list_runs(s) if context.can_see(info, r)]
 
 
-def run_visible(info, run_id: str) -> bool:
-    """Whether the run exists and the key may see it."""
+def visible_run(info, run_id: str) -> dict | None:
+    """The run (as the API shows it), or None when it does not exist or the key may not see it."""
     with context.session() as s:
-        return context.can_see(info, _queries().get_run(s, run_id))
+        run = _queries().get_run(s, run_id)
+    return run if context.can_see(info, run) else None
 
 
 def filter_options(info) -> tuple[list[str], list[str]]:
@@ -128,8 +129,10 @@ def issue_command(
         raise PermissionError("this key lacks the control scope; ask an admin for one")
     q = _queries()
     with context.session() as s:
-        if not context.can_see(info, q.get_run(s, run_id)):
+        run = q.get_run(s, run_id)
+        if not context.can_see(info, run):
             raise PermissionError("run not found or not visible to this key")
+        server_commands.check_run_listens(run_id, run["status"])
         cmd = server_commands.create_command(
             s,
             run_id,

@@ -54,7 +54,10 @@ def header(run: dict) -> list:
 def suggestions(run: dict, alerts: list[dict], state: dict) -> list[dict]:
     """Mitigations to offer for one click: those of firing alerts whose rule carries one (the
     run's mode is 'suggest'), else AVSPO when the run looks stalled (ACR above 0.35 for more
-    than 50 steps), has none requested and its mode is not 'off'."""
+    than 50 steps), has none requested and its mode is not 'off'. None once the run has
+    finished or failed."""
+    if _finished(run):  # no trainer reads commands any more
+        return []
     requested = run.get("mitigation_requested") or {}
     requested_mode = requested.get("mode") if isinstance(requested, dict) else requested
 

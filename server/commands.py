@@ -35,6 +35,24 @@ def command_dict(c: Command) -> dict[str, Any]:
     }
 
 
+ENDED_STATES = ("finished", "failed")
+
+
+class RunEnded(ValueError):
+    """A command for a finished or failed run: no trainer reads it (a 409)."""
+
+
+def check_run_listens(run_id: str, status: str) -> None:
+    """Refuse a user's command for a run whose trainer has finished or failed: it would wait
+    until its TTL and expire. Relaunching the run (a new attempt) makes it `running` again.
+    Raises RunEnded naming the status."""
+    if status in ENDED_STATES:
+        raise RunEnded(
+            f"run {run_id} has {status}, so no trainer reads its commands; relaunch it (a new "
+            f"attempt) to send it commands again"
+        )
+
+
 def create_command(
     session: Session,
     run_id: str,

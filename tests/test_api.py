@@ -463,6 +463,19 @@ def test_commands_delivered_to_rank0_until_acked(api):
     assert bad.status_code == 422
 
 
+def test_a_finished_run_refuses_commands_until_it_is_relaunched(api):
+    run = new_run(api, launch_id="first")
+    rid = run["run_id"]
+    api.post(f"/api/v1/runs/{rid}/finish", json={"status": "finished"}).raise_for_status()
+    stop = {"type": "stop", "params": {}}
+    r = api.post(f"/api/v1/runs/{rid}/commands", json=stop)
+    assert r.status_code == 409 and f"run {rid} has finished" in r.text, r.text
+    assert api.get(f"/api/v1/runs/{rid}/commands").json()["commands"] == []  # nothing stored
+    relaunch = new_run(api, run_id=rid, launch_id="second")
+    assert relaunch["attempt"] == 2 and relaunch["status"] == "running"
+    assert api.post(f"/api/v1/runs/{rid}/commands", json=stop).status_code == 201
+
+
 def test_run_settings_finish_and_delete(api):
     run = new_run(api, project="p1", tags=["a"])
     rid = run["run_id"]

@@ -26,9 +26,12 @@ def _graph(id_: str, help_text: str) -> html.Div:
 
 def layout(run_id: str | None = None, **_query) -> html.Div:
     info = context.current_key()
-    if not run_id or not data.run_visible(info, run_id):
+    run = data.visible_run(info, run_id) if run_id else None
+    if run is None:
         return _missing(run_id or "")
     can_control = context.can(info, "control")
+    ended = run["status"] if run["status"] in ("finished", "failed") else None
+    temperature = commands_ui.current_temperature(run, data.commands(info, run_id) or [])
     return html.Div(
         [
             dcc.Store(id="run-id", data=run_id),
@@ -61,7 +64,7 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
                         value="commands",
                         children=html.Div(
                             [
-                                commands_ui.panel(can_control),
+                                commands_ui.panel(can_control, ended, temperature),
                                 html.H4("Command log"),
                                 html.Div(id="cmd-log"),
                             ],

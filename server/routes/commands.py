@@ -5,7 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 from vantage.client.schema import CommandAck, CommandCreate
 
-from ..commands import AckConflict, ack_command, create_command, list_commands
+from ..commands import (
+    AckConflict,
+    RunEnded,
+    ack_command,
+    check_run_listens,
+    create_command,
+    list_commands,
+)
 from ..deps import ControlKey, IngestKey, ReadKey, SessionDep, SettingsDep, load_run
 
 router = APIRouter(prefix="/api/v1/runs", tags=["commands"])
@@ -15,7 +22,11 @@ router = APIRouter(prefix="/api/v1/runs", tags=["commands"])
 def issue(
     run_id: str, body: CommandCreate, key: ControlKey, session: SessionDep, settings: SettingsDep
 ) -> dict:
-    load_run(session, run_id, key)
+    run = load_run(session, run_id, key)
+    try:
+        check_run_listens(run_id, run.status)
+    except RunEnded as exc:
+        raise HTTPException(409, str(exc)) from exc
     cmd = create_command(
         session,
         run_id,

@@ -104,6 +104,22 @@ def test_a_read_only_key_sees_no_enabled_action(read_page, server):
     assert "viewer (read)" in page.inner_text("#whoami")
 
 
+def test_a_finished_runs_actions_are_disabled_and_say_why(control_page, server):
+    with server.api() as api:
+        body = {"name": "finished-page", "config": {"temperature": 0.7}}
+        run_id = api.post("/api/v1/runs", json=body).json()["run_id"]
+        api.post(f"/api/v1/runs/{run_id}/finish", json={"status": "finished"}).raise_for_status()
+    page = control_page
+    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    note = page.wait_for_selector("#cmd-ended")
+    assert "This run has finished" in note.inner_text()
+    buttons = page.locator("button.action")
+    assert buttons.count() >= 6
+    assert all(not buttons.nth(i).is_enabled() for i in range(buttons.count()))
+    assert "no trainer reads" in (buttons.first.get_attribute("title") or "")
+    assert page.input_value("#temperature-value") == "0.7"  # the run's, not the default
+
+
 def test_compare_page_overlays_chosen_runs(login_as, server):
     first = next(iter(server.runs.values()))
     # each run once however often the link names it; an unknown id is said, not dropped silently

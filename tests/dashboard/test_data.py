@@ -38,6 +38,20 @@ def test_actions_need_the_control_scope(dashboard):
         data.issue_command(other_project, run_id, "stop", {}, None)
 
 
+def test_a_finished_run_takes_no_commands_until_relaunched(dashboard):
+    with dashboard.api() as api:
+        run_id, attempt = sample_data.create_run(api, "finished-commands")
+        api.post(f"/api/v1/runs/{run_id}/finish", json={"status": "failed"}).raise_for_status()
+        with pytest.raises(ValueError, match="has failed, so no trainer reads its commands"):
+            data.issue_command(CONTROL, run_id, "stop", {}, None)
+        run = data.visible_run(READ, run_id)
+        assert run is not None and run_view.suggestions(run, [], {"streak": 80}) == []
+        api.post("/api/v1/runs", json={"run_id": run_id, "name": "finished-commands"})
+        run = data.visible_run(READ, run_id)  # relaunched: running again, offers and takes them
+        assert run["status"] == "running" and run_view.suggestions(run, [], {"streak": 80})
+        assert data.issue_command(CONTROL, run_id, "stop", {}, None)["status"] == "pending"
+
+
 def test_keys_limited_to_a_project_see_only_its_runs(dashboard):
     assert {r["name"] for r in data.runs_overview(READ)} >= set(dashboard.runs)
     limited = KeyInfo("other", frozenset({"read"}), project="elsewhere")

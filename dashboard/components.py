@@ -57,9 +57,7 @@ def mitigation_text(run: dict) -> tuple[str, str]:
     """Short text and hover for a run's mitigation: its mode, what was requested and applied."""
     mode = run.get("mitigation_mode") or "?"
     requested = run.get("mitigation_requested") or {}
-    applied = run.get("mitigation_applied") or {}
-    req = requested.get("mode") if isinstance(requested, dict) else requested
-    app = applied.get("mode") if isinstance(applied, dict) else applied
+    app, req = figures.mitigation_modes(run)
     state = app or "none"
     if req and req != app:
         state = f"{state} → {req} ({requested.get('status', 'pending')})"

@@ -377,6 +377,25 @@ def extend_patch(patch: Any, points: Sequence[Point], series: Sequence[Series]) 
     return len(points)
 
 
+def mitigation_modes(run: dict) -> tuple[str | None, str | None]:
+    """The mode of a run's applied and of its newest requested `set_mitigation` (None: none)."""
+    applied = run.get("mitigation_applied") or {}
+    requested = run.get("mitigation_requested") or {}
+    return (
+        applied.get("mode") if isinstance(applied, dict) else applied,
+        requested.get("mode") if isinstance(requested, dict) else requested,
+    )
+
+
+def _legend_mitigation(run: dict) -> str | None:
+    """What the legend says of a run's mitigation: the applied mode, and one that is requested
+    but not applied yet after an arrow (it has not changed the curve yet)."""
+    applied, requested = mitigation_modes(run)
+    if requested and requested != applied:
+        return f"{applied or 'none'} → {requested}"
+    return applied if applied and applied != "none" else None
+
+
 def compare_figure(runs: Sequence[dict], metrics: dict[str, Sequence[Point]]) -> Figure:
     """ACR (top) and reward mean (bottom) of several runs, overlaid by step."""
     data = []
@@ -385,9 +404,8 @@ def compare_figure(runs: Sequence[dict], metrics: dict[str, Sequence[Point]]) ->
         pts = metrics.get(run["run_id"], [])
         steps = [p["step"] for p in pts]
         label = run.get("name") or run["run_id"][:8]
-        mode = run.get("mitigation_applied") or run.get("mitigation_requested") or {}
-        mode = mode.get("mode") if isinstance(mode, dict) else mode
-        name = f"{label} ({mode})" if mode and mode != "none" else label
+        mode = _legend_mitigation(run)
+        name = f"{label} ({mode})" if mode else label
         for row, (key, what, digits) in enumerate(
             (("acr", "ACR", ".2f"), ("reward_mean", "reward", ".3f"))
         ):

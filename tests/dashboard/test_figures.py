@@ -118,6 +118,11 @@ def test_compare_figure_overlays_acr_and_reward_per_run():
     go.Figure(fig)
     assert len(fig["data"]) == 4
     assert fig["data"][2]["name"] == "avspo (avspo)"
+    # a requested mitigation the trainer has not applied yet is not shown as on
+    pending = {**runs[0], "mitigation_requested": {"mode": "aapo", "status": "pending"}}
+    assert figures.compare_figure([pending], {})["data"][0]["name"] == "grpo (none → aapo)"
+    switching = {**runs[1], "mitigation_requested": {"mode": "none", "status": "delivered"}}
+    assert figures.compare_figure([switching], {})["data"][0]["name"] == "avspo (avspo → none)"
     assert fig["data"][1]["yaxis"] == "y2"  # reward on the lower chart
 
 
@@ -203,3 +208,15 @@ def test_command_forms():
     with pytest.raises(ValueError, match="temperature"):
         commands_ui.build_command("temperature", {})
     assert "STOP" in commands_ui.describe("stop", {})
+
+
+def test_the_temperature_box_starts_at_the_runs_temperature():
+    sampling = {"type": "set_sampling", "params": {"temperature": 0.6}}
+    run = {"config": {"temperature": 0.8}}
+    newest_first = [{**sampling, "status": "pending", "params": {"temperature": 2.0}},
+                    {**sampling, "status": "applied"},
+                    {**sampling, "status": "applied", "params": {"temperature": 0.4}}]  # fmt: skip
+    assert commands_ui.current_temperature(run, newest_first) == 0.6  # newest applied
+    assert commands_ui.current_temperature(run, newest_first[:1]) == 0.8  # the config's
+    assert commands_ui.current_temperature({"config": {"temperature": "hot"}}, []) == 1.0
+    assert commands_ui.current_temperature({"config": None}, []) == 1.0

@@ -9,6 +9,7 @@ import ipaddress
 import json
 import math
 import os
+import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -53,6 +54,19 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def bind_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound now (the OS's words), or None when it can. Binds as
+    uvicorn does (SO_REUSEADDR, so a port left in TIME_WAIT counts as free) and lets go."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.insecure_no_auth and not _is_loopback(args.host):
         print(
@@ -65,6 +79,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .main import create_app
 
+    if problem := bind_problem(args.host, args.port):
+        print(
+            f"error: cannot serve on {args.host}:{args.port}: {problem}; choose another --port",
+            file=sys.stderr,
+        )
+        return 1
     if not args.no_upgrade and not upgrade_or_explain(settings.database_url):
         return 1
     print(

@@ -45,15 +45,6 @@ PROFILES = {
 }
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -187,12 +178,13 @@ def _train(
 
 def run_demo(args: argparse.Namespace) -> int:
     """The `vantage demo` command; returns the exit status."""
-    from .cli import upgrade_or_explain
+    from .cli import bind_problem, upgrade_or_explain
     from .db import safe_url
     from .settings import Settings
 
     database_url = args.database_url or Settings().database_url
-    port = args.port if args.port and _port_free(args.port) else _free_port()
+    free = args.port and bind_problem("127.0.0.1", args.port) is None
+    port = args.port if free else _free_port()
     base = f"http://127.0.0.1:{port}"
     _say(f"database: {safe_url(database_url)}")
     if not upgrade_or_explain(database_url):

@@ -128,6 +128,20 @@ def test_serve_stops_on_sigterm_within_10s(tmp_path):
     assert time.monotonic() - t0 < 10
 
 
+def test_serve_on_a_busy_port_says_so_and_never_claims_to_serve(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        url = f"sqlite:///{tmp_path}/busy.db"
+        out = run_cli("serve", "--port", str(port), "--database-url", url, check=False)
+    assert out.returncode == 1, out.stderr
+    assert f"error: cannot serve on 127.0.0.1:{port}: Address already in use" in out.stderr
+    assert "Vantage API on" not in out.stderr and not Path(f"{tmp_path}/busy.db").exists()
+
+
 def test_runs_prune_keeps_step_metrics(tmp_path):
     url = f"sqlite:///{tmp_path}/p.db"
     srv = start_server(url, tmp_path, "--insecure-no-auth")

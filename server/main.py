@@ -17,7 +17,7 @@ from starlette.routing import Match
 from . import alerts
 from .alert_worker import AlertWorker
 from .db import make_engine, session_factory
-from .routes import EXTRA_SCHEMAS, acr, commands, health, ingest, metrics, runs
+from .routes import EXTRA_SCHEMAS, acr, commands, health, ingest, metrics, plain_body_errors, runs
 from .routes import alerts as alert_routes
 from .settings import Settings
 
@@ -98,9 +98,13 @@ class HeadAsGet:
         await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
-class RefuseEncodedBodies:
-    """ASGI middleware: an API request whose body has a ``Content-Encoding`` (gzip, say) gets
-    415 naming it; the API reads plain JSON, and would otherwise answer "invalid JSON"."""
+class JsonBodies:
+    """ASGI middleware for API requests' bodies, which are always JSON:
+    - a ``Content-Encoding`` (gzip, say) gets 415 naming it; the API reads plain JSON, and
+      would otherwise answer "invalid JSON";
+    - a body sent with another or no ``Content-Type`` (``curl -d`` sends a form's) is read as
+      JSON all the same, as the raw-read ingest routes always did; FastAPI would otherwise
+      answer a puzzling "Input should be a valid dictionary"."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -108,8 +112,12 @@ class RefuseEncodedBodies:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/api/"):
             # a scan of the few headers, no dict: this runs on every ingest request
-            encoding = next((v for k, v in scope["headers"] if k == b"content-encoding"), b"")
-            encoding = encoding.strip().lower()
+            encoding, content_type = b"", None
+            for k, v in scope["headers"]:
+                if k == b"content-encoding":
+                    encoding = v.strip().lower()
+                elif k == b"content-type":
+                    content_type = v
             if encoding not in (b"", b"identity"):
                 detail = (
                     f"Content-Encoding {encoding.decode('latin-1')} is not supported; "
@@ -117,13 +125,17 @@ class RefuseEncodedBodies:
                 )
                 response = JSONResponse({"detail": detail}, status_code=415)
                 return await response(scope, receive, send)
+            if content_type is None or b"json" not in content_type.lower():
+                headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         return await self.app(scope, receive, send)
 
 
 async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
     # Inputs are left out: they may hold NaN, which JSON cannot carry, and can be large.
     errors = [
-        {k: v for k, v in e.items() if k not in ("input", "ctx", "url")} for e in exc.errors()
+        {k: v for k, v in e.items() if k not in ("input", "ctx", "url")}
+        for e in plain_body_errors(list(exc.errors()))
     ]
     return JSONResponse({"detail": errors}, status_code=422)
 
@@ -172,7 +184,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # every other GET (/favicon.ico, a typo) with the dashboard's page and 200.
     app.add_api_route("/{path:path}", _no_route, methods=_METHODS, include_in_schema=False)
     app.add_middleware(HeadAsGet)
-    app.add_middleware(RefuseEncodedBodies)
+    app.add_middleware(JsonBodies)
     _document_raw_bodies(app)
     return app
 

@@ -851,6 +851,29 @@ def test_too_long_text_is_named_in_characters(api):
         assert "character" in error["msg"] and "items" not in error["msg"], error
 
 
+def test_bodies_are_json_whatever_their_content_type_and_body_errors_say_so(api):
+    """`curl -d` sends a form's Content-Type; the raw-read ingest route always read JSON, and
+    now every route does, with plain words for a body that is not a JSON object."""
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    for headers in (form, {"content-type": "text/plain"}, {}):
+        r = api.post("/api/v1/runs", content=b'{"name": "curl-d"}', headers=headers)
+        assert r.status_code == 201 and r.json()["name"] == "curl-d", (headers, r.text)
+    run = r.json()
+    steps = b'{"attempt": 1, "records": [{"step": 0, "groups": [[1, 0]]}]}'
+    r = api.post(f"/api/v1/runs/{run['run_id']}/steps", content=steps, headers=form)
+    assert r.status_code == 200 and r.json()["accepted"] == 1
+    for path in ("/api/v1/runs", f"/api/v1/runs/{run['run_id']}/steps"):  # both parsers
+        for body, says in (
+            (b"[1]", "the request body must be a JSON object"),
+            (b"", "no body" if path == "/api/v1/runs" else "Invalid JSON"),
+            (b"name=x", "Invalid JSON"),
+        ):
+            r = api.post(path, content=body, headers=form)
+            (error,) = r.json()["detail"]
+            assert r.status_code == 422 and error["loc"] == ["body"], (path, body, r.text)
+            assert says in error["msg"], (path, body, r.text)
+
+
 def test_a_compressed_body_gets_415_naming_its_encoding(api):
     import gzip
 

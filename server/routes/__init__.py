@@ -29,6 +29,25 @@ async def read_limited_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def plain_body_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``errors`` (pydantic's, each ``loc`` starting with "body") with the messages about the
+    body as a whole said plainly: pydantic's "Input should be a valid dictionary or object to
+    extract fields from" and "Field required" name no field a user could look for."""
+    for error in errors:
+        loc = tuple(error["loc"])
+        if error["type"] == "json_invalid" and len(loc) == 2 and loc[0] == "body":
+            # FastAPI's own parse: the position rides in loc, the reason in ctx
+            why = (error.get("ctx") or {}).get("error") or "JSON decode error"
+            error["loc"], error["msg"] = ["body"], f"Invalid JSON: {why} at character {loc[1]}"
+        if loc != ("body",):
+            continue
+        if error["type"] == "missing":
+            error["msg"] = "the request has no body; send a JSON object"
+        elif error["type"] in ("model_attributes_type", "model_type", "dict_type"):
+            error["msg"] = "the request body must be a JSON object ({...})"
+    return errors
+
+
 def parse_body(model: type[T], raw: bytes) -> T:
     """Validate a raw JSON body with ``model`` (422 listing the errors, without the inputs:
     they may hold NaN, which a JSON answer cannot carry). Each ``loc`` starts with "body", as
@@ -39,7 +58,7 @@ def parse_body(model: type[T], raw: bytes) -> T:
         errors = exc.errors(include_url=False, include_context=False, include_input=False)
         for error in errors:
             error["loc"] = ("body", *error["loc"])
-        raise HTTPException(422, errors) from exc
+        raise HTTPException(422, plain_body_errors(errors)) from exc
 
 
 def json_response(content: Any, status_code: int = 200) -> Response:

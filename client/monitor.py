@@ -37,7 +37,7 @@ import orjson
 
 from .inputs import capture, materialize, plain_rewards
 from .launch import derive_launch_id, torch_distributed
-from .schema import MAX_GROUP_SIZE, MAX_GROUPS_PER_REQUEST, RunCreate
+from .schema import MAX_GROUP_SIZE, MAX_GROUPS_PER_REQUEST, RunCreate, storable_scalar
 from .sender import (
     Backoff,
     Outage,
@@ -600,7 +600,8 @@ class Monitor:
                 scalars = header.setdefault("scalars", {})
                 for name, value in item[6].items():
                     try:
-                        scalars[str(name)] = float(value)
+                        # NaN and ±Infinity as strings: orjson would write them as null
+                        scalars[str(name)] = storable_scalar(float(value))
                     except (TypeError, ValueError):
                         self._warn(
                             "scalar",

@@ -89,8 +89,19 @@ MaskValue = Literal[0, 1, True, False]
 Split = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
 
-def _finite_or_none(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
+NON_FINITE_TOKENS = ("NaN", "Infinity", "-Infinity")
+
+
+def storable_scalar(value: float | str | None) -> float | str | None:
+    """A trainer scalar as Vantage stores and answers it: a finite number as it is; a
+    non-finite one as the string "NaN", "Infinity" or "-Infinity" (as protobuf's JSON mapping
+    writes them, and as Python's ``float()`` and JavaScript's ``Number()`` read them back), so
+    that a loss gone NaN stays visible without a NaN in the database or in JSON; None as None."""
+    if value is None or isinstance(value, str) or math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
 
 
 class _Strict(BaseModel):
@@ -276,7 +287,10 @@ class Effective(_Strict):
 
 
 ScalarName = text(128, 1)
-Scalars = Annotated[dict[ScalarName, Reward], Field(max_length=MAX_SCALARS_PER_RECORD)]
+ScalarValue = Annotated[float, Strict()] | Literal["NaN", "Infinity", "-Infinity"] | None
+"""A scalar: a JSON number (the tokens NaN and ±Infinity too), one of the strings "NaN",
+"Infinity", "-Infinity" (what clients whose JSON has no such numbers send), or null."""
+Scalars = Annotated[dict[ScalarName, ScalarValue], Field(max_length=MAX_SCALARS_PER_RECORD)]
 
 
 class StepRecord(GroupsForm):
@@ -310,9 +324,9 @@ class StepRecord(GroupsForm):
             )
         return self
 
-    def finite_scalars(self) -> dict[str, float | None]:
-        """Scalars with non-finite values turned into null (NaN is never stored)."""
-        return {k: _finite_or_none(v) for k, v in (self.scalars or {}).items()}
+    def storable_scalars(self) -> dict[str, float | str | None]:
+        """The scalars as stored: non-finite values as their strings (`storable_scalar`)."""
+        return {k: storable_scalar(v) for k, v in (self.scalars or {}).items()}
 
 
 class StepsBatch(_Strict):

@@ -56,12 +56,22 @@ def _share(name: str) -> Callable[[Point], Any]:
 
 
 def _scalar(name: str) -> Callable[[Point], Any]:
-    return lambda p: (p.get("scalars") or {}).get(name)
+    """A trainer scalar; a non-finite one (stored as "NaN", "Infinity" or "-Infinity") is a gap
+    in its line, and `non_finite_scalar` names it in the chart's title."""
+
+    def value(p: Point) -> Any:
+        v = (p.get("scalars") or {}).get(name)
+        return None if isinstance(v, str) else v
+
+    return value
+
+
+_reward_std = _scalar("reward_std")
 
 
 def _reward_edge(sign: int) -> Callable[[Point], Any]:
     def edge(p: Point) -> Any:
-        mean, std = p.get("reward_mean"), (p.get("scalars") or {}).get("reward_std")
+        mean, std = p.get("reward_mean"), _reward_std(p)
         if mean is None or std is None:
             return None
         return mean + sign * std
@@ -355,13 +365,29 @@ def reward_figure(points: Sequence[Point], downsampled: bool = False) -> Figure:
     return {"data": _traces(series_xy(points, REWARD_SERIES), REWARD_SERIES), "layout": layout}
 
 
+def non_finite_scalar(points: Iterable[Point]) -> str | None:
+    """The first non-finite trainer scalar of ``points``, as "loss NaN at step 812"; None if
+    there is none. A loss gone NaN is the usual sign of a diverged run."""
+    for p in points:
+        for name, v in (p.get("scalars") or {}).items():
+            if isinstance(v, str):
+                return f"{name} {v} at step {p['step']}"
+    return None
+
+
+def scalars_title(non_finite: str | None) -> str:
+    """The scalars chart's title, naming the first non-finite scalar when there is one."""
+    title = "Trainer scalars (as the trainer logged them)"
+    return f"{title} · non-finite: {non_finite}" if non_finite else title
+
+
 def scalars_figure(points: Sequence[Point]) -> Figure:
     """Loss, KL, entropy and sampling temperature, one small chart each."""
     data = _traces(series_xy(points, SCALAR_SERIES), SCALAR_SERIES)
     for i, trace in enumerate(data):
         trace["xaxis"], trace["yaxis"] = _axis_ref(i)
     layout = json.loads(_grid_layout(2, 2, tuple(s.label for s in SCALAR_SERIES), False))
-    base = _base_layout("Trainer scalars (as the trainer logged them)", 420)
+    base = _base_layout(scalars_title(non_finite_scalar(points)), 420)
     base.pop("xaxis")
     layout.update(base, showlegend=False, hovermode="closest")
     return {"data": data, "layout": layout}

@@ -174,6 +174,7 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
     state["last_step"] = points[-1]["step"] if points else None
     state["can_control"] = can_control
     state["timeline"] = summary.get("mitigation_timeline") or []
+    state["non_finite"] = figures.non_finite_scalar(points)
     return (
         components.plain(header(run)),
         components.plain(banner(run, alerts, state, can_control)),
@@ -211,6 +212,9 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
     figures.extend_patch(acr, points, figures.ACR_SERIES)
     figures.extend_patch(reward, points, figures.REWARD_SERIES)
     figures.extend_patch(scalars, points, figures.SCALAR_SERIES)
+    if not state.get("non_finite") and (note := figures.non_finite_scalar(points)):
+        scalars["layout"]["title"]["text"] = figures.scalars_title(note)
+        new_state["non_finite"] = note
     alerts = update["alerts"] or []
     timeline = update["timeline"] or []
     # Markers for alerts that fired within the new steps (the trace after the series).

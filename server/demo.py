@@ -141,7 +141,7 @@ def _summarize(api: httpx.Client, run_id: str, dashboard_url: str) -> dict[str, 
     before = [p for p in points if alert_step is None or p["step"] <= alert_step]
     after = [p for p in points if applied_step is not None and p["step"] > applied_step]
     evals = [(p["step"], p["scalars"].get("eval_accuracy")) for p in points]
-    evals = [(s, a) for s, a in evals if a is not None]
+    evals = [(s, a) for s, a in evals if isinstance(a, int | float)]  # not null, "NaN"
     acc_before = [a for s, a in evals if alert_step is not None and s <= alert_step]
     return {
         "run_id": run_id,

@@ -63,7 +63,7 @@ class _StepDelta:
     acc: StepAccumulator = field(default_factory=StepAccumulator)
     ranks: set[int] = field(default_factory=set)
     effective: dict[str, list[int]] = field(default_factory=dict)
-    scalars: dict[str, float | None] = field(default_factory=dict)
+    scalars: dict[str, float | str | None] = field(default_factory=dict)
     mitigation: dict[str, Any] | None = None
     world_size: int | None = None
     time: float | None = None
@@ -312,7 +312,7 @@ def _merge_record(d: _StepDelta, rec: StepRecord) -> None:
         d.effective.setdefault(
             str(rec.rank), [rec.effective.n_valid, rec.effective.n_zero_advantage]
         )
-    d.scalars.update(rec.finite_scalars())
+    d.scalars.update(rec.storable_scalars())
     if rec.mitigation is not None:
         d.mitigation = rec.mitigation
     if rec.world_size is not None:

@@ -23,6 +23,7 @@ from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 from sqlalchemy.types import NullType
 from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, STEP_METRIC_FIELDS, window_metrics
+from vantage.client.schema import NON_FINITE_TOKENS
 
 from .classify import COLLAPSED
 from .commands import list_commands as list_commands  # re-exported for the dashboard
@@ -480,6 +481,8 @@ def csv_cell(value: Any) -> Any:
     OWASP's advice on CSV injection has it."""
     if value is None:
         return ""
+    if value in NON_FINITE_TOKENS:  # a scalar's NaN or -Infinity, which pandas reads as such
+        return value
     if isinstance(value, str) and value.startswith(FORMULA_STARTS):
         return "'" + value
     return value

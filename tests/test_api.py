@@ -315,10 +315,26 @@ def test_effective_scalars_and_split(api):
     assert step_of(ans, 1)["acr"] == 0.5 and step_of(ans, 1)["acr_effective"] == 0.0
     assert step_of(ans, 1, "eval")["acr"] == 1.0
     p = api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"][0]
-    assert p["scalars"] == {"loss": 0.5, "kl": None}  # NaN is never stored
+    # NaN is never stored, and never lost: a loss gone NaN shows as the string "NaN"
+    assert p["scalars"] == {"loss": 0.5, "kl": "NaN"}
     csv_text = api.get(f"/api/v1/runs/{run['run_id']}/export.csv").text
     header, row = csv_text.strip().splitlines()
     assert "acr_effective" in header and "scalars.loss" in header and row.startswith("1,train,1")
+    assert row.endswith(",NaN,0.5") and header.endswith("scalars.kl,scalars.loss"), csv_text
+    # clients whose JSON has no NaN send the strings; other strings are refused
+    tokens = {"a": "Infinity", "b": "-Infinity", "c": "NaN", "d": float("inf"), "e": None}
+    body = json.dumps({"attempt": 1, "records": [{"step": 2, "scalars": tokens}]})
+    assert api.post(f"/api/v1/runs/{run['run_id']}/steps", content=body).status_code == 200
+    p = api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"][1]
+    assert p["scalars"] == {**tokens, "d": "Infinity"}
+    csv_text = api.get(f"/api/v1/runs/{run['run_id']}/export.csv").text
+    assert csv_text.strip().splitlines()[-1].endswith(",Infinity,-Infinity,NaN,Infinity,,,")
+    for bad in ("nan", "inf", "1.5", True):
+        r = api.post(
+            f"/api/v1/runs/{run['run_id']}/steps",
+            json={"attempt": 1, "records": [{"step": 3, "scalars": {"loss": bad}}]},
+        )
+        assert r.status_code == 422, (bad, r.text)
 
 
 def test_export_streams_long_runs_and_scalars_are_bounded_per_record(api):

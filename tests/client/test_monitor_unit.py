@@ -398,7 +398,7 @@ def test_rejected_calls_are_all_counted_and_the_log_says_when_it_goes_quiet(tmp_
 def test_scalars_and_masks_that_cannot_be_sent_are_named(tmp_path: Path, caplog):
     """Dropped in the background, where the server would refuse the batch, and said so."""
     mon = offline(tmp_path)
-    mon.log_scalars(4, {"loss": 0.5, "kl": "x", "n": None})
+    mon.log_scalars(4, {"loss": 0.5, "kl": "x", "n": None, "gn": float("nan")})
     for _ in range(7):  # one mask entry for two rewards, as a loop would repeat it
         mon.log_groups(4, [[1.0, 0.0]], mask=[[1]])
     mon.log_groups(4, [[0.0, 1.0, 1.0]])
@@ -408,5 +408,5 @@ def test_scalars_and_masks_that_cannot_be_sent_are_named(tmp_path: Path, caplog)
     unread = [r for r in caplog.records if "could not be read" in r.getMessage()]
     assert len(unread) == 5 and "mask has 1 entries for 2 rewards" in said  # then quiet
     (rec,) = spooled_records(mon.spool_path)
-    assert rec["scalars"] == {"loss": 0.5}
+    assert rec["scalars"] == {"loss": 0.5, "gn": "NaN"}  # kept, as JSON can carry it
     assert [g["rewards"] for g in rec["groups"]] == [[0.0, 1.0, 1.0]]

@@ -3,6 +3,7 @@ process: scopes and projects, filters, live updates."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -90,6 +91,24 @@ def test_live_update_appends_only_new_steps(dashboard):
         api.post(f"/api/v1/runs/{run_id}/finish", json={"status": "finished"})
         done = run_view.live_update(READ, run_id, update[run_view.OUTPUTS.index("state")])
         assert done[-1] is True
+
+
+def test_a_live_update_names_a_scalar_gone_non_finite(dashboard):
+    with dashboard.api() as api:
+        run_id, attempt = sample_data.create_run(api, "diverged")
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 3))
+        state = run_view.first_load(READ, run_id)[run_view.OUTPUTS.index("state")]
+        assert state["non_finite"] is None
+        records = sample_data.step_records(3, 2)
+        records[0]["scalars"]["loss"] = float("nan")
+        body = json.dumps({"attempt": attempt, "records": records})  # the NaN token
+        r = api.post(f"/api/v1/runs/{run_id}/steps", content=body)
+        assert r.status_code == 200, r.text
+        out = run_view.live_update(READ, run_id, state)
+        patch = out[run_view.OUTPUTS.index("scalars_figure")].to_plotly_json()["operations"]
+        (title,) = [op for op in patch if op["location"] == ["layout", "title", "text"]]
+        assert title["params"]["value"].endswith("non-finite: loss NaN at step 3")
+        assert out[run_view.OUTPUTS.index("state")]["non_finite"] == "loss NaN at step 3"
 
 
 def test_a_new_attempt_reloads_the_page_data(dashboard):

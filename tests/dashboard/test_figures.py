@@ -220,3 +220,15 @@ def test_the_temperature_box_starts_at_the_runs_temperature():
     assert commands_ui.current_temperature(run, newest_first[:1]) == 0.8  # the config's
     assert commands_ui.current_temperature({"config": {"temperature": "hot"}}, []) == 1.0
     assert commands_ui.current_temperature({"config": None}, []) == 1.0
+
+
+def test_a_non_finite_scalar_is_a_gap_named_in_the_title():
+    points = [point(0, scalars={"loss": 0.5, "reward_std": 0.1}),
+              point(1, scalars={"loss": "NaN", "reward_std": "Infinity"}),
+              point(2, scalars={"loss": "-Infinity"})]  # fmt: skip
+    fig = figures.scalars_figure(points)
+    go.Figure(fig)
+    assert fig["data"][0]["y"] == [0.5, None, None]
+    assert fig["layout"]["title"]["text"].endswith("· non-finite: loss NaN at step 1")
+    go.Figure(figures.reward_figure(points, False))  # reward ± std skips the non-finite std
+    assert "non-finite" not in figures.scalars_figure(points[:1])["layout"]["title"]["text"]

@@ -30,7 +30,8 @@ OUTPUTS = (
 )
 
 
-def _finished(run: dict) -> bool:
+def run_ended(run: dict) -> bool:
+    """Whether the run has finished or failed (no trainer reads its commands)."""
     return run.get("status") in ("finished", "failed")
 
 
@@ -56,7 +57,7 @@ def suggestions(run: dict, alerts: list[dict], state: dict) -> list[dict]:
     run's mode is 'suggest'), else AVSPO when the run looks stalled (ACR above 0.35 for more
     than 50 steps), has none requested and its mode is not 'off'. None once the run has
     finished or failed."""
-    if _finished(run):  # no trainer reads commands any more
+    if run_ended(run):  # no trainer reads commands any more
         return []
     requested = run.get("mitigation_requested") or {}
     requested_mode = requested.get("mode") if isinstance(requested, dict) else requested
@@ -184,7 +185,7 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
         figures.reward_figure(points, downsampled),
         figures.scalars_figure(points),
         components.plain(config_view(run)),
-        _finished(run),
+        run_ended(run),
     )
 
 
@@ -201,7 +202,7 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
     too_long = state.get("appended", 0) + len(points) > APPEND_LIMIT
     if new_attempt or too_long:
         return first_load(info, run_id, state.get("can_control", False))
-    finished = _finished(run)
+    finished = run_ended(run)
     if not points:
         # Nothing new: keep the figures, refresh the header (status may turn stale).
         return (header(run), no_update, no_update, no_update, no_update, no_update, no_update,

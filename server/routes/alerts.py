@@ -23,6 +23,7 @@ from ..alert_rules import (
 from ..alerts import list_alerts
 from ..deps import ControlKey, ReadKey, SessionDep, SettingsDep, check_key, load_run
 from ..keys import KeyInfo
+from ..models import Run
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 
@@ -46,6 +47,19 @@ def _rule(session: SessionDep, rule_id: int, key: KeyInfo) -> AlertRule:
     rule = session.get(AlertRule, rule_id)
     if rule is None or (key.project is not None and rule.project not in (None, key.project)):
         raise HTTPException(404, f"alert rule {rule_id} not found")
+    return rule
+
+
+def _own_rule(session: SessionDep, rule_id: int, key: KeyInfo) -> AlertRule:
+    """A rule the key may change or delete: any, or, for a key limited to a project, one of
+    that project's rules (403 for a rule of every run, which the key can read)."""
+    rule = _rule(session, rule_id, key)
+    if key.project is not None and rule.project != key.project:
+        raise HTTPException(
+            403,
+            f"alert rule {rule_id} applies to every run; this key is limited to project "
+            f"'{key.project}' and changes only that project's rules",
+        )
     return rule
 
 
@@ -90,7 +104,7 @@ def rules_update(
     rule_id: RuleId, body: RulePatch, key: ControlKey, session: SessionDep, settings: SettingsDep
 ) -> dict:
     """Change a rule (built-in ones too); fields left out keep their value."""
-    rule = _rule(session, rule_id, key)
+    rule = _own_rule(session, rule_id, key)
     if "project" in body.model_fields_set or "run_id" in body.model_fields_set:
         _scoped(body, key, session)
     try:
@@ -106,7 +120,7 @@ def rules_update(
 @router.delete("/alert-rules/{rule_id}", status_code=204)
 def rules_delete(rule_id: RuleId, key: ControlKey, session: SessionDep) -> Response:
     """Delete a rule and its episodes."""
-    session.delete(_rule(session, rule_id, key))
+    session.delete(_own_rule(session, rule_id, key))
     session.commit()
     return Response(status_code=204)
 
@@ -135,22 +149,47 @@ def alerts_index(
 
 @router.post("/silences", status_code=201)
 def silences_create(body: SilenceCreate, key: ControlKey, session: SessionDep) -> dict:
-    """Mute notifications (not evaluation) of alerts matching every given matcher."""
+    """Mute notifications (not evaluation) of alerts matching every given matcher. A key
+    limited to a project mutes that project's alerts only (its project is the matcher)."""
+    matchers = body.matchers
+    if matchers.run_id is not None:
+        load_run(session, matchers.run_id, key)
+    if key.project is not None:
+        if matchers.project not in (None, key.project):
+            raise HTTPException(403, f"this key is limited to project '{key.project}'")
+        matchers.project = key.project
     out = create_silence(session, body, created_by=key.name)
     session.commit()
     return out
 
 
+def _silence_visible(session: SessionDep, matchers: dict, key: KeyInfo) -> bool:
+    """Whether a key sees a silence: one for its project, or one that may mute its runs'
+    alerts (no project matcher, and no run matcher or one of its runs)."""
+    if key.project is None or matchers.get("project") == key.project:
+        return True
+    if matchers.get("project") is not None:
+        return False
+    run = session.get(Run, matchers["run_id"]) if matchers.get("run_id") else None
+    return "run_id" not in matchers or (run is not None and run.project == key.project)
+
+
 @router.get("/silences")
 def silences_index(key: RulesReader, session: SessionDep, active: bool = False) -> dict:
-    return {"silences": list_silences(session, active_only=active)}
+    silences = list_silences(session, active_only=active)
+    return {"silences": [s for s in silences if _silence_visible(session, s["matchers"], key)]}
 
 
 @router.delete("/silences/{silence_id}", status_code=204)
 def silences_delete(silence_id: SilenceId, key: ControlKey, session: SessionDep) -> Response:
     silence = session.get(Silence, silence_id)
-    if silence is None:
+    if silence is None or not _silence_visible(session, silence.matchers or {}, key):
         raise HTTPException(404, f"silence {silence_id} not found")
+    if key.project is not None and (silence.matchers or {}).get("project") != key.project:
+        raise HTTPException(
+            403,
+            f"silence {silence_id} is not limited to project '{key.project}', which this key is",
+        )
     session.delete(silence)
     session.commit()
     return Response(status_code=204)

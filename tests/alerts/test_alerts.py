@@ -49,6 +49,9 @@ def server(request, tmp_path_factory):
         "read": create_key(url, "read"),
         "all": create_key(url, "ingest,read,control,admin", "all"),
     }
+    project_key = ("keys", "create", "--name", "vision-lead", "--scopes", "read,control")
+    out = run_cli(*project_key, "--project", "vision", "--database-url", url)
+    keys["vision"] = out.stdout.strip().splitlines()[-1]
     srv = start_server(url, tmp_path_factory.mktemp("alerts-logs"))
     srv.keys = keys
     yield srv
@@ -592,6 +595,52 @@ def test_project_rules_apply_to_their_project_only(api):
     assert api.delete(f"/api/v1/runs/{mine['run_id']}").status_code == 204
     everything = api.get("/api/v1/alerts", params={"rule": "vision-only"}).json()["alerts"]
     assert everything == []
+
+
+def test_a_project_key_changes_and_mutes_its_projects_alerts_only(server, api):
+    """A key limited to a project reads the rules of every run but changes only its
+    project's; its silences mute its project's alerts only; it sees no other project's."""
+    rule = {"metric": "acr", "op": ">", "threshold": 0.9}
+    everyone = make_rule(api, name="pk-global", **rule)
+    language = make_rule(api, name="pk-language", project="language", **rule)
+    vision = make_rule(api, name="pk-vision", project="vision", **rule)
+    other_run = new_run(api, project="language")
+    until = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    global_silence = api.post("/api/v1/silences", json={"until": until}).json()
+    language_silence = api.post(
+        "/api/v1/silences", json={"matchers": {"project": "language"}, "until": until}
+    ).json()
+    with server.client("vision") as key:
+        rules = f"/api/v1/alert-rules/{everyone['id']}"
+        assert key.get(rules).status_code == 200
+        r = key.put(rules, json={"enabled": False})
+        assert r.status_code == 403 and "applies to every run" in r.text, r.text
+        assert key.delete(rules).status_code == 403
+        assert api.get(rules).json()["enabled"] is True  # unchanged
+        assert key.put(f"/api/v1/alert-rules/{language['id']}", json={}).status_code == 404
+        r = key.put(f"/api/v1/alert-rules/{vision['id']}", json={"project": None})
+        assert r.status_code == 200 and r.json()["project"] == "vision"
+        created = key.post("/api/v1/alert-rules", json={"name": "pk-own", **rule}).json()
+        assert created["project"] == "vision"
+        assert key.delete(f"/api/v1/alert-rules/{created['id']}").status_code == 204
+
+        r = key.post("/api/v1/silences", json={"until": until})
+        assert r.status_code == 201 and r.json()["matchers"] == {"project": "vision"}, r.text
+        own = r.json()
+        body = {"matchers": {"project": "language"}, "until": until}
+        assert key.post("/api/v1/silences", json=body).status_code == 403
+        body = {"matchers": {"run_id": other_run["run_id"]}, "until": until}
+        assert key.post("/api/v1/silences", json=body).status_code == 404
+        seen = {s["id"] for s in key.get("/api/v1/silences").json()["silences"]}
+        assert {own["id"], global_silence["id"]} <= seen and language_silence["id"] not in seen
+        path = "/api/v1/silences/{}".format
+        assert key.delete(path(language_silence["id"])).status_code == 404
+        assert key.delete(path(global_silence["id"])).status_code == 403
+        assert key.delete(path(own["id"])).status_code == 204
+    for silence in (global_silence, language_silence):
+        assert api.delete(f"/api/v1/silences/{silence['id']}").status_code == 204
+    for made in (everyone, language, vision):
+        assert api.delete(f"/api/v1/alert-rules/{made['id']}").status_code == 204
 
 
 def test_window_metrics_follow_late_data_for_earlier_steps(api):

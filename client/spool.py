@@ -283,7 +283,7 @@ def sync(
     lists ``"FILE: reason"`` for files that could not be finished (server unreachable, run
     refused); ``failed`` is true when any file could not be finished or groups remain.
     """
-    from .sender import Transport, replay_spool  # noqa: PLC0415 (sender imports this module)
+    from .sender import Transport  # noqa: PLC0415 (sender imports this module)
 
     totals: dict[str, Any] = {
         "server": server,
@@ -303,24 +303,41 @@ def sync(
     with Transport(server, api_key) as transport:
         for path in paths:
             totals["files"] += 1
-            spool = Spool(path, max_bytes=1 << 62)
             try:
-                if unreachable:
-                    totals["errors"].append(f"{path.name}: not tried ({unreachable})")
-                else:
-                    result = replay_spool(spool, transport, deadline=time.monotonic() + timeout)
-                    _add_result(totals, result, path.name)
-                    if str(result.get("error", "")).startswith("gave up") and not (
-                        result["sent_batches"] or result.get("attempt")
-                    ):
-                        unreachable = f"the server did not answer in {timeout:g} s"
-                totals["dead_letter_batches"] += spool.dead_letter_batches
-                totals["remaining_groups"] += spool.pending_groups
-                totals["dropped_groups"] += spool.dropped_groups
-            finally:
-                spool.close(remove_if_clean=True)
+                unreachable = _sync_file(path, transport, timeout, totals, unreachable)
+            except sqlite3.DatabaseError as exc:  # not SQLite, or cut short: the others go on
+                totals["errors"].append(
+                    f"{path.name}: not a readable spool file ({exc}); left as it is"
+                )
     totals["failed"] = bool(totals["errors"]) or totals["remaining_groups"] > 0
     return totals
+
+
+def _sync_file(
+    path: Path, transport: Any, timeout: float, totals: dict[str, Any], unreachable: str | None
+) -> str | None:
+    """Replay one spool file into the `sync` totals, unless an earlier file found the server
+    ``unreachable``; returns why the server is unreachable, if it now is. Raises
+    sqlite3.DatabaseError for a file that is not a readable spool."""
+    from .sender import replay_spool  # noqa: PLC0415 (sender imports this module)
+
+    spool = Spool(path, max_bytes=1 << 62)
+    try:
+        if unreachable:
+            totals["errors"].append(f"{path.name}: not tried ({unreachable})")
+        else:
+            result = replay_spool(spool, transport, deadline=time.monotonic() + timeout)
+            _add_result(totals, result, path.name)
+            if str(result.get("error", "")).startswith("gave up") and not (
+                result["sent_batches"] or result.get("attempt")
+            ):
+                unreachable = f"the server did not answer in {timeout:g} s"
+        totals["dead_letter_batches"] += spool.dead_letter_batches
+        totals["remaining_groups"] += spool.pending_groups
+        totals["dropped_groups"] += spool.dropped_groups
+    finally:
+        spool.close(remove_if_clean=True)
+    return unreachable
 
 
 def _add_result(totals: dict[str, Any], result: dict[str, Any], name: str) -> None:

@@ -499,6 +499,24 @@ def test_vantage_sync_cli_uploads_an_offline_spool(server: Server, tmp_path: Pat
     assert proc.returncode == 2 and "not an http:// or https:// URL" in proc.stderr, proc.stderr
 
 
+def test_sync_skips_a_spool_file_it_cannot_read_and_uploads_the_others(
+    server: Server, tmp_path: Path
+):
+    spool_dir = tmp_path / "spool"
+    offline = Monitor(None, None, run_name="next-to-garbage", spool_dir=spool_dir)
+    offline.log_groups(0, step_rewards(0))
+    offline.close(timeout=5)
+    (good,) = spool_dir.glob("*.vantage-spool")
+    (spool_dir / "aaaa.r0.vantage-spool").write_bytes(b"garbage\n")  # not SQLite at all
+    (spool_dir / "zzzz.r0.vantage-spool").write_bytes(good.read_bytes()[:6000])  # cut short
+    result = sync(spool_dir, server.url, None)  # the test server runs without auth
+    assert result["files"] == 3 and result["sent_groups"] == 8 and result["failed"]
+    unreadable = [e for e in result["errors"] if "not a readable spool file" in e]
+    assert len(unreadable) == 2 and "aaaa.r0.vantage-spool" in unreadable[0], result["errors"]
+    assert [p["n_groups"] for p in server.metrics(offline.run_id)] == [8]
+    assert (spool_dir / "aaaa.r0.vantage-spool").exists()  # left for a person to look at
+
+
 def test_sync_to_a_server_that_never_answers_stops_after_the_first_file(tmp_path: Path):
     """One file's whole timeout without an answer: the other files are not tried (each took
     the whole timeout, silently), and say so."""

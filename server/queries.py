@@ -501,7 +501,7 @@ def to_csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
 EXPORT_CHUNK = 1000  # steps per streamed piece of the CSV export
 
 
-def iter_export_csv(session: Session, run_id: str, split: str = "train") -> Iterator[str]:
+def iter_export_csv(session: Session, run_id: str, split: str | None = None) -> Iterator[str]:
     """Every per-step metric of a run (all splits unless one is named), plus its scalars, as
     CSV text in pieces of `EXPORT_CHUNK` steps. Two streamed reads (the scalar names, then the
     rows), so memory holds the names and one piece, however long the run: building the whole
@@ -527,7 +527,7 @@ def iter_export_csv(session: Session, run_id: str, split: str = "train") -> Iter
 
 
 def export_csv_on_own_session(
-    session_factory: Callable[[], Session], run_id: str, split: str = "train"
+    session_factory: Callable[[], Session], run_id: str, split: str | None = None
 ) -> Iterator[str]:
     """`iter_export_csv` on a session of its own, opened when the first piece is asked for: a
     streamed answer is sent after the request's own session has closed."""

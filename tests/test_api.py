@@ -318,9 +318,12 @@ def test_effective_scalars_and_split(api):
     # NaN is never stored, and never lost: a loss gone NaN shows as the string "NaN"
     assert p["scalars"] == {"loss": 0.5, "kl": "NaN"}
     csv_text = api.get(f"/api/v1/runs/{run['run_id']}/export.csv").text
-    header, row = csv_text.strip().splitlines()
+    header, eval_row, row = csv_text.strip().splitlines()  # every split, each row saying which
     assert "acr_effective" in header and "scalars.loss" in header and row.startswith("1,train,1")
     assert row.endswith(",NaN,0.5") and header.endswith("scalars.kl,scalars.loss"), csv_text
+    assert eval_row.startswith("1,eval,1,")
+    only = api.get(f"/api/v1/runs/{run['run_id']}/export.csv", params={"split": "eval"}).text
+    assert only.strip().splitlines()[1:] == [eval_row.removesuffix(",,")]  # no scalar columns
     # clients whose JSON has no NaN send the strings; other strings are refused
     tokens = {"a": "Infinity", "b": "-Infinity", "c": "NaN", "d": float("inf"), "e": None}
     body = json.dumps({"attempt": 1, "records": [{"step": 2, "scalars": tokens}]})

@@ -66,9 +66,10 @@ def prompts(
 
 @router.get("/{run_id}/export.csv", response_class=StreamingResponse)
 def export(
-    run_id: str, key: ReadKey, session: SessionDep, request: Request, split: Split = "train"
+    run_id: str, key: ReadKey, session: SessionDep, request: Request, split: Split | None = None
 ) -> StreamingResponse:
-    """The run's step metrics and scalars as CSV, streamed (`iter_export_csv`)."""
+    """The run's step metrics and scalars as CSV, streamed (`iter_export_csv`): every split
+    (the `split` column says which) unless `split` names one."""
     load_run(session, run_id, key)
     return StreamingResponse(
         export_csv_on_own_session(request.app.state.session_factory, run_id, split),

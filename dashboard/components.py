@@ -93,7 +93,8 @@ def health_cell(client: dict | None) -> Any:
         className="health-warn",
         title=(
             "Spooled: groups waiting on the trainer's disk for the server (sent when it is "
-            "reachable). Dropped: groups lost because the spool was full. Refused: batches the "
+            "reachable). Dropped: groups the client could not send: rewards it could not read "
+            "(its log names them), or a full spool or queue. Refused: batches the "
             "server rejected (see the client's dead-letter table). Dropped or refused data means "
             "the charts miss steps."
         ),

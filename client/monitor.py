@@ -227,7 +227,8 @@ class Monitor:
         self._pending_acks: deque[tuple[str, dict[str, Any]]] = deque()
 
         # Off (default): a log_* call with bad input is logged and skipped, never raised into
-        # the training loop. On: it raises at once (for development and tests).
+        # the training loop. On: it raises at once (for development and tests); the server's
+        # answers (a refused key, say) come later, in the background, and are logged.
         self.strict = bool(strict)
         self.stats: dict[str, int] = {
             "rejected_calls": 0,
@@ -257,6 +258,12 @@ class Monitor:
             log.error(
                 "vantage: %s; recording to the spool %s only (upload later with `vantage sync`)",
                 self._unusable,
+                self.spool_path,
+            )
+        elif not self.server:  # offline on purpose, or a forgotten VANTAGE_SERVER: say which
+            log.warning(
+                "vantage: no server (server=None and no VANTAGE_SERVER); recording to the spool "
+                "%s only (upload later with `vantage sync`)",
                 self.spool_path,
             )
         usable = self.server and not self._unusable
@@ -357,9 +364,10 @@ class Monitor:
         prompts = None if prompt_ids is None else [str(x) for x in prompt_ids]
         if prompts is not None and len(prompts) != p:
             raise ValueError(f"{len(prompts)} prompt_ids for {p} groups; send one per group")
-        self._enqueue(
-            ("g", int(step), split, rank, time.time(), p, rows, start, ids, masks, prompts), p
-        )
+        item = ("g", int(step), split, rank, time.time(), p, rows, start, ids, masks, prompts)
+        if self.strict:  # unreadable rewards raise here, in the caller, not in the background
+            self._encode_item(item)
+        self._enqueue(item, p)
 
     def log_effective(self, step: int, *args: Any, **kwargs: Any) -> None:
         """Queue the trainer's statistics after mitigation (feeds ``acr_effective``): n_valid,

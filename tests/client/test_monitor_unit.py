@@ -124,7 +124,14 @@ def test_bad_shapes_raise_at_once_when_strict(tmp_path: Path):
         mon.log_groups(0, torch.tensor([1.0, 0.0]))
     with pytest.raises(ValueError):
         mon.log_groups(0, [[1.0]], group_ids=["a", "b"])
+    # rewards are read in the background, and strict reads them in the call as well
+    with pytest.raises((TypeError, ValueError)):
+        mon.log_groups(0, [["a", 1.0]])
+    with pytest.raises(ValueError, match="mask has 1 entries for 2 rewards"):
+        mon.log_groups(0, [[1.0, 0.0]], mask=[[1]])
+    mon.log_groups(0, [[1.0, 0.0]])
     mon.close(timeout=1)
+    assert [len(r["groups"]) for r in spooled_records(mon.spool_path)] == [1]  # the good call
 
 
 def test_full_queue_drops_and_counts_never_blocks(tmp_path: Path):
@@ -165,6 +172,8 @@ def test_spool_order_cap_dead_letter_and_reopen(tmp_path: Path):
 
 def test_closing_an_offline_monitor_names_the_spool_to_sync(tmp_path: Path, caplog):
     mon = offline(tmp_path)
+    (said,) = [r.getMessage() for r in caplog.records if "no server" in r.getMessage()]
+    assert "VANTAGE_SERVER" in said and str(mon.spool_path) in said  # a forgotten env var shows
     mon.log_groups(0, [[1.0, 0.0]] * 3)
     mon.close(timeout=2)
     message = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)

@@ -252,6 +252,7 @@ class Monitor:
             log.warning("vantage: cannot use spool folder %s (%s); using %s", folder, exc, fallback)
             self._spool = Spool(fallback / name, max_bytes=spool_max_bytes)
         self._spool.set_meta("run", self._run_body)
+        self._spool.set_meta("rank", self.rank)  # `vantage sync` reports this rank's health
         self.spool_path = self._spool.path
 
         if self._unusable:

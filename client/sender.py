@@ -351,6 +351,27 @@ def send_finish(transport: Transport, run_id: str, status: str, timeout: float) 
     return transport.post(f"/runs/{run_id}/finish", orjson.dumps({"status": status}), timeout)
 
 
+def _send_health(
+    spool: Spool, transport: Transport, run_id: str, attempt: int, deadline: float
+) -> None:
+    """Report the spool's rank as having nothing left to send (and its drops and refusals), so
+    that the run's client health stops showing what its live Monitor last reported before the
+    server went away. Best effort: a spool without its rank (older files) sends nothing."""
+    rank = spool.get_meta("rank")
+    if rank is None or deadline - time.monotonic() <= 0.1:
+        return
+    body = {
+        "attempt": attempt,
+        "rank": rank,
+        "spooled_groups": 0,
+        "dropped_groups": spool.dropped_groups,
+        "dead_letter_batches": spool.dead_letter_batches,
+    }
+    transport.post(
+        f"/runs/{run_id}/heartbeat", orjson.dumps(body), timeout=deadline - time.monotonic()
+    )
+
+
 def _send_kept_finish(
     spool: Spool, transport: Transport, run_id: str, deadline: float, result: dict
 ) -> None:
@@ -416,6 +437,7 @@ def replay_spool(
             spool, transport, run_body["run_id"], attempt, timeout=deadline - time.monotonic()
         )
         if outcome == "empty":
+            _send_health(spool, transport, run_body["run_id"], attempt, deadline)
             _send_kept_finish(spool, transport, run_body["run_id"], deadline, result)
             return result
         if outcome == "retry":

@@ -354,6 +354,11 @@ def test_close_is_bounded_when_the_server_is_down_then_sync_uploads(tmp_path: Pa
     assert mon.spool_path.exists()
     srv.start()
     try:
+        with srv.api() as api:  # what a live Monitor reports before its server went away
+            body = {"run_id": mon.run_id, "launch_id": mon.launch_id, "name": "x"}
+            assert api.post("/api/v1/runs", json=body).json()["attempt"] == 1
+            health = {"attempt": 1, "rank": 0, "spooled_groups": 196, "dropped_groups": 0}
+            api.post(f"/api/v1/runs/{mon.run_id}/heartbeat", json=health).raise_for_status()
         result = sync(tmp_path / "spool", srv.url, None)
         assert result["sent_groups"] == 400 and result["remaining_groups"] == 0, result
         assert result["errors"] == []
@@ -362,7 +367,9 @@ def test_close_is_bounded_when_the_server_is_down_then_sync_uploads(tmp_path: Pa
         assert [p["step"] for p in points] == list(range(50))
         assert all(p["n_groups"] == 8 for p in points)
         with srv.api() as api:  # the final status waited in the spool too
-            assert api.get(f"/api/v1/runs/{mon.run_id}").json()["status"] == "finished"
+            run = api.get(f"/api/v1/runs/{mon.run_id}").json()
+            assert run["status"] == "finished"
+            assert run["client"]["spooled_groups"] == 0  # sync says the spool is empty now
     finally:
         srv.cleanup()
 

@@ -38,8 +38,16 @@ def is_sqlite(url: str) -> bool:
 
 
 def make_engine(url: str) -> Engine:
-    """An engine for a SQLAlchemy URL; SQLite gets WAL and foreign keys."""
+    """An engine for a SQLAlchemy URL; SQLite gets WAL and foreign keys. Raises ValueError for
+    a database other than SQLite or PostgreSQL (Vantage's queries and migrations are for
+    those two), and SQLAlchemy's ArgumentError for a URL that does not parse."""
     url = normalize_url(url)
+    backend = make_url(url).get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise ValueError(
+            f"Vantage keeps its data in SQLite or PostgreSQL, not {backend}: give "
+            "sqlite:///PATH or postgresql://USER@HOST/DATABASE"
+        )
     if is_sqlite(url):
         engine = create_engine(
             url,

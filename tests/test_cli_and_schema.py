@@ -78,6 +78,10 @@ def test_keys_on_a_database_that_is_not_vantages_say_so_in_one_line(tmp_path):
                       check=False)  # fmt: skip
         assert out.returncode == 1 and "error: cannot use the database" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1
+    for command in (("db", "upgrade"), ("keys", "list"), ("serve", "--port", "0")):
+        out = run_cli(*command, "--database-url", "mysql://u:pw@db/v", check=False)
+        assert out.returncode == 1 and "in SQLite or PostgreSQL, not mysql" in out.stderr, out
+        assert "pw" not in out.stderr and len(out.stderr.splitlines()) == 1
     demo = run_cli("demo", "--quick", "--no-browser", "--database-url", "bogus://x", check=False)
     assert demo.returncode == 1 and "error: cannot use the database" in demo.stderr, demo.stderr
     assert "Traceback" not in demo.stderr

@@ -293,6 +293,9 @@ ScalarValue = Annotated[float, Strict()] | Literal["NaN", "Infinity", "-Infinity
 Scalars = Annotated[dict[ScalarName, ScalarValue], Field(max_length=MAX_SCALARS_PER_RECORD)]
 
 
+MAX_TIME_S = 1e11  # a record's time: seconds since 1970, before the year 5138
+
+
 class StepRecord(GroupsForm):
     """One rank's data for one (step, split). Groups are optional: a record may carry only
     effective statistics or scalars."""
@@ -315,8 +318,12 @@ class StepRecord(GroupsForm):
 
     @model_validator(mode="after")
     def _time_finite(self) -> StepRecord:
-        if self.time is not None and not math.isfinite(self.time):
-            raise ValueError("time must be a finite unix timestamp in seconds")
+        if self.time is not None and not 0 <= self.time < MAX_TIME_S:  # NaN fails too
+            hint = " (milliseconds? send seconds)" if MAX_TIME_S <= self.time < 1e14 else ""
+            raise ValueError(
+                f"time must be a unix timestamp in seconds, from 0 to {MAX_TIME_S:g}; got "
+                f"{self.time!r}{hint}"
+            )
         if self.world_size is not None and self.rank >= self.world_size:
             raise ValueError(
                 f"rank {self.rank} is outside world_size {self.world_size}; ranks are 0 to "

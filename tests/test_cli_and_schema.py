@@ -289,3 +289,14 @@ def test_groups_from_python_keep_every_collection_form():
     assert record.groups[1] == [0.0, 1.0]
     with pytest.raises(ValidationError, match="a group is a list of rewards, or an object"):
         StepRecord.model_validate({"step": 1, "groups": [0.5]})
+
+
+def test_a_records_time_is_unix_seconds():
+    import math
+
+    for ok in (0.0, 1.7e9, 9.9e10):
+        assert StepRecord.model_validate({"step": 1, "time": ok}).time == ok
+    for bad, says in ((-1.0, "from 0"), (-1e300, "from 0"), (math.nan, "got nan"),
+                      (math.inf, "got inf"), (1.7e12, "milliseconds? send seconds")):  # fmt: skip
+        with pytest.raises(ValidationError, match=re.escape(says)):
+            StepRecord.model_validate({"step": 1, "time": bad})

@@ -84,7 +84,13 @@ def text(max_length: int, min_length: int = 0) -> Any:
     return Annotated[str, limits, AfterValidator(_no_nul)]
 
 
-Name = text(200, 1)
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("a name needs a visible character, not only spaces")
+    return text
+
+
+Name = Annotated[text(200, 1), AfterValidator(_not_blank)]
 MaskValue = Literal[0, 1, True, False]
 Split = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 

@@ -870,6 +870,11 @@ def test_too_long_text_is_named_in_characters(api):
         assert "character" in error["msg"] and "items" not in error["msg"], error
 
 
+def test_a_blank_run_name_is_refused(api):
+    r = api.post("/api/v1/runs", json={"name": " \t "})
+    assert r.status_code == 422 and "visible character" in r.text, r.text
+
+
 def test_bodies_are_json_whatever_their_content_type_and_body_errors_say_so(api):
     """`curl -d` sends a form's Content-Type; the raw-read ingest route always read JSON, and
     now every route does, with plain words for a body that is not a JSON object."""

@@ -290,6 +290,11 @@ def cmd_sync(args: argparse.Namespace) -> int:
     print(f"syncing {files} spool file(s) to {args.server} ...", file=sys.stderr, flush=True)
     result = spool.sync(args.spool_dir, server=args.server, api_key=args.api_key)
     print(json.dumps(result))
+    if not args.api_key and any("HTTP 401" in e for e in result["errors"]):
+        print(
+            "hint: the server asks for an API key: pass --api-key KEY or set VANTAGE_API_KEY",
+            file=sys.stderr,
+        )
     return 0 if not result.get("failed") else 1
 
 

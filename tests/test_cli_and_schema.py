@@ -300,3 +300,18 @@ def test_a_records_time_is_unix_seconds():
                       (math.inf, "got inf"), (1.7e12, "milliseconds? send seconds")):  # fmt: skip
         with pytest.raises(ValidationError, match=re.escape(says)):
             StepRecord.model_validate({"step": 1, "time": bad})
+
+
+def test_sync_without_a_key_to_a_server_that_wants_one_says_how_to_give_it(server, tmp_path):
+    from vantage.client import Monitor
+
+    offline = Monitor(None, None, run_name="keyless", spool_dir=tmp_path / "spool")
+    offline.log_groups(0, [[1.0, 0.0]])
+    offline.close(timeout=5)
+    env = {"VANTAGE_API_KEY": ""}
+    out = run_cli("sync", str(tmp_path / "spool"), "--server", server.url, env=env, check=False)
+    assert out.returncode == 1 and "HTTP 401" in out.stdout, out
+    assert "hint: the server asks for an API key: pass --api-key KEY" in out.stderr, out.stderr
+    out = run_cli("sync", str(tmp_path / "spool"), "--server", server.url, "--api-key",
+                  server.keys["all"], check=False)  # fmt: skip
+    assert out.returncode == 0 and "hint" not in out.stderr, out

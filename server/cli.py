@@ -87,9 +87,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
     if not args.no_upgrade and not upgrade_or_explain(settings.database_url):
         return 1
-    print(
-        f"Vantage API on http://{args.host}:{args.port} (dashboard at /dashboard/)", file=sys.stderr
-    )
+    where = f"http://{args.host}:{args.port}" if args.port else f"a free port of {args.host}"
+    print(f"Vantage API on {where} (dashboard at /dashboard/)", file=sys.stderr)
     options = dict(
         host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
     )

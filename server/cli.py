@@ -67,6 +67,14 @@ def bind_problem(host: str, port: int) -> str | None:
     return None
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port of ``host`` that is free now (the OS's choice)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.insecure_no_auth and not _is_loopback(args.host):
         print(
@@ -79,6 +87,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .main import create_app
 
+    if args.port == 0:  # the OS's choice, named below (uvicorn would not say it)
+        args.port = free_port(args.host)
     if problem := bind_problem(args.host, args.port):
         print(
             f"error: cannot serve on {args.host}:{args.port}: {problem}; choose another --port",
@@ -87,8 +97,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
     if not args.no_upgrade and not upgrade_or_explain(settings.database_url):
         return 1
-    where = f"http://{args.host}:{args.port}" if args.port else f"a free port of {args.host}"
-    print(f"Vantage API on {where} (dashboard at /dashboard/)", file=sys.stderr)
+    print(
+        f"Vantage API on http://{args.host}:{args.port} (dashboard at /dashboard/)", file=sys.stderr
+    )
     options = dict(
         host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
     )

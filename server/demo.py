@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,12 +42,6 @@ PROFILES = {
         ["steps=12", "eval_every=4", "eval_size=16"],
     ),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _say(text: str) -> None:
@@ -178,13 +171,13 @@ def _train(
 
 def run_demo(args: argparse.Namespace) -> int:
     """The `vantage demo` command; returns the exit status."""
-    from .cli import bind_problem, upgrade_or_explain
+    from .cli import bind_problem, free_port, upgrade_or_explain
     from .db import safe_url
     from .settings import Settings
 
     database_url = args.database_url or Settings().database_url
     free = args.port and bind_problem("127.0.0.1", args.port) is None
-    port = args.port if free else _free_port()
+    port = args.port if free else free_port()
     base = f"http://127.0.0.1:{port}"
     _say(f"database: {safe_url(database_url)}")
     if not upgrade_or_explain(database_url):

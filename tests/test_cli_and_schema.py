@@ -144,6 +144,24 @@ def test_serve_on_a_busy_port_says_so_and_never_claims_to_serve(tmp_path):
     assert out.returncode == 1, out.stderr
     assert f"error: cannot serve on 127.0.0.1:{port}: Address already in use" in out.stderr
     assert "Vantage API on" not in out.stderr and not Path(f"{tmp_path}/busy.db").exists()
+    # --port 0: the OS picks a port, and the first line names it (uvicorn would not)
+    url = f"sqlite:///{tmp_path}/any.db"
+    cmd = [VANTAGE, "serve", "--port", "0", "--insecure-no-auth", "--database-url", url]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()
+        port = int(re.search(r"Vantage API on http://127\.0\.0\.1:(\d+) ", first).group(1))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200 and port > 0
+    finally:
+        proc.terminate()
+        proc.wait(15)
 
 
 def test_runs_prune_keeps_step_metrics(tmp_path):

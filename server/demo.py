@@ -198,6 +198,10 @@ def run_demo(args: argparse.Namespace) -> int:
             _say(f"Dashboard: {dashboard_url}")
             _say(f"Log in with this key (read + control): {viewer_key}\n")
             _say(f"Alert rule: ACR > {DEMO_THRESHOLD} for {DEMO_FOR_STEPS} steps → switch AVSPO on")
+            _say(
+                "Training: a supervised warm start first, then GRPO; the run appears on the "
+                "dashboard when GRPO starts.\n"
+            )
             if not args.no_browser and os.environ.get("DISPLAY"):
                 webbrowser.open(dashboard_url)
             _train(args.model, args.quick, base, trainer_key, run_id, project, work / "run")

@@ -140,6 +140,7 @@ def setup(
                 cfg.sft_warmup_steps,
                 cfg.sft_grad_clip,
                 cfg.seed,
+                progress=cfg.progress,
             )
             log.info("SFT warm start: %s", sft_stats)
         _broadcast_parameters(policy, dist)

@@ -62,8 +62,12 @@ def sft_warm_start(
     warmup_steps: int = 50,
     grad_clip: float = 1.0,
     seed: int = 0,
+    progress: bool = False,
 ) -> dict[str, float]:
-    """Train on (question → answer + EOS) for ``steps`` steps; returns loss and time."""
+    """Train on (question → answer + EOS) for ``steps`` steps; returns loss and time.
+    ``progress`` shows a progress bar (tqdm) with the loss."""
+    from tqdm.auto import tqdm
+
     device = next(model.parameters()).device
     rng = random.Random(f"sft-{seed}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99))
@@ -72,6 +76,7 @@ def sft_warm_start(
     )
     model.train()
     start, loss_value = time.perf_counter(), float("nan")
+    bar = tqdm(total=steps, desc="SFT warm start", unit="step", disable=not progress)
     for _ in range(steps):
         inputs, labels = sft_batch(tokenizer, task.sample(batch_size, rng), device)
         logits = model(**inputs).logits[:, :-1]
@@ -86,4 +91,7 @@ def sft_warm_start(
         optimizer.step()
         schedule.step()
         loss_value = loss.item()
+        bar.update()
+        bar.set_postfix(loss=f"{loss_value:.3f}", refresh=False)
+    bar.close()
     return {"sft_steps": steps, "sft_loss": loss_value, "sft_s": time.perf_counter() - start}

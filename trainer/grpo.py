@@ -89,7 +89,7 @@ class GRPOTrainer:
         self.run_id: str | None = None
         self.sft_stats: dict[str, Any] = {}
         self.owns_process_group = False
-        self.last_checkpoint: tuple[int, str] | None = None
+        self.last_checkpoint: tuple[tuple[int, int], str] | None = None  # (step, commands)
 
     # ------------------------------------------------------------------ the step
 
@@ -401,9 +401,12 @@ class GRPOTrainer:
         self.history = list(state.get("history", []))
 
     def save_checkpoint(self) -> str:
-        """Save (once per step: a checkpoint command and the end of training share one)."""
+        """Save, unless nothing changed since the last save: a checkpoint command and the end
+        of training at one step share one save, but a command applied after it at that step (a
+        set_mitigation, then stop) saves again, so a resume continues as the acks said."""
         from .checkpoint import save_checkpoint
 
-        if self.last_checkpoint is None or self.last_checkpoint[0] != self.step:
-            self.last_checkpoint = (self.step, str(save_checkpoint(self)))
+        state = (self.step, len(self.seen_commands))  # every command applied or refused adds one
+        if self.last_checkpoint is None or self.last_checkpoint[0] != state:
+            self.last_checkpoint = (state, str(save_checkpoint(self)))
         return self.last_checkpoint[1]

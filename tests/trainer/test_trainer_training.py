@@ -22,6 +22,27 @@ def scripted_factory(script, log):
     return factory
 
 
+def test_commands_after_a_checkpoint_at_one_boundary_are_in_the_final_checkpoint(
+    warm_policy, tmp_path
+):
+    """checkpoint, set_sampling, stop at one step boundary: the stop's save holds the new
+    temperature (it used to reuse the checkpoint command's save of that step)."""
+    script = {
+        3: [
+            {"command_id": "k1", "type": "checkpoint", "params": {}},
+            {"command_id": "k2", "type": "set_sampling", "params": {"temperature": 0.5}},
+            {"command_id": "k3", "type": "stop", "params": {}},
+        ]
+    }
+    log: list[RecordingMonitor] = []
+    cfg = small_config(tmp_path / "run", init_checkpoint=warm_policy, steps=10)
+    summary = train(cfg, [], monitor_factory=scripted_factory(script, log))
+    assert summary["stopped"] and summary["steps_completed"] == 2
+    assert [a[1] for a in log[0].acks] == ["applied"] * 3
+    state = torch.load(Path(summary["checkpoint"]) / "state.pt", weights_only=False)
+    assert state["temperature"] == 0.5 and {"k1", "k2", "k3"} <= set(state["seen_commands"])
+
+
 def test_streams_to_the_monitor_and_obeys_commands(warm_policy, tmp_path):
     avspo = {"command_id": "c1", "type": "set_mitigation", "params": {"mode": "avspo"}}
     script = {

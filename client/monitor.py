@@ -372,7 +372,9 @@ class Monitor:
 
     def log_effective(self, step: int, *args: Any, **kwargs: Any) -> None:
         """Queue the trainer's statistics after mitigation (feeds ``acr_effective``): n_valid,
-        n_zero_advantage, n_virtual. Bad input is logged and skipped (raised when ``strict``)."""
+        n_zero_advantage, n_virtual, and optionally ``mitigation``, the mitigation in effect
+        (``{"mode": "avspo", ...}``: the run's reported mitigation on the server). Bad input
+        is logged and skipped (raised when ``strict``)."""
         try:
             self._log_effective(step, *args, **kwargs)
         except (TypeError, ValueError) as exc:
@@ -386,6 +388,7 @@ class Monitor:
         n_virtual: int = 0,
         split: str = "train",
         rank: int | None = None,
+        mitigation: Mapping[str, Any] | None = None,
     ) -> None:
         """Queue the trainer's own statistics after mitigation (feeds ``acr_effective``)."""
         eff = {
@@ -393,8 +396,11 @@ class Monitor:
             "n_zero_advantage": _count("n_zero_advantage", n_zero_advantage),
             "n_virtual": _count("n_virtual", n_virtual),
         }
+        if mitigation is not None:  # plain JSON, as the server stores it
+            mitigation = orjson.loads(orjson.dumps(dict(mitigation), default=str))
         rank = self.rank if rank is None else _count("rank", rank, MAX_RANK)
-        self._enqueue(("e", _count("step", step), split, rank, time.time(), 0, eff), 0)
+        item = ("e", _count("step", step), split, rank, time.time(), 0, eff, mitigation)
+        self._enqueue(item, 0)
 
     def log_scalars(self, step: int, scalars: Any, *args: Any, **kwargs: Any) -> None:
         """Queue named numbers for ``step`` (loss, kl, ...). Bad input is logged and skipped."""
@@ -605,6 +611,8 @@ class Monitor:
                     dropped += item[5]
             elif kind == "e":
                 header["effective"] = item[6]
+                if item[7] is not None:
+                    header["mitigation"] = item[7]
             else:
                 scalars = header.setdefault("scalars", {})
                 for name, value in item[6].items():

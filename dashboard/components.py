@@ -58,13 +58,15 @@ def mitigation_text(run: dict) -> tuple[str, str]:
     mode = run.get("mitigation_mode") or "?"
     requested = run.get("mitigation_requested") or {}
     app, req = figures.mitigation_modes(run)
-    state = app or "none"
-    if req and req != app:
+    reported = (run.get("mitigation_reported") or {}).get("mode")
+    state = reported or app or "none"  # what the trainer says it runs is the truth
+    if req and req != state:
         state = f"{state} → {req} ({requested.get('status', 'pending')})"
     help_text = (
         f"Automatic mitigation mode: {mode} (auto: alerts issue their mitigation; suggest: they "
-        f"appear on the run page for one click; off: nothing). Applied by the trainer: "
-        f"{app or 'none'}; last requested: {req or 'none'}."
+        f"appear on the run page for one click; off: nothing). In effect, as the trainer last "
+        f"reported: {reported or 'not reported'}; last acked: {app or 'none'}; last requested: "
+        f"{req or 'none'}."
     )
     return f"{state} · {mode}", help_text
 

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 __all__ = ["Mitigation", "apply_command", "is_number"]
 
 
+ACTIVE_PARAMS = {"avspo": ("threshold", "alpha", "eta"), "aapo": ("delta_low", "delta_high")}
+
+
 @dataclass
 class Mitigation:
     """The advantage estimator in use and its parameters (set_mitigation changes it)."""
@@ -30,6 +33,12 @@ class Mitigation:
     eta: float = 0.01  # AVSPO adaptive: τ's step size
     delta_low: float = -0.2  # AAPO: margin clip, low
     delta_high: float = 0.28  # AAPO: margin clip, high
+
+    def reported(self) -> dict[str, Any]:
+        """The mode and the parameters that act in it, as the trainer reports them with each
+        step (the record's ``mitigation``: what is really in effect, whatever was acked)."""
+        active = ACTIVE_PARAMS.get(self.mode, ())
+        return {"mode": self.mode, **{k: getattr(self, k) for k in active}}
 
     @classmethod
     def from_config(cls, c: TrainConfig) -> Mitigation:
@@ -91,8 +100,7 @@ def set_mitigation(trainer: GRPOTrainer, params: dict[str, Any]) -> str:
 
 def _described(m: Mitigation) -> str:
     """The mode and the parameters that act in it ("avspo threshold=fixed alpha=0.5 eta=0.01")."""
-    shown = {"avspo": ("threshold", "alpha", "eta"), "aapo": ("delta_low", "delta_high")}
-    return " ".join([m.mode, *(f"{k}={getattr(m, k)}" for k in shown.get(m.mode, ()))])
+    return " ".join([m.mode, *(f"{k}={getattr(m, k)}" for k in ACTIVE_PARAMS.get(m.mode, ()))])
 
 
 def is_number(value: Any) -> bool:

@@ -115,7 +115,7 @@ class GRPOTrainer:
 
         advantages = self.advantages(rewards, acr, problems)
         effective = effective_stats(advantages)
-        self.monitor.log_effective(step, *effective)
+        self.monitor.log_effective(step, *effective, mitigation=self.mitigation.reported())
         t_advantage = time.perf_counter()
 
         losses = self.optimize(rollouts, advantages.values)

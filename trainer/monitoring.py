@@ -127,13 +127,21 @@ class MonitorAdapter:
     def log_groups(self, step: int, rewards: torch.Tensor, prompt_ids: list[str]) -> None:
         self._call("log_groups", step, rewards.detach().cpu().tolist(), prompt_ids=prompt_ids)
 
-    def log_effective(self, step: int, n_valid: int, n_zero_advantage: int, n_virtual: int) -> None:
+    def log_effective(
+        self,
+        step: int,
+        n_valid: int,
+        n_zero_advantage: int,
+        n_virtual: int,
+        mitigation: Mapping[str, Any] | None = None,
+    ) -> None:
         self._call(
             "log_effective",
             step,
             n_valid=n_valid,
             n_zero_advantage=n_zero_advantage,
             n_virtual=n_virtual,
+            mitigation=mitigation,
         )
 
     def log_scalars(self, step: int, scalars: Mapping[str, float]) -> None:

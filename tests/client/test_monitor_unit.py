@@ -96,7 +96,7 @@ def test_ids_counters_are_per_step_split_and_rank(tmp_path: Path):
     mon.log_groups(3, [[1, 0]], group_ids=["a"])
     mon.log_groups(3, [[1, 0]])
     mon.log_scalars(3, {"loss": torch.tensor(0.25), "bad": "x"})
-    mon.log_effective(3, n_valid=2, n_zero_advantage=1)
+    mon.log_effective(3, n_valid=2, n_zero_advantage=1, mitigation={"mode": "aapo", "m": 1})
     mon.close(timeout=2)
     recs = {(r["split"], r["rank"]): r for r in spooled_records(mon.spool_path)}
     assert [g["group_id"] for g in recs[("train", 0)]["groups"]] == ["0", "a", "1"]
@@ -104,6 +104,7 @@ def test_ids_counters_are_per_step_split_and_rank(tmp_path: Path):
     assert [g["group_id"] for g in recs[("train", 1)]["groups"]] == ["0"]
     assert recs[("train", 0)]["scalars"] == {"loss": 0.25}
     assert recs[("train", 0)]["effective"] == {"n_valid": 2, "n_zero_advantage": 1, "n_virtual": 0}
+    assert recs[("train", 0)]["mitigation"] == {"mode": "aapo", "m": 1}  # what is in effect
 
 
 def test_bad_shapes_are_skipped_not_raised(tmp_path: Path):

@@ -232,3 +232,15 @@ def test_a_non_finite_scalar_is_a_gap_named_in_the_title():
     assert fig["layout"]["title"]["text"].endswith("· non-finite: loss NaN at step 1")
     go.Figure(figures.reward_figure(points, False))  # reward ± std skips the non-finite std
     assert "non-finite" not in figures.scalars_figure(points[:1])["layout"]["title"]["text"]
+
+
+def test_the_mitigation_shown_is_what_the_trainer_reports_in_effect():
+    from vantage.dashboard import components
+
+    run = {"mitigation_mode": "auto", "mitigation_applied": {"mode": "aapo"}}
+    assert components.mitigation_text(run)[0] == "aapo · auto"  # acked, nothing reported
+    run["mitigation_reported"] = {"mode": "avspo", "alpha": 0.5}  # a resume went back to it
+    text, help_text = components.mitigation_text(run)
+    assert text == "avspo · auto" and "last reported: avspo; last acked: aapo" in help_text
+    run["mitigation_requested"] = {"mode": "none", "status": "pending"}
+    assert components.mitigation_text(run)[0] == "avspo → none (pending) · auto"

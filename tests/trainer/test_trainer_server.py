@@ -64,4 +64,7 @@ def test_trainer_streams_to_a_real_server_and_obeys_its_commands(warm_policy, tm
             assert p["acr_effective"] == pytest.approx(p["acr"])
     run = api.get(f"/api/v1/runs/{run_id}").json()
     assert run["status"] == "finished"
+    # the trainer reports the mitigation in effect with each step, whatever was acked
+    assert run["mitigation_reported"] == {"mode": "avspo", "threshold": "fixed", "alpha": 0.5,
+                                          "eta": 0.01}  # fmt: skip
     assert summarize_rewards([1.0, 1.0]).cls == "collapsed"  # the engine the trainer shares

@@ -90,6 +90,9 @@ def test_streams_to_the_monitor_and_obeys_commands(warm_policy, tmp_path):
         assert len(prompt_ids) == 4 and all("+" in p for p in prompt_ids)
     history = {r["step"]: r for r in summary["history"]}
     assert [history[s]["mitigation"] for s in (1, 2, 3, 4)] == ["none", "none", "avspo", "avspo"]
+    reported = dict(mon.mitigations)  # what the trainer says is in effect, step by step
+    assert [reported[s]["mode"] for s in (1, 2, 3, 4)] == ["none", "none", "avspo", "avspo"]
+    assert reported[3] == {"mode": "avspo", "threshold": "fixed", "alpha": 0.5, "eta": 0.01}
     assert [history[s]["temperature"] for s in (2, 3)] == [1.0, 0.7]
 
     # effective statistics after mitigation; AVSPO leaves no zero-advantage group behind

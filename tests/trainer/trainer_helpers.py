@@ -49,6 +49,7 @@ class RecordingMonitor:
         self.run_id = kwargs.get("run_id")
         self.groups: list[tuple[int, list[list[float]], list[str] | None]] = []
         self.effective: list[tuple[int, dict[str, int]]] = []
+        self.mitigations: list[tuple[int, dict | None]] = []  # (step, reported mitigation)
         self.scalars: list[tuple[int, dict[str, float]]] = []
         self.acks: list[tuple[str, str, int, str | None]] = []
         self.script: dict[int, list[dict[str, Any]]] = {}
@@ -58,7 +59,8 @@ class RecordingMonitor:
     def log_groups(self, step, rewards, group_ids=None, mask=None, prompt_ids=None):
         self.groups.append((step, [list(map(float, r)) for r in rewards], prompt_ids))
 
-    def log_effective(self, step, n_valid, n_zero_advantage, n_virtual=0):
+    def log_effective(self, step, n_valid, n_zero_advantage, n_virtual=0, mitigation=None):
+        self.mitigations.append((step, mitigation))
         self.effective.append(
             (
                 step,

@@ -783,11 +783,11 @@ class Monitor:
         )
 
     def _finish(self) -> bool:
-        """Send the final counts and the run's final status; True when the server has the
-        status (or refused it for good)."""
+        """Send this rank's final counts (every rank: the run's client health would otherwise
+        keep what its last heartbeat said was waiting), then, from rank 0, the run's final
+        status; True when the server has the status (or refused it for good)."""
         if (
-            self._finish_status is None
-            or self._transport is None
+            self._transport is None
             or self.attempt is None
             or self._refused is not None
             or self._spool.pending_batches
@@ -798,6 +798,8 @@ class Monitor:
             self._transport.post(
                 f"/runs/{self.run_id}/heartbeat", self._health(), timeout=remaining / 2
             )
+        if self._finish_status is None:
+            return False
         remaining = self._deadline - time.monotonic()
         if remaining <= 0.05:
             return False

@@ -524,6 +524,27 @@ def test_sync_skips_a_spool_file_it_cannot_read_and_uploads_the_others(
     assert (spool_dir / "aaaa.r0.vantage-spool").exists()  # left for a person to look at
 
 
+def test_every_rank_reports_its_spool_empty_when_it_closes(server: Server, tmp_path: Path):
+    """Rank 1 never sends the final status, but its last counts still reach the run's client
+    health (the earlier heartbeat's 20 waiting groups stayed on the run page for good)."""
+    rank0 = monitor(server.url, tmp_path / "r0", rank=0, world_size=2, launch_id="two-ranks")
+    run_id = rank0.run_id
+    rank1 = monitor(server.url, tmp_path / "r1", rank=1, world_size=2, launch_id="two-ranks",
+                    run_id=run_id)  # fmt: skip
+    ranks = [rank0, rank1]
+    for mon in ranks:
+        mon.log_groups(0, step_rewards(0))
+        assert mon.flush(30), mon.last_error
+    with server.api() as api:  # what a heartbeat said while rank 1's queue was full
+        body = {"attempt": 1, "rank": 1, "spooled_groups": 20}
+        api.post(f"/api/v1/runs/{run_id}/heartbeat", json=body).raise_for_status()
+        assert api.get(f"/api/v1/runs/{run_id}").json()["client"]["spooled_groups"] == 20
+        for mon in reversed(ranks):
+            mon.close(timeout=10)
+        run = api.get(f"/api/v1/runs/{run_id}").json()
+    assert run["client"]["spooled_groups"] == 0 and run["status"] == "finished"
+
+
 def test_sync_to_a_server_that_never_answers_stops_after_the_first_file(tmp_path: Path):
     """One file's whole timeout without an answer: the other files are not tried (each took
     the whole timeout, silently), and say so."""

@@ -32,7 +32,7 @@ from .alert_models import AlertEpisode, AlertRule, AlertState, Silence
 from .alert_steps import evaluable_steps, evaluated_frontier, mark_evaluated, unevaluated_steps
 from .commands import create_command, mitigation_state
 from .locks import RunState, run_lock, save_run_state
-from .models import Run, Step, utcnow
+from .models import Command, Run, Step, utcnow
 from .notify import enqueue
 from .settings import Settings
 
@@ -538,15 +538,36 @@ def _fire(
             ctx.issued = True
 
 
+# Command types a rule never repeats while the run's newest one of the type, in these states,
+# asks for the same thing (a checkpoint may be wanted at every episode).
+_UNREPEATED = {
+    "set_mitigation": ("pending", "delivered", "applied"),
+    "set_sampling": ("pending", "delivered", "applied"),
+    "stop": ("pending", "delivered"),  # an applied stop: the run was relaunched since
+}
+
+
 def _in_effect(session: Session, run_id: str, mitigation: dict[str, Any]) -> bool:
-    """Whether the run's newest set_mitigation that is pending, delivered or applied already
-    asks for ``mitigation`` (its mode and every parameter the rule gives): issuing it again
-    would only repeat it, each time the alert fires anew."""
-    if mitigation.get("type") != "set_mitigation":
+    """Whether the run's newest command of the rule's type that is pending, delivered or
+    (for settings) applied already asks for ``mitigation`` (every parameter the rule gives):
+    issuing it again would only repeat it, each time the alert fires anew."""
+    kind, wanted = mitigation.get("type"), mitigation.get("params") or {}
+    if kind == "set_mitigation":
+        requested = mitigation_state(session, [run_id])[run_id]["requested"]
+        return requested is not None and all(requested.get(k) == v for k, v in wanted.items())
+    if kind not in _UNREPEATED:
         return False
-    requested = mitigation_state(session, [run_id])[run_id]["requested"]
-    wanted = mitigation.get("params") or {}
-    return requested is not None and all(requested.get(k) == v for k, v in wanted.items())
+    newest = session.scalars(
+        select(Command.params)
+        .where(
+            Command.run_id == run_id,
+            Command.type == kind,
+            Command.status.in_(_UNREPEATED[kind]),
+        )
+        .order_by(Command.created_at.desc())
+        .limit(1)
+    ).first()
+    return newest is not None and all(newest.get(k) == v for k, v in wanted.items())
 
 
 def _notify(

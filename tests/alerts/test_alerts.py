@@ -342,7 +342,8 @@ def test_auto_mitigation_respects_cooldown_steps(api):
         op=">=",
         threshold=0.9,
         cooldown_steps=5,
-        mitigation={"type": "set_sampling", "params": {"temperature": 1.2}},
+        # a checkpoint: repeated at each episode, unlike settings already asked for
+        mitigation={"type": "checkpoint", "params": {}},
     )
     answers = flap(api, run, "CLCLLLCL")  # fires at 1, 3 and 7
     fired = [e["fired_step"] for e in alerts_of(api, run["run_id"], "cool")]
@@ -350,7 +351,7 @@ def test_auto_mitigation_respects_cooldown_steps(api):
     issued = [
         i
         for i, a in enumerate(answers, start=1)
-        if any(c["type"] == "set_sampling" for c in a["commands"])
+        if any(c["type"] == "checkpoint" for c in a["commands"])
     ]
     assert issued[0] == 1  # in the answer to the request whose step fired
     log = api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"]
@@ -387,6 +388,23 @@ def test_a_mitigation_already_requested_is_not_issued_again(api):
     post_steps(api, run, [{"step": 9, "groups": ALL_FAIL}])
     newest = log()[0]
     assert len(log()) == 3 and newest["params"] == {"mode": "avspo"}, log()
+
+
+def test_a_sampling_or_stop_already_asked_for_is_not_issued_again(api):
+    """The same for set_sampling (also while applied) and stop (while not yet acked); a
+    checkpoint is issued at every episode."""
+
+    def issued(kind: str, params: dict) -> list[dict]:
+        run = new_run(api)
+        rule = {"type": kind, "params": params}
+        make_rule(api, name=f"again-{kind}", run_id=run["run_id"], metric="acr", op=">=",
+                  threshold=0.9, mitigation=rule)  # fmt: skip
+        flap(api, run, "CLCLC")  # three episodes
+        return api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"]
+
+    assert len(issued("set_sampling", {"temperature": 1.3})) == 1
+    assert len(issued("stop", {})) == 1
+    assert len(issued("checkpoint", {})) == 3
 
 
 @pytest.mark.parametrize("mode", ["suggest", "off"])

@@ -5,8 +5,10 @@ exists exactly when the transition does, and survives a restart. A sender (any r
 URL's send slot (`webhook_targets`) and that URL's oldest due message with conditional
 UPDATEs (no lock is held while a request is in flight), sends it, and moves the slot one second
 ahead: at most one message per second per URL,
-in order. Failures retry with exponential backoff; targets in link-local and cloud-metadata
-ranges are refused, and ``VANTAGE_WEBHOOK_ALLOW`` restricts targets further.
+in order. Failures retry with exponential backoff, until ``webhook_give_up_s`` (a 4xx other
+than 408/429 at once), so that one failing message does not hold its URL's later ones;
+targets in link-local and cloud-metadata ranges are refused, and ``VANTAGE_WEBHOOK_ALLOW``
+restricts targets further.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ METADATA_ADDRESSES = frozenset(
     ipaddress.ip_address(a) for a in ("100.100.100.200", "fd00:ec2::254", "192.0.0.192")
 )
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data"})
-GIVE_UP_AFTER = timedelta(hours=24)
 MAX_PARALLEL_URLS = 8
 
 
@@ -256,9 +257,11 @@ class OutboxSender:
             msg.last_error = error[:1000]
             delay = min(self.settings.webhook_max_backoff_s, 0.5 * 2 ** (msg.attempts - 1))
             msg.next_attempt_at = now + timedelta(seconds=delay)
-            if permanent or now - _aware(msg.created_at) > GIVE_UP_AFTER:
+            give_up = timedelta(seconds=self.settings.webhook_give_up_s)
+            if permanent or now - _aware(msg.created_at) > give_up:
                 msg.status = "failed"
-            log.warning("webhook %s failed (attempt %d): %s", url, msg.attempts, error)
+            gave_up = "; given up" if msg.status == "failed" else ""
+            log.warning("webhook %s failed (attempt %d): %s%s", url, msg.attempts, error, gave_up)
         session.commit()
 
     def _post(self, url: str, payload: dict[str, Any]) -> tuple[str | None, bool]:
@@ -274,4 +277,6 @@ class OutboxSender:
             return f"{type(exc).__name__}: {exc}", False
         if 200 <= r.status_code < 300:
             return None, False
-        return f"HTTP {r.status_code}: {r.text[:200]}", False
+        # a 4xx will be answered again (a wrong URL, a refused body), except timeouts and limits
+        permanent = 400 <= r.status_code < 500 and r.status_code not in (408, 429)
+        return f"HTTP {r.status_code}: {r.text[:200]}", permanent

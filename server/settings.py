@@ -40,6 +40,10 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = 5.0
     webhook_max_backoff_s: float = 10.0
     webhook_min_interval_s: float = 1.0
+    # A message still failing after this long is given up, so that the later messages to its
+    # URL (delivered in order) are not held behind it; a 4xx other than 408/429 is given up at
+    # once (the target will not take it).
+    webhook_give_up_s: float = 3600.0
     outbox_poll_s: float = 0.25
     # Run the periodic alert pass and the outbox sender in this process.
     alert_worker: bool = True

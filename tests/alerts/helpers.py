@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from tests.conftest import free_port
@@ -13,9 +14,12 @@ from tests.conftest import free_port
 class Receiver:
     """A webhook target: a tiny http.server in a thread that records every JSON body."""
 
-    def __init__(self, port: int | None = None, status: int = 200) -> None:
+    def __init__(
+        self, port: int | None = None, status: int = 200, status_for: Callable | None = None
+    ) -> None:
         self.port = port or free_port()
         self.status = status
+        self.status_for = status_for  # body → the status to answer, instead of ``status``
         self.messages: list[dict] = []
         self.times: list[float] = []
         received, times, outer = self.messages, self.times, self
@@ -25,7 +29,8 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 times.append(time.monotonic())
                 received.append(json.loads(body))
-                self.send_response(outer.status)
+                status = outer.status_for(received[-1]) if outer.status_for else outer.status
+                self.send_response(status)
                 self.end_headers()
 
             def log_message(self, *args) -> None:  # noqa: ANN002

@@ -43,6 +43,7 @@ FAST = {
     "VANTAGE_STEP_COMPLETE_AFTER_S": "1.5",
     "VANTAGE_PUBLIC_URL": "https://vantage.example.com/",
     "VANTAGE_COMMAND_TTL_S": "2",
+    "VANTAGE_WEBHOOK_GIVE_UP_S": "2",
 }
 
 
@@ -108,6 +109,26 @@ def test_webhook_survives_receiver_outage_and_server_restart(tmp_path):
             receiver.close()
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("refusal", [500, 404])
+def test_a_message_that_keeps_failing_does_not_hold_back_the_next(fast_server, refusal):
+    """Messages to a URL go in order; the firing one is refused (a 500 until the give-up time,
+    2 s here; a 404 at once), and the resolved one behind it still arrives."""
+    receiver = Receiver(status_for=lambda body: refusal if body["state"] == "firing" else 200)
+    try:
+        with fast_server.client("all") as api:
+            run = new_run(api, name=f"refused-{refusal}")
+            make_rule(api, name=f"refused-{refusal}", run_id=run["run_id"], metric="acr",
+                      op=">=", threshold=0.9, notify=[receiver.url])  # fmt: skip
+            post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])
+            post_steps(api, run, [{"step": 2, "groups": LIVE}])
+        assert wait_until(lambda: any(m["state"] == "resolved" for m in receiver.messages), 15)
+        firing = [m for m in receiver.messages if m["state"] == "firing"]
+        assert len(firing) == 1 if refusal == 404 else len(firing) >= 2, receiver.messages
+        assert receiver.messages[-1]["state"] == "resolved"
+    finally:
+        receiver.close()
 
 
 def test_incomplete_step_is_evaluated_by_the_periodic_pass(fast_server):

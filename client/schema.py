@@ -84,13 +84,19 @@ def text(max_length: int, min_length: int = 0) -> Any:
     return Annotated[str, limits, AfterValidator(_no_nul)]
 
 
-def _not_blank(text: str) -> str:
+# Bidirectional overrides and isolates: "rtl \u202e gnp.exe" would read as "rtl exe.png".
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _plain_name(text: str) -> str:
     if not text.strip():
         raise ValueError("a name needs a visible character, not only spaces")
+    if not _BIDI_CONTROLS.isdisjoint(text):
+        raise ValueError("a name cannot hold bidirectional control characters (U+202A-E, U+2066-9)")
     return text
 
 
-Name = Annotated[text(200, 1), AfterValidator(_not_blank)]
+Name = Annotated[text(200, 1), AfterValidator(_plain_name)]
 MaskValue = Literal[0, 1, True, False]
 Split = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 

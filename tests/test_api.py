@@ -870,9 +870,12 @@ def test_too_long_text_is_named_in_characters(api):
         assert "character" in error["msg"] and "items" not in error["msg"], error
 
 
-def test_a_blank_run_name_is_refused(api):
+def test_a_blank_or_bidi_spoofed_run_name_is_refused(api):
     r = api.post("/api/v1/runs", json={"name": " \t "})
     assert r.status_code == 422 and "visible character" in r.text, r.text
+    r = api.post("/api/v1/runs", json={"name": "rtl \u202e gnp.exe"})  # reads "rtl exe.png"
+    assert r.status_code == 422 and "bidirectional control" in r.text, r.text
+    assert api.post("/api/v1/runs", json={"name": "עברית run"}).status_code == 201
 
 
 def test_bodies_are_json_whatever_their_content_type_and_body_errors_say_so(api):

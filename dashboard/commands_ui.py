@@ -216,7 +216,8 @@ STATUS_HELP = {
 def log_table(commands: list[dict]) -> Any:
     if not commands:
         return html.P("No commands yet.", className="muted", id="cmd-log-empty")
-    head = ["status", "command", "parameters", "issued by", "created (UTC)", "step", "detail"]
+    head = ["status", "command", "parameters", "issued by", "reason", "created (UTC)", "step",
+            "trainer's detail"]  # fmt: skip
     rows = []
     for c in commands:
         params = ", ".join(f"{k}={v}" for k, v in (c.get("params") or {}).items())
@@ -231,9 +232,10 @@ def log_table(commands: list[dict]) -> Any:
                     html.Td(c.get("type")),
                     html.Td(params),
                     html.Td(c.get("issued_by")),
+                    html.Td(c.get("reason") or ""),
                     html.Td((c.get("created_at") or "")[:19].replace("T", " ")),
                     html.Td(explain.fmt(c.get("acked_step"))),
-                    html.Td(c.get("detail") or c.get("reason") or ""),
+                    html.Td(c.get("detail") or ""),
                 ],
                 **{"data-command-id": c.get("command_id")},
             )

@@ -381,8 +381,25 @@ def scalars_title(non_finite: str | None) -> str:
     return f"{title} · non-finite: {non_finite}" if non_finite else title
 
 
+# The scalars chart's note while no scalar has been logged (a live update removes it).
+NO_SCALARS_NOTE = {
+    "text": "No loss, KL, entropy or temperature logged yet (Monitor.log_scalars sends them).",
+    "xref": "paper",
+    "yref": "paper",
+    "x": 0.5,
+    "y": 0.5,
+    "showarrow": False,
+}
+
+
+def has_scalars(points: Iterable[Point]) -> bool:
+    """Whether any point carries one of the charted scalars."""
+    return any(s.value(p) is not None for p in points for s in SCALAR_SERIES)
+
+
 def scalars_figure(points: Sequence[Point]) -> Figure:
-    """Loss, KL, entropy and sampling temperature, one small chart each."""
+    """Loss, KL, entropy and sampling temperature, one small chart each (or a note saying
+    that none was logged, rather than four empty charts)."""
     data = _traces(series_xy(points, SCALAR_SERIES), SCALAR_SERIES)
     for i, trace in enumerate(data):
         trace["xaxis"], trace["yaxis"] = _axis_ref(i)
@@ -390,6 +407,8 @@ def scalars_figure(points: Sequence[Point]) -> Figure:
     base = _base_layout(scalars_title(non_finite_scalar(points)), 420)
     base.pop("xaxis")
     layout.update(base, showlegend=False, hovermode="closest")
+    if not has_scalars(points):
+        layout["annotations"] = [*layout.get("annotations", []), dict(NO_SCALARS_NOTE)]
     return {"data": data, "layout": layout}
 
 

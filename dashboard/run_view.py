@@ -114,15 +114,21 @@ def banner(run: dict, alerts: list[dict], state: dict, can_control: bool) -> lis
             )
         )
     for s in suggestions(run, alerts, state):
-        mode = (s["params"] or {}).get("mode", s["type"])
+        params = s["params"] or {}
+        mode = params.get("mode", s["type"])
+        # what it would do: the mode, or the command and its values (set_sampling temperature=1.3)
+        what = mode.upper()
+        if "mode" not in params:
+            what = " ".join([s["type"], *(f"{k}={v}" for k, v in params.items())])
+        said = f"{s['type']} {what}" if "mode" in params else what
         parts.append(
             html.Div(
                 [
                     html.B("Suggested: "),
-                    f"{s['type']} {mode.upper()} because {s['why']}. ",
+                    f"{said} because {s['why']}. ",
                     explain.COMMAND_HELP.get(mode, ""),
                     html.Button(
-                        f"Apply {mode.upper()}",
+                        f"Apply {what}",
                         # The command rides in the id, so the click callback needs no lookup.
                         id={
                             "type": "suggest",
@@ -176,6 +182,7 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
     state["can_control"] = can_control
     state["timeline"] = summary.get("mitigation_timeline") or []
     state["non_finite"] = figures.non_finite_scalar(points)
+    state["has_scalars"] = figures.has_scalars(points)
     return (
         components.plain(header(run)),
         components.plain(banner(run, alerts, state, can_control)),
@@ -213,6 +220,9 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
     figures.extend_patch(acr, points, figures.ACR_SERIES)
     figures.extend_patch(reward, points, figures.REWARD_SERIES)
     figures.extend_patch(scalars, points, figures.SCALAR_SERIES)
+    if state.get("has_scalars") is False and figures.has_scalars(points):  # the note is up
+        scalars["layout"]["annotations"].remove(figures.NO_SCALARS_NOTE)
+        new_state["has_scalars"] = True
     if not state.get("non_finite") and (note := figures.non_finite_scalar(points)):
         scalars["layout"]["title"]["text"] = figures.scalars_title(note)
         new_state["non_finite"] = note

@@ -197,6 +197,7 @@ def ask_confirmation(_cmd, _suggest, threshold, alpha, d_low, d_high, temp):
 @callback(
     Output("cmd-result", "children"),
     Output("run-command-sent", "data"),
+    Output("cmd-reason", "value"),
     Input("cmd-confirm", "submit_n_clicks"),
     State("run-pending-command", "data"),
     State("run-id", "data"),
@@ -206,7 +207,7 @@ def ask_confirmation(_cmd, _suggest, threshold, alpha, d_low, d_high, temp):
 @context.in_thread
 def send_command(_submit, pending, run_id, reason):
     if not pending:
-        return no_update, no_update
+        return no_update, no_update, no_update
     info = context.current_key()
     try:
         cmd = data.issue_command(
@@ -218,9 +219,11 @@ def send_command(_submit, pending, run_id, reason):
             alert_id=pending.get("alert_id"),
         )
     except (PermissionError, ValueError, LookupError) as exc:
-        return html.Span(f"Not sent: {exc}", className="result-error", id="cmd-error"), None
+        error = html.Span(f"Not sent: {exc}", className="result-error", id="cmd-error")
+        return error, None, no_update  # the reason stays for another try
     text = f"Sent {cmd['type']} (command {cmd['command_id'][:8]}): {cmd['status']}."
-    return html.Span(text, className="result-ok", id="cmd-sent"), cmd["command_id"]
+    # the reason went with this command; the next one gets its own
+    return html.Span(text, className="result-ok", id="cmd-sent"), cmd["command_id"], ""
 
 
 @callback(

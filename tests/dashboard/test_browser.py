@@ -69,10 +69,13 @@ def test_avspo_click_with_a_control_key_creates_the_command(control_page, server
     button = page.locator("button.action", has_text="Enable AVSPO")
     button.wait_for()
     assert button.is_enabled()
+    page.fill("#cmd-reason", "collapse above 0.5")
     button.click()  # the confirm dialog is accepted by the page's dialog handler
     page.wait_for_selector("#cmd-sent")
     with server.api() as api:
         commands = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
+    assert commands[0]["reason"] == "collapse above 0.5"
+    assert page.input_value("#cmd-reason") == ""  # the next command gets a reason of its own
     assert commands[0]["type"] == "set_mitigation"
     assert commands[0]["params"]["mode"] == "avspo"
     assert commands[0]["status"] == "pending"
@@ -91,6 +94,7 @@ def test_avspo_click_with_a_control_key_creates_the_command(control_page, server
     while "applied" not in row.inner_text() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert "applied" in row.inner_text()
+    assert "collapse above 0.5" in row.inner_text()  # the reason stays beside the ack
 
 
 def test_a_read_only_key_sees_no_enabled_action(read_page, server):

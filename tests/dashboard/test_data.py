@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from dash import Patch, no_update
-from vantage.dashboard import context, data, run_view, sample_data
+from vantage.dashboard import context, data, figures, run_view, sample_data
 from vantage.server.db import make_engine, session_factory
 from vantage.server.keys import KeyInfo
 
@@ -111,6 +111,24 @@ def test_a_live_update_names_a_scalar_gone_non_finite(dashboard):
         assert out[run_view.OUTPUTS.index("state")]["non_finite"] == "loss NaN at step 3"
 
 
+def test_the_no_scalars_note_goes_when_scalars_arrive(dashboard):
+    with dashboard.api() as api:
+        run_id, attempt = sample_data.create_run(api, "late-scalars")
+        bare = sample_data.step_records(0, 2)
+        for record in bare:
+            del record["scalars"]
+        sample_data.send_steps(api, run_id, attempt, bare)
+        state = run_view.first_load(READ, run_id)[run_view.OUTPUTS.index("state")]
+        assert state["has_scalars"] is False
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(2, 1))
+        out = run_view.live_update(READ, run_id, state)
+        ops = out[run_view.OUTPUTS.index("scalars_figure")].to_plotly_json()["operations"]
+        (removed,) = [op for op in ops if op["location"] == ["layout", "annotations"]]
+        assert removed["operation"] == "Remove"
+        assert removed["params"]["value"] == figures.NO_SCALARS_NOTE
+        assert out[run_view.OUTPUTS.index("state")]["has_scalars"] is True
+
+
 def test_a_new_attempt_reloads_the_page_data(dashboard):
     with dashboard.api() as api:
         run_id, attempt = sample_data.create_run(api, "resumed")
@@ -163,3 +181,13 @@ def test_a_stalled_run_is_offered_avspo_unless_its_mode_is_off_or_one_is_asked_f
     assert run_view.suggestions({"mitigation_mode": "auto"}, [], calm) == []
     asked = {"mitigation_mode": "auto", "mitigation_requested": {"mode": "aapo"}}
     assert run_view.suggestions(asked, [], stalled) == []
+
+
+def test_a_suggested_setting_shows_its_values():
+    sampling = {"type": "set_sampling", "params": {"temperature": 1.3}}
+    alert = {"state": "firing", "mitigation": sampling, "alert_id": 1, "rule": "hot", "value": 0.9}
+    run = {"status": "running", "mitigation_mode": "suggest"}
+    (chips, offer) = run_view.banner(run, [alert], {}, True)
+    text = json.dumps(offer.to_plotly_json(), default=lambda c: c.to_plotly_json())
+    assert "set_sampling temperature=1.3 because alert hot is firing" in text
+    assert "Apply set_sampling temperature=1.3" in text

@@ -244,3 +244,10 @@ def test_the_mitigation_shown_is_what_the_trainer_reports_in_effect():
     assert text == "avspo · auto" and "last reported: avspo; last acked: aapo" in help_text
     run["mitigation_requested"] = {"mode": "none", "status": "pending"}
     assert components.mitigation_text(run)[0] == "avspo → none (pending) · auto"
+
+
+def test_a_run_without_scalars_gets_a_note_not_four_empty_charts():
+    empty = figures.scalars_figure([point(0, scalars={}), point(1, scalars={"other": 1.0})])
+    assert figures.NO_SCALARS_NOTE in empty["layout"]["annotations"]
+    full = figures.scalars_figure([point(0, scalars={"loss": 0.3})])
+    assert figures.NO_SCALARS_NOTE not in full["layout"]["annotations"]

@@ -73,18 +73,31 @@ def step_value(row: Step, metric: str, series: dict[int, dict[str, float | None]
     return None  # `stale` is not a step metric: the periodic pass evaluates it
 
 
-def reward_drop(rewards: list[float], reward_min: float) -> float | None:
+# reward_drop needs the best 5-step mean this far above reward_min, as a share of the reward
+# range: a reward hovering just above its floor (0.03 to 0.06 of a 0-1 range) "lost half its
+# height" every few steps, and the built-in rule flapped.
+REWARD_DROP_MIN_HEIGHT = 0.1
+
+
+def reward_drop(rewards: list[float], bounds: tuple[float, float]) -> float | None:
     """How much of its height above `reward_min` the reward has lost, over rewards oldest first
     (the latest 25 at most): with m5 the mean of the latest 5 and best the highest 5-step mean
     ending in the 20 steps before, (best − m5) / (best − reward_min). 0.5 is §6's 'falls to
-    reward_min + 0.5·(best − reward_min)'. None until one earlier 5-step mean exists, or when
-    best is not above reward_min (nothing to drop from)."""
+    reward_min + 0.5·(best − reward_min)'. ``bounds``: (reward_min, reward_max). None until one
+    earlier 5-step mean exists, or while best is less than `REWARD_DROP_MIN_HEIGHT` of the
+    range above reward_min (too little height to lose)."""
+    reward_min, reward_max = bounds
     if len(rewards) < REWARD_WINDOW + 1:
         return None
     means = [_mean(rewards[i - REWARD_WINDOW : i]) for i in range(REWARD_WINDOW, len(rewards) + 1)]
     best = max(means[:-1])
     if not best > reward_min:
         return None
+    span = reward_max - reward_min
+    if math.isfinite(span) and span > 0:
+        low = _unit(best, reward_min, reward_max)  # no overflow in the differences
+        if (best / low - reward_min / low) < REWARD_DROP_MIN_HEIGHT * (span / low):
+            return None
     scale = _unit(best, means[-1], reward_min)  # so that no difference overflows
     out = (best / scale - means[-1] / scale) / (best / scale - reward_min / scale)
     return out if math.isfinite(out) else None
@@ -143,7 +156,7 @@ class Window:
         self.ema = acr if self.ema is None else self.ema + EMA_ALPHA * (acr - self.ema)
 
     def walk(
-        self, rows: list[Any], needs: set[str], reward_min: float
+        self, rows: list[Any], needs: set[str], bounds: tuple[float, float]
     ) -> dict[int, dict[str, float | None]]:
         """Walk on over ``rows``, the step rows right after the window's last step (objects with
         `step`, `acr`, `n_collapsed`, `n_valid`, `reward_mean`); the values of ``needs`` at
@@ -151,11 +164,12 @@ class Window:
         out = {}
         for r in sorted(rows, key=lambda r: r.step):
             self.add(r.acr, r.n_collapsed, r.n_valid, r.reward_mean)
-            out[r.step] = self.values(needs, reward_min)
+            out[r.step] = self.values(needs, bounds)
         return out
 
-    def values(self, needs: set[str], reward_min: float) -> dict[str, float | None]:
-        """The metrics named in ``needs`` at the step walked last."""
+    def values(self, needs: set[str], bounds: tuple[float, float]) -> dict[str, float | None]:
+        """The metrics named in ``needs`` at the step walked last (``bounds``: the run's
+        reward_min and reward_max)."""
         out: dict[str, float | None] = {}
         if "acr_pooled" in needs:
             out["acr_pooled"] = self.collapsed / self.valid if self.valid else None
@@ -169,7 +183,7 @@ class Window:
         if "acr_ema" in needs:
             out["acr_ema"] = self.ema
         if "reward_drop" in needs:
-            out["reward_drop"] = reward_drop(list(self.rewards), reward_min)
+            out["reward_drop"] = reward_drop(list(self.rewards), bounds)
         return out
 
     def dump(self) -> dict[str, Any]:
@@ -232,7 +246,7 @@ def series_values(
     for step, acr, n_col, n_val, reward in fetched:
         window.add(acr, n_col, n_val, reward)
         if step in wanted:
-            out[step] = window.values(needs, run.reward_min)
+            out[step] = window.values(needs, (run.reward_min, run.reward_max))
     return out, window
 
 

@@ -428,7 +428,7 @@ def _walk(
         start = Window.load(last[3])
     step, attempt = rows[-1].step, rows[-1].attempt
     if start is not None:
-        values = start.walk(rows, needs & SERIES_METRICS, run.reward_min)
+        values = start.walk(rows, needs & SERIES_METRICS, (run.reward_min, run.reward_max))
         return values, [step, attempt, step, start.dump()]
     frontier = max(step, evaluated_frontier(session, run.id, rows[0].split))
     if not needs & SERIES_METRICS:

@@ -18,23 +18,32 @@ from vantage.server.notify import RefusedTarget, check_target
 
 
 def test_reward_drop_by_hand():
-    assert reward_drop([0.8] * 5, 0.0) is None  # no earlier 5-step mean yet
+    unit = (0.0, 1.0)  # reward_min, reward_max
+    assert reward_drop([0.8] * 5, unit) is None  # no earlier 5-step mean yet
     # best 5-step mean 0.8, latest 5-step mean (0.8·2 + 0.2·3)/5 = 0.44 → (0.8−0.44)/0.8 = 0.45
-    assert reward_drop([0.8] * 10 + [0.2] * 3, 0.0) == pytest.approx(0.45)
-    assert reward_drop([0.8] * 10 + [0.2] * 5, 0.0) == pytest.approx(0.75)
-    assert reward_drop([0.8] * 10 + [0.2] * 5, 0.2) == pytest.approx(1.0)  # down to reward_min
-    assert reward_drop([0.0] * 10, 0.0) is None  # nothing to drop from
+    assert reward_drop([0.8] * 10 + [0.2] * 3, unit) == pytest.approx(0.45)
+    assert reward_drop([0.8] * 10 + [0.2] * 5, unit) == pytest.approx(0.75)
+    assert reward_drop([0.8] * 10 + [0.2] * 5, (0.2, 1.0)) == pytest.approx(1.0)  # to the floor
+    assert reward_drop([0.0] * 10, unit) is None  # nothing to drop from
+
+
+def test_reward_drop_needs_a_tenth_of_the_range_to_lose():
+    """A reward hovering just above reward_min (0.03 to 0.06 of a 0-1 range) lost "half its
+    height" every few steps, and the built-in rule fired and resolved 14 times in 300 steps."""
+    assert reward_drop([0.06] * 10 + [0.02] * 5, (0.0, 1.0)) is None
+    assert reward_drop([0.1] * 10 + [0.02] * 5, (0.0, 1.0)) == pytest.approx(0.8)
+    assert reward_drop([0.06] * 10 + [0.02] * 5, (0.0, 0.1)) == pytest.approx(2 / 3)  # its range
 
 
 def test_reward_drop_of_huge_rewards_is_finite_or_none():
     """Five reward_means near the float64 limit overflowed math.fsum, and the OverflowError
     stopped every rule of the run (found by a new-user trial with rewards of 1e308)."""
     top = 1.7976931348623157e308
-    assert reward_drop([top] * 10 + [0.0] * 5, 0.0) == 1.0
-    assert reward_drop([top] * 10 + [top / 2] * 5, 0.0) == 0.5
-    assert reward_drop([top] * 10 + [0.0] * 5, -top) == 0.5  # best − reward_min: 2·top
-    assert reward_drop([top] * 10 + [-top] * 5, 0.0) == 2.0  # best − m5: 2·top
-    assert reward_drop([5e-324] * 10 + [0.0] * 5, 0.0) == 1.0  # subnormal
+    assert reward_drop([top] * 10 + [0.0] * 5, (0.0, top)) == 1.0
+    assert reward_drop([top] * 10 + [top / 2] * 5, (0.0, 1.0)) == 0.5
+    assert reward_drop([top] * 10 + [0.0] * 5, (-top, top)) == 0.5  # best − reward_min: 2·top
+    assert reward_drop([top] * 10 + [-top] * 5, (0.0, top)) == 2.0  # best − m5: 2·top
+    assert reward_drop([5e-324] * 10 + [0.0] * 5, (0.0, 5e-324)) == 1.0  # subnormal
 
 
 def test_series_values_match_window_metrics(tmp_path):
@@ -82,18 +91,20 @@ def test_series_values_match_window_metrics(tmp_path):
             for got in [g[step] for g in (batch, single) if step in g]:
                 for name, value in expected.items():
                     assert got[name] == pytest.approx(value), (step, name)
-                assert got["reward_drop"] == pytest.approx(reward_drop(rewards[:step][-25:], 0.0))
+                assert got["reward_drop"] == pytest.approx(
+                    reward_drop(rewards[:step][-25:], (0.0, 1.0))
+                )
         # The fast path: walking on from a kept window (through its JSON form) in chunks.
         by_step = {r.step: r for r in s.scalars(select(Step).where(Step.run_id == "r"))}
         window, step = Window(), 1
         while step <= 160:
             chunk = [by_step[k] for k in range(step, min(step + rng.randint(1, 9), 161))]
-            got = window.walk(chunk, needs, 0.0)
+            got = window.walk(chunk, needs, (0.0, 1.0))
             window = Window.load(orjson.loads(orjson.dumps(window.dump())))
             for r in chunk:
                 for name, value in window_metrics(rows[: r.step]).items():
                     assert got[r.step][name] == pytest.approx(value), (r.step, name)
-                expected_drop = reward_drop(rewards[: r.step][-25:], 0.0)
+                expected_drop = reward_drop(rewards[: r.step][-25:], (0.0, 1.0))
                 assert got[r.step]["reward_drop"] == pytest.approx(expected_drop)
             step += len(chunk)
         # A streak longer than what one read covers.

@@ -71,12 +71,20 @@ def mitigation_text(run: dict) -> tuple[str, str]:
     return f"{state} · {mode}", help_text
 
 
-def alert_chips(alerts: list[dict]) -> list:
+def run_ended(run: dict) -> bool:
+    """Whether the run has finished or failed (no trainer reads its commands, no step comes)."""
+    return run.get("status") in ("finished", "failed")
+
+
+def alert_chips(alerts: list[dict], ended: bool = False) -> list:
+    """A chip per firing alert; grey, and said so, when the run has ended (no later step can
+    resolve it: it was firing when the run ended)."""
+    when = "firing when the run ended; " if ended else ""
     return [
         html.Span(
             a.get("rule", "alert"),
-            className="alert-chip",
-            title=f"{a.get('severity', 'warning')}: value {explain.fmt(a.get('value'))} "
+            className="alert-chip alert-chip-ended" if ended else "alert-chip",
+            title=f"{when}{a.get('severity', 'warning')}: value {explain.fmt(a.get('value'))} "
             f"since step {a.get('fired_step')}",
         )
         for a in alerts
@@ -117,7 +125,7 @@ RUNS_COLUMNS = [
     ("Latest ACR", explain.ACR),
     ("ACR trend", "ACR over the latest steps; the dotted line is the 0.35 stall threshold."),
     ("Mitigation", "Applied mitigation (→ requested) · automatic mitigation mode."),
-    ("Alerts", "Alerts firing now; hover for the value."),
+    ("Alerts", "Alerts firing now (grey: firing when the run ended); hover for the value."),
     ("Client", "Delivery health of the trainer's client: spooled, dropped or refused data."),
     ("Started", "When the run was created (UTC)."),
 ]
@@ -154,7 +162,7 @@ def runs_table(runs: list[dict]) -> html.Table | html.P:
                     ),
                     html.Td(sparkline(r.get("spark") or [], r.get("latest_acr"))),
                     html.Td(mit, title=mit_help),
-                    html.Td(alert_chips(r.get("alerts") or []) or "—"),
+                    html.Td(alert_chips(r.get("alerts") or [], run_ended(r)) or "—"),
                     html.Td(health_cell(r.get("client"))),
                     html.Td((r.get("created_at") or "")[:16].replace("T", " ")),
                 ],

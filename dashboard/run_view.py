@@ -30,11 +30,6 @@ OUTPUTS = (
 )
 
 
-def run_ended(run: dict) -> bool:
-    """Whether the run has finished or failed (no trainer reads its commands)."""
-    return run.get("status") in ("finished", "failed")
-
-
 def header(run: dict) -> list:
     tags = ", ".join(run.get("tags") or [])
     bits = [
@@ -57,7 +52,7 @@ def suggestions(run: dict, alerts: list[dict], state: dict) -> list[dict]:
     run's mode is 'suggest'), else AVSPO when the run looks stalled (ACR above 0.35 for more
     than 50 steps), has none requested and its mode is not 'off'. None once the run has
     finished or failed."""
-    if run_ended(run):  # no trainer reads commands any more
+    if components.run_ended(run):  # no trainer reads commands any more
         return []
     requested = run.get("mitigation_requested") or {}
     requested_mode = requested.get("mode") if isinstance(requested, dict) else requested
@@ -97,19 +92,20 @@ def suggestions(run: dict, alerts: list[dict], state: dict) -> list[dict]:
 
 def banner(run: dict, alerts: list[dict], state: dict, can_control: bool) -> list:
     firing = [a for a in alerts if a.get("state") == "firing"]
+    ended = components.run_ended(run)
     parts: list[Any] = []
     if firing:
         parts.append(
             html.Div(
                 [
-                    html.B("Firing alerts: "),
-                    *components.alert_chips(firing),
+                    html.B(f"Alerts firing{' when the run ended' if ended else ''}: "),
+                    *components.alert_chips(firing, ended),
                     html.Span(
                         " Red triangles on the ACR chart mark where alerts fired.",
                         className="muted",
                     ),
                 ],
-                className="banner banner-alert",
+                className="banner banner-info" if ended else "banner banner-alert",
                 id="run-alerts",
             )
         )
@@ -192,7 +188,7 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
         figures.reward_figure(points, downsampled),
         figures.scalars_figure(points),
         components.plain(config_view(run)),
-        run_ended(run),
+        components.run_ended(run),
     )
 
 
@@ -209,7 +205,7 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
     too_long = state.get("appended", 0) + len(points) > APPEND_LIMIT
     if new_attempt or too_long:
         return first_load(info, run_id, state.get("can_control", False))
-    finished = run_ended(run)
+    finished = components.run_ended(run)
     if not points:
         # Nothing new: keep the figures, refresh the header (status may turn stale).
         return (header(run), no_update, no_update, no_update, no_update, no_update, no_update,

@@ -30,7 +30,7 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
     if run is None:
         return _missing(run_id or "")
     can_control = context.can(info, "control")
-    ended = run["status"] if run_view.run_ended(run) else None
+    ended = run["status"] if components.run_ended(run) else None
     temperature = commands_ui.current_temperature(run, data.commands(info, run_id) or [])
     return html.Div(
         [

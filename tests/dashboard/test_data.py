@@ -191,3 +191,13 @@ def test_a_suggested_setting_shows_its_values():
     text = json.dumps(offer.to_plotly_json(), default=lambda c: c.to_plotly_json())
     assert "set_sampling temperature=1.3 because alert hot is firing" in text
     assert "Apply set_sampling temperature=1.3" in text
+
+
+def test_alerts_of_an_ended_run_are_said_to_be_from_its_end():
+    alert = {"state": "firing", "alert_id": 2, "rule": "acr_stall", "value": 0.6, "fired_step": 9}
+    for status, words, chip in (("running", "Alerts firing: ", "alert-chip"),
+                                ("finished", "Alerts firing when the run ended: ",
+                                 "alert-chip alert-chip-ended")):  # fmt: skip
+        (chips,) = run_view.banner({"status": status}, [alert], {}, True)
+        text = json.dumps(chips.to_plotly_json(), default=lambda c: c.to_plotly_json())
+        assert words in text and f'"className": "{chip}"' in text, text

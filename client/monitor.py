@@ -492,7 +492,7 @@ class Monitor:
                 left,
                 self.spool_path,
                 why,
-                shlex.quote(str(self.spool_path.parent)),
+                shlex.quote(str(self.spool_path)),  # this run's file, not the shared folder
                 shlex.quote(self.server) if self.server and not self._unusable else "URL",
             )
 

@@ -271,7 +271,8 @@ class Spool:
 def sync(
     spool_dir: str | Path, server: str, api_key: str | None = None, timeout: float = 60.0
 ) -> dict:
-    """Upload every spool file in ``spool_dir`` to ``server`` (``vantage sync SPOOL_DIR``).
+    """Upload every spool file in ``spool_dir`` to ``server`` (``vantage sync SPOOL_DIR``), or
+    the one file ``spool_dir`` names.
 
     Each file is replayed in order under its own run and launch: the run is created (or found)
     with the file's ``run_id`` and ``launch_id``, so the batches join the attempt they were
@@ -298,7 +299,11 @@ def sync(
         "dropped_groups": 0,
         "errors": [],
     }
-    paths = sorted(Path(spool_dir).glob(f"*{SPOOL_SUFFIX}"), key=lambda p: p.stat().st_mtime)
+    where = Path(spool_dir)
+    if where.is_file():  # one spool file (the one a Monitor's close warning names)
+        paths = [where]
+    else:
+        paths = sorted(where.glob(f"*{SPOOL_SUFFIX}"), key=lambda p: p.stat().st_mtime)
     unreachable = None  # once a file got no answer in its whole timeout, the rest are not tried
     with Transport(server, api_key) as transport:
         for path in paths:

@@ -290,13 +290,17 @@ def cmd_sync(args: argparse.Namespace) -> int:
     from vantage.client import spool
     from vantage.client.sender import server_url_problem
 
-    if not Path(args.spool_dir).is_dir():
-        print(f"error: {args.spool_dir} is not a folder (a client spool)", file=sys.stderr)
+    where = Path(args.spool_dir)
+    if not (where.is_dir() or (where.is_file() and where.name.endswith(spool.SPOOL_SUFFIX))):
+        print(
+            f"error: {args.spool_dir} is neither a spool folder nor a *{spool.SPOOL_SUFFIX} file",
+            file=sys.stderr,
+        )
         return 2
     if problem := server_url_problem(args.server):
         print(f"error: {problem}, such as http://127.0.0.1:8000", file=sys.stderr)
         return 2
-    files = len(list(Path(args.spool_dir).glob(f"*{spool.SPOOL_SUFFIX}")))
+    files = 1 if where.is_file() else len(list(where.glob(f"*{spool.SPOOL_SUFFIX}")))
     print(f"syncing {files} spool file(s) to {args.server} ...", file=sys.stderr, flush=True)
     result = spool.sync(args.spool_dir, server=args.server, api_key=args.api_key)
     print(json.dumps(result))
@@ -414,7 +418,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_runs_prune)
 
     p = sub.add_parser("sync", help="upload a client spool left behind by a training run")
-    p.add_argument("spool_dir")
+    p.add_argument(
+        "spool_dir",
+        metavar="SPOOL",
+        help="a spool folder (every run's files) or one spool file (a close warning names it)",
+    )
     p.add_argument(
         "--server",
         default=os.environ.get("VANTAGE_SERVER") or "http://127.0.0.1:8000",

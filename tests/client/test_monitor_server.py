@@ -517,6 +517,9 @@ def test_sync_skips_a_spool_file_it_cannot_read_and_uploads_the_others(
     (spool_dir / "aaaa.r0.vantage-spool").write_bytes(b"garbage\n")  # not SQLite at all
     (spool_dir / "zzzz.r0.vantage-spool").write_bytes(good.read_bytes()[:6000])  # cut short
     result = sync(spool_dir, server.url, None)  # the test server runs without auth
+    # one file, as a Monitor's close warning names it: the folder's others are not touched
+    only = sync(spool_dir / "aaaa.r0.vantage-spool", server.url, None)
+    assert only["files"] == 1 and "aaaa.r0.vantage-spool" in only["errors"][0]
     assert result["files"] == 3 and result["sent_groups"] == 8 and result["failed"]
     unreadable = [e for e in result["errors"] if "not a readable spool file" in e]
     assert len(unreadable) == 2 and "aaaa.r0.vantage-spool" in unreadable[0], result["errors"]

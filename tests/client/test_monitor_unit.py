@@ -179,7 +179,8 @@ def test_closing_an_offline_monitor_names_the_spool_to_sync(tmp_path: Path, capl
     mon.close(timeout=2)
     message = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
     assert "(no server)" in message
-    assert f"vantage sync {tmp_path} --server URL --api-key KEY" in message
+    # this run's file: the folder may hold other runs' spools
+    assert f"vantage sync {mon.spool_path} --server URL --api-key KEY" in message
 
 
 def test_outage_warns_after_a_while_then_rarely_and_says_when_it_ended():
@@ -223,7 +224,7 @@ def test_the_sync_hint_at_close_can_be_pasted(tmp_path: Path, caplog):
     mon.log_groups(0, [[1.0, 0.0]])
     mon.close(timeout=2)
     message = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
-    assert f"vantage sync '{folder}' --server URL" in message, message
+    assert f"vantage sync '{mon.spool_path}' --server URL" in message, message
 
 
 def test_clean_spool_file_is_removed_on_close(tmp_path: Path):

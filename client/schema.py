@@ -23,6 +23,8 @@ from pydantic import (
     Strict,
     StringConstraints,
     Tag,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -434,13 +436,17 @@ class CommandCreate(_Strict):
     """Body of ``POST /api/v1/runs/{run_id}/commands`` (DESIGN.md §4 'Commands')."""
 
     type: Literal["set_mitigation", "set_sampling", "checkpoint", "stop"]
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
     reason: text(1000) | None = None
 
-    @model_validator(mode="after")
-    def _params(self) -> CommandCreate:
-        validate_command_params(self.type, self.params)
-        return self
+    @field_validator("params")
+    @classmethod
+    def _params(cls, params: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        # a field check, so that an error's loc names params; with a bad type there is
+        # nothing to check them against (that error is reported)
+        if "type" in info.data:
+            validate_command_params(info.data["type"], params)
+        return params
 
 
 MAX_JSON_DEPTH = 32

@@ -937,6 +937,7 @@ def test_command_params_the_trainer_would_refuse_or_ignore_get_422(api, kind, pa
     run = new_run(api)
     r = api.post(f"/api/v1/runs/{run['run_id']}/commands", json={"type": kind, "params": params})
     assert r.status_code == 422 and says in r.text, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "params"]  # the field to look at
     assert api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"] == []
     good = {"mode": "avspo", "threshold": "adaptive", "alpha": 0.5, "eta": 0.01, "tau": 0.4}
     ok = api.post(f"/api/v1/runs/{run['run_id']}/commands",

@@ -52,13 +52,14 @@ def _rule(session: SessionDep, rule_id: int, key: KeyInfo) -> AlertRule:
 
 def _own_rule(session: SessionDep, rule_id: int, key: KeyInfo) -> AlertRule:
     """A rule the key may change or delete: any, or, for a key limited to a project, one of
-    that project's rules (403 for a rule of every run, which the key can read)."""
+    that project's rules (403 for another it can read, such as a rule of every run)."""
     rule = _rule(session, rule_id, key)
     if key.project is not None and rule.project != key.project:
         raise HTTPException(
             403,
-            f"alert rule {rule_id} applies to every run; this key is limited to project "
-            f"'{key.project}' and changes only that project's rules",
+            f"alert rule {rule_id} is not a rule of project '{key.project}' (it applies to "
+            f"{'every run' if rule.run_id is None else f'run {rule.run_id}'}); this key changes "
+            "only that project's rules",
         )
     return rule
 
@@ -170,8 +171,10 @@ def _silence_visible(session: SessionDep, matchers: dict, key: KeyInfo) -> bool:
         return True
     if matchers.get("project") is not None:
         return False
-    run = session.get(Run, matchers["run_id"]) if matchers.get("run_id") else None
-    return "run_id" not in matchers or (run is not None and run.project == key.project)
+    if "run_id" not in matchers:
+        return True
+    run = session.get(Run, matchers["run_id"])
+    return run is not None and run.project == key.project
 
 
 @router.get("/silences")

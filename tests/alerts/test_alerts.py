@@ -633,7 +633,7 @@ def test_a_project_key_changes_and_mutes_its_projects_alerts_only(server, api):
         rules = f"/api/v1/alert-rules/{everyone['id']}"
         assert key.get(rules).status_code == 200
         r = key.put(rules, json={"enabled": False})
-        assert r.status_code == 403 and "applies to every run" in r.text, r.text
+        assert r.status_code == 403 and "(it applies to every run)" in r.text, r.text
         assert key.delete(rules).status_code == 403
         assert api.get(rules).json()["enabled"] is True  # unchanged
         assert key.put(f"/api/v1/alert-rules/{language['id']}", json={}).status_code == 404

@@ -13,6 +13,7 @@ from ..alert_rules import (
     RuleExists,
     RulePatch,
     SilenceCreate,
+    SilenceMatchers,
     create_rule,
     create_silence,
     list_rules,
@@ -64,14 +65,16 @@ def _own_rule(session: SessionDep, rule_id: int, key: KeyInfo) -> AlertRule:
     return rule
 
 
-def _scoped(body: RulePatch, key: KeyInfo, session: SessionDep) -> None:
-    """A project key writes rules of its project only."""
-    if body.run_id is not None:
-        load_run(session, body.run_id, key)
+def _scoped(scope: RulePatch | SilenceMatchers, key: KeyInfo, session: SessionDep) -> None:
+    """A project key writes rules and silences of its project only: ``scope`` (a rule's body
+    or a silence's matchers) gets the key's project; another project is a 403, a run of
+    another project a 404."""
+    if scope.run_id is not None:
+        load_run(session, scope.run_id, key)
     if key.project is not None:
-        if body.project not in (None, key.project):
+        if scope.project not in (None, key.project):
             raise HTTPException(403, f"this key is limited to project '{key.project}'")
-        body.project = key.project
+        scope.project = key.project
 
 
 @router.get("/alert-rules")
@@ -152,13 +155,7 @@ def alerts_index(
 def silences_create(body: SilenceCreate, key: ControlKey, session: SessionDep) -> dict:
     """Mute notifications (not evaluation) of alerts matching every given matcher. A key
     limited to a project mutes that project's alerts only (its project is the matcher)."""
-    matchers = body.matchers
-    if matchers.run_id is not None:
-        load_run(session, matchers.run_id, key)
-    if key.project is not None:
-        if matchers.project not in (None, key.project):
-            raise HTTPException(403, f"this key is limited to project '{key.project}'")
-        matchers.project = key.project
+    _scoped(body.matchers, key, session)
     out = create_silence(session, body, created_by=key.name)
     session.commit()
     return out

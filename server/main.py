@@ -125,7 +125,8 @@ class JsonBodies:
                 )
                 response = JSONResponse({"detail": detail}, status_code=415)
                 return await response(scope, receive, send)
-            if content_type is None or b"json" not in content_type.lower():
+            has_body = scope["method"] in ("POST", "PUT", "PATCH")  # a GET needs no rewrite
+            if has_body and (content_type is None or b"json" not in content_type.lower()):
                 headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
                 scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         return await self.app(scope, receive, send)

@@ -119,28 +119,42 @@ def storable_scalar(value: float | str | None) -> float | str | None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # attribute docstrings become the field descriptions in /docs
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class GroupStats(_Strict):
     """Compact statistics of one group: n completions, mean, sample std (n−1), min, max."""
 
     n: Annotated[int, Strict(), Field(ge=0, le=MAX_GROUP_SIZE)]
+    """Completions in the group (after masking)."""
     # Required (DESIGN.md §3: {n, mean, std, min, max, n_pass?}); null means non-finite.
     mean: Reward
+    """Mean reward; null when non-finite."""
     std: Reward
+    """Sample standard deviation (n−1) of the rewards."""
     min: Reward
+    """Lowest reward."""
     max: Reward
+    """Highest reward."""
     n_pass: Annotated[int, Strict(), Field(ge=0)] | None = None
+    """Completions equal to the run's reward_max; makes the group binary (pass_rate,
+    expected_acr)."""
 
 
 class RawGroup(_Strict):
     """One group as a list of rewards with an optional 0/1 mask."""
 
     group_id: GroupId | None = None
+    """Unique within (step, split, rank); default: the group's index in the record. Integers are
+    converted to strings."""
     rewards: Annotated[list[Reward], Field(max_length=MAX_GROUP_SIZE)]
+    """One reward per completion: numbers, null, or the tokens NaN/Infinity/-Infinity (classed
+    invalid)."""
     mask: list[MaskValue] | None = None
+    """One 0/1 per reward; completions with 0 are dropped before classification."""
     prompt_id: PromptId | None = None
+    """Names the prompt, so that collapse is tracked per prompt across steps (GET .../prompts)."""
 
     @model_validator(mode="after")
     def _mask_length(self) -> RawGroup:
@@ -156,8 +170,11 @@ class StatsGroup(_Strict):
     """One group as compact statistics."""
 
     group_id: GroupId | None = None
+    """Unique within (step, split, rank); default: the group's index in the record."""
     stats: GroupStats
+    """Compact statistics instead of the rewards."""
     prompt_id: PromptId | None = None
+    """Names the prompt, so that collapse is tracked per prompt across steps."""
 
 
 def _group_form(value: Any) -> str | None:
@@ -207,9 +224,14 @@ class GroupsForm(_Strict):
     """The three ways a record or an /acr request carries groups (DESIGN.md §3 'Groups')."""
 
     groups: list[GroupIn] | None = None  # the count limit answers 413 at the route
+    """Groups, each a list of rewards, {group_id, rewards, mask?, prompt_id?} or {group_id, stats,
+    prompt_id?}. Instead: flat rewards with group_ids or group_size."""
     rewards: list[Reward] | None = None
+    """Flat rewards of every group, cut into groups by group_ids or group_size."""
     group_ids: list[GroupId] | None = None
+    """One group id per flat reward; groups keep their first-appearance order."""
     group_size: Annotated[int, Strict(), Field(ge=1, le=MAX_GROUP_SIZE)] | None = None
+    """Completions per group for flat rewards; must divide their count."""
 
     @model_validator(mode="after")
     def _one_form(self) -> Any:
@@ -288,8 +310,11 @@ class Effective(_Strict):
     # Groups of one rank's step: bounded like a request's groups (MAX_GROUPS_PER_REQUEST is per
     # request; a rank may report its whole step's count), far below 64-bit limits.
     n_valid: Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)]
+    """Valid groups the trainer trained on at this step (this rank)."""
     n_zero_advantage: Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)]
+    """Of those, groups whose advantages after mitigation are all below tol in absolute value."""
     n_virtual: Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)] = 0
+    """Virtual reward samples added by AVSPO (0 without it)."""
 
     @model_validator(mode="after")
     def _bounded(self) -> Effective:
@@ -315,13 +340,22 @@ class StepRecord(GroupsForm):
     effective statistics or scalars."""
 
     step: Annotated[int, Strict(), Field(ge=0, le=2**62)]
+    """Training step (the optimizer step the groups were sampled for)."""
     split: Split = "train"
+    """Metrics are computed per (step, split); eval groups never mix into train."""
     rank: Annotated[int, Strict(), Field(ge=0, le=65_535)] = 0
+    """Sending process; a step pools the groups of every rank."""
     world_size: Annotated[int, Strict(), Field(ge=1, le=65_536)] | None = None
+    """Ranks that report this step (default: the run's); a step is evaluated for alerts once all
+    have."""
     time: float | None = None
+    """Unix time in seconds (0 to 1e11); default: when the server received it."""
     effective: Effective | None = None
+    """The trainer's statistics after mitigation (acr_effective)."""
     scalars: Scalars | None = None
+    """Trainer scalars by name (loss, kl, ...); NaN and Infinity are kept as strings."""
     mitigation: StorableJSON = None
+    """The mitigation in effect for this step, e.g. {"mode": "avspo"}."""
 
     @model_validator(mode="before")
     @classmethod
@@ -354,12 +388,15 @@ class StepsBatch(_Strict):
     """Body of ``POST /api/v1/runs/{run_id}/steps``."""
 
     attempt: Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
+    """The attempt POST /runs answered for this launch."""
     # Parsing stops at 100,000 records; the route answers 413 above MAX_RECORDS_PER_REQUEST,
     # which is the limit the schema documents.
     records: Annotated[
         list[StepRecord],
         Field(max_length=100_000, json_schema_extra={"maxItems": MAX_RECORDS_PER_REQUEST}),
     ]
+    """At most 10,000 groups and 8 MiB per request (413 beyond); a batch is atomic: a 422 stores
+    nothing."""
 
     def group_count(self) -> int:
         return sum(r.group_count() for r in self.records)
@@ -369,7 +406,9 @@ class _RewardBounds(_Strict):
     """reward_min below reward_max: they name the sides of a collapsed group (DESIGN.md §3)."""
 
     reward_min: Annotated[float, Strict(), Field(allow_inf_nan=False)] = 0.0
+    """A collapsed group at this value is all_fail."""
     reward_max: Annotated[float, Strict(), Field(allow_inf_nan=False)] = 1.0
+    """A collapsed group at this value is all_pass."""
 
     @model_validator(mode="after")
     def _bounds(self) -> Any:
@@ -384,7 +423,9 @@ class ACRRequest(GroupsForm, _RewardBounds):
     """Body of the stateless ``POST /api/v1/acr``."""
 
     trainer_eps: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] = 1e-4
+    """The trainer's epsilon in (r − mean) / (std + eps), for near_collapsed."""
     tol: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] = 1e-3
+    """A group is near_collapsed when every scaled advantage is below tol."""
 
 
 class RunCreate(_RewardBounds):
@@ -394,38 +435,62 @@ class RunCreate(_RewardBounds):
     run_id: str | None = Field(
         default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$"
     )
+    """Client-chosen id (a UUID by the client hook); default: one the server assigns."""
     launch_id: text(128, 1) | None = None
+    """Names one launch of the job, shared by all its ranks: a known one gets its attempt back, a
+    new one the next attempt."""
     name: Name = "run"
+    """Display name."""
     project: text(200) | None = None
+    """Groups runs; keys and alert rules can be limited to a project."""
     config: StorableJSON = None
+    """Free-form JSON: the run's hyperparameters."""
     group_size: Annotated[int, Strict(), Field(ge=1, le=MAX_GROUP_SIZE)] | None = None
+    """Completions per prompt (G), shown on the dashboard."""
     trainer_eps: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] = 1e-4
+    """The trainer's epsilon in (r − mean) / (std + eps), for near_collapsed."""
     world_size: Annotated[int, Strict(), Field(ge=1, le=65_536)] = 1
+    """Ranks that send data."""
     heartbeat_s: Annotated[float, Strict(), Field(gt=0, le=86_400, allow_inf_nan=False)] = 10.0
+    """Seconds between heartbeats; the run is stale after 3 × this without data or heartbeat."""
     tags: list[text(100)] = Field(default_factory=list, max_length=50)
+    """Free labels."""
 
 
 class RunPatch(_Strict):
     """Body of ``PATCH /api/v1/runs/{run_id}``."""
 
     name: Name | None = None
+    """Display name."""
     tags: list[text(100)] | None = Field(default=None, max_length=50)
+    """Free labels (replaces the list)."""
     notes: text(10_000) | None = None
+    """Free text shown on the run page."""
     mitigation_mode: Literal["off", "suggest", "auto"] | None = None
+    """What a firing rule's mitigation does: nothing, offer it on the dashboard, or send the
+    command."""
 
 
 class Heartbeat(_Strict):
     """Body of ``POST /api/v1/runs/{run_id}/heartbeat``; counters are the client's totals."""
 
     attempt: Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
+    """The attempt POST /runs answered for this launch."""
     rank: Annotated[int, Strict(), Field(ge=0, le=65_535)] = 0
+    """Sending process; only rank 0 gets commands."""
     spooled_groups: Annotated[int, Strict(), Field(ge=0, le=2**62)] | None = None
+    """Groups waiting in the client's on-disk spool."""
     dropped_groups: Annotated[int, Strict(), Field(ge=0, le=2**62)] | None = None
+    """Groups dropped because the spool was full (total)."""
     dead_letter_batches: Annotated[int, Strict(), Field(ge=0, le=2**62)] | None = None
+    """Batches the server refused with a 4xx, kept in the spool's dead-letter table (total)."""
 
 
 class Finish(_Strict):
+    """Body of ``POST /api/v1/runs/{run_id}/finish``."""
+
     status: Literal["finished", "failed"]
+    """How the run ended; a finished or failed run takes no more commands."""
 
 
 COMMAND_TYPES = ("set_mitigation", "set_sampling", "checkpoint", "stop")
@@ -436,8 +501,12 @@ class CommandCreate(_Strict):
     """Body of ``POST /api/v1/runs/{run_id}/commands`` (DESIGN.md §4 'Commands')."""
 
     type: Literal["set_mitigation", "set_sampling", "checkpoint", "stop"]
+    """What the trainer is asked to do at its next step boundary."""
     params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+    """set_mitigation: {mode: none|avspo|aapo, threshold?, variant?, alpha?, eta?, tau?,
+    delta_low?, delta_high?}; set_sampling: {temperature}; checkpoint and stop: {}."""
     reason: text(1000) | None = None
+    """Why, shown in the command log."""
 
     @field_validator("params")
     @classmethod
@@ -540,5 +609,8 @@ def _check_mitigation_params(params: dict[str, Any]) -> None:
 
 class CommandAck(_Strict):
     status: Literal["applied", "rejected"]
+    """Whether the trainer applied the command."""
     step: Annotated[int, Strict(), Field(ge=0, le=2**62)] | None = None
+    """The step after which it was applied."""
     detail: text(2000) | None = None
+    """Why it was rejected, or what was applied."""

@@ -49,10 +49,14 @@ RULE_FIELDS = (
 
 
 class Mitigation(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """The command a firing rule issues (or offers, by the run's mitigation_mode)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     type: Literal["set_mitigation", "set_sampling", "checkpoint", "stop"]
+    """The command type, as in POST /runs/{run_id}/commands."""
     params: dict[str, Any] = Field(default_factory=dict)
+    """The command's params, checked as a command's are."""
 
     @model_validator(mode="after")
     def _params(self) -> Mitigation:
@@ -63,25 +67,45 @@ class Mitigation(BaseModel):
 class RulePatch(BaseModel):
     """Body of `PUT /api/v1/alert-rules/{id}`: the fields to change (others keep their value)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: Name | None = None
+    """Unique among the rules of the same run_id and project."""
     run_id: text(64) | None = None
+    """Only this run (with neither run_id nor project: every run)."""
     project: text(200) | None = None
+    """Only this project's runs."""
     metric: text(200, 1) | None = None
+    """A step metric (acr, acr_all_pass, ...), a window metric (acr_ema, acr_100, acr_volatility,
+    acr_streak, acr_pooled), n_invalid, reward_drop, stale, or scalars.NAME."""
     op: Op | None = None
+    """How the metric is compared with the threshold."""
     threshold: Annotated[float, Strict()] | None = None
+    """The condition is `metric op threshold`."""
     for_steps: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
+    """Consecutive evaluated steps the condition must hold before the alert fires (default 1)."""
     clear_threshold: Annotated[float, Strict()] | None = None
+    """A firing alert resolves at the first step strictly past this value (default: the
+    threshold)."""
     clear_steps: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
+    """Consecutive clear steps needed to resolve (default 1)."""
     min_valid_groups: StrictInt | None = Field(default=None, ge=0, le=10**9)
+    """A step with fewer valid groups neither advances nor resets for_steps (default 1)."""
     severity: text(32, 1) | None = None
+    """Free label sent with notifications (default warning)."""
     notify: list[Text] | None = Field(default=None, max_length=20)
+    """Webhook URLs notified on firing and on resolving."""
     mitigation: Mitigation | None = None
+    """A command issued when the alert fires (by the run's mitigation_mode: auto sends it, suggest
+    offers it on the dashboard, off does nothing)."""
     cooldown_steps: StrictInt | None = Field(default=None, ge=0, le=10**12)
+    """Steps after a rule's command before it issues another (default 0)."""
     split: Split | None = None  # the same rule as a record's split
+    """The split whose steps are evaluated (default train)."""
     enabled: StrictBool | None = None
+    """A disabled rule is not evaluated."""
     description: text(2000) | None = None
+    """Free text."""
 
     @field_validator("metric")
     @classmethod
@@ -100,9 +124,14 @@ class RuleCreate(RulePatch):
     """Body of `POST /api/v1/alert-rules`; §6 defaults for what is left out."""
 
     name: Name
+    """Unique among the rules of the same run_id and project."""
     metric: text(200, 1)
+    """A step metric (acr, acr_all_pass, ...), a window metric (acr_ema, acr_100, acr_volatility,
+    acr_streak, acr_pooled), n_invalid, reward_drop, stale, or scalars.NAME."""
     op: Op
+    """How the metric is compared with the threshold."""
     threshold: Annotated[float, Strict()]
+    """The condition is `metric op threshold`."""
 
 
 def rule_dict(r: AlertRule) -> dict[str, Any]:
@@ -249,21 +278,29 @@ def list_rules(session: Session, project: str | None = None) -> list[dict[str, A
 
 
 class SilenceMatchers(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Which alerts a silence mutes: all of the given matchers must hold (none: every alert)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     rule: text(200) | None = None
+    """A rule's name."""
     run_id: text(64) | None = None
+    """A run."""
     project: text(200) | None = None
+    """A project's runs."""
 
 
 class SilenceCreate(BaseModel):
     """Body of `POST /api/v1/silences`: mutes notifications of matching alerts until `until`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     matchers: SilenceMatchers = Field(default_factory=SilenceMatchers)
+    """Which alerts are muted."""
     until: datetime
+    """When the silence ends (ISO 8601; without a zone: UTC); must be in the future."""
     reason: text(1000) | None = None
+    """Why, shown in the list of silences."""
 
     @field_validator("until")
     @classmethod

@@ -26,6 +26,7 @@ class AlertRule(Base):
     """A rule: `metric op threshold` for `for_steps` evaluated steps (DESIGN.md §6)."""
 
     __tablename__ = "alert_rules"
+    __table_args__ = {"sqlite_autoincrement": True}  # ids are never reused (migration 0007)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), index=True)
@@ -74,7 +75,10 @@ class AlertEpisode(Base):
     """One episode: pending → firing → resolved (a pending one that fails is deleted)."""
 
     __tablename__ = "alert_episodes"
-    __table_args__ = (Index("ix_alert_episodes_run_state", "run_id", "state"),)
+    __table_args__ = (
+        Index("ix_alert_episodes_run_state", "run_id", "state"),
+        {"sqlite_autoincrement": True},
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     rule_id: Mapped[int] = mapped_column(ForeignKey("alert_rules.id", ondelete="CASCADE"))
@@ -96,6 +100,7 @@ class Silence(Base):
     """Mutes notifications (not evaluation) of matching alerts until `until`."""
 
     __tablename__ = "silences"
+    __table_args__ = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     matchers: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -1,7 +1,8 @@
 """Migrations on a database that already holds data: 0003 (lean groups) keeps every group row and
 names runs by their new integer key; 0005 (group blocks) packs the groups of each (step, split,
 rank) into a block that ingest and the prompts view read as before; 0006 changes one built-in
-rule. All downgrade back."""
+rule; 0007 stops SQLite reusing the ids of deleted rules, alerts and silences. All downgrade
+back."""
 
 from __future__ import annotations
 
@@ -156,4 +157,44 @@ def test_non_finite_rule_migration_changes_only_the_default(empty_database: str)
     command.upgrade(cfg, "head")
     with engine.connect() as conn:
         assert conn.execute(read).scalar() == 3
+    engine.dispose()
+
+
+def test_ids_of_deleted_silences_rules_and_alerts_are_never_reused(empty_database: str) -> None:
+    """After 0007 a deleted newest row's id is not given to the next row (SQLite reused it);
+    rows and indexes survive the rebuild, and the downgrade keeps the rows."""
+    cfg = alembic_config(empty_database)
+    engine = create_engine(normalize_url(empty_database))
+    command.upgrade(cfg, "0006")
+    add = text("INSERT INTO silences (matchers, until, created_at) VALUES ('{}', :t, :t)")
+    at = {"t": "2100-01-01 00:00:00"}
+    with engine.begin() as conn:
+        conn.execute(add, at)
+        conn.execute(add, at)
+    command.upgrade(cfg, "head")
+    ids = text("SELECT id FROM silences ORDER BY id")
+    with engine.begin() as conn:
+        assert [r[0] for r in conn.execute(ids)] == [1, 2]
+        newest_rule = conn.execute(text("SELECT max(id) FROM alert_rules")).scalar()
+        conn.execute(text("DELETE FROM silences WHERE id = 2"))
+        conn.execute(text("DELETE FROM alert_rules WHERE id = :id"), {"id": newest_rule})
+        conn.execute(add, at)
+        assert [r[0] for r in conn.execute(ids)] == [1, 3]
+        rule = conn.execute(
+            text(
+                "INSERT INTO alert_rules (name, metric, op, threshold, for_steps, clear_steps, "
+                "min_valid_groups, severity, notify, cooldown_steps, split, enabled, builtin, "
+                "created_at, updated_at) VALUES ('r', 'acr', '>', 0.5, 1, 1, 1, 'warning', '[]', "
+                "0, 'train', true, false, :t, :t) RETURNING id"
+            ),
+            at,
+        ).scalar()
+        assert rule == newest_rule + 1
+    if empty_database.startswith("sqlite"):
+        with engine.connect() as conn:
+            names = {r[0] for r in conn.execute(text("SELECT name FROM sqlite_master"))}
+        assert "ix_alert_episodes_run_state" in names and "ix_alert_rules_name" in names
+    command.downgrade(cfg, "0006")
+    with engine.connect() as conn:
+        assert [r[0] for r in conn.execute(ids)] == [1, 3]
     engine.dispose()

@@ -35,9 +35,16 @@ from typing import Any
 
 import orjson
 
+from . import checks
 from .inputs import capture, materialize, plain_rewards
 from .launch import derive_launch_id, torch_distributed
-from .schema import MAX_GROUP_SIZE, MAX_GROUPS_PER_REQUEST, RunCreate, storable_scalar
+from .schema import (
+    MAX_GROUP_SIZE,
+    MAX_GROUPS_PER_REQUEST,
+    MAX_SCALARS_PER_RECORD,
+    RunCreate,
+    storable_scalar,
+)
 from .sender import (
     Backoff,
     Outage,
@@ -88,23 +95,6 @@ def _default_spool_dir() -> Path:
 
 def _safe(text: str, limit: int = 40) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:limit]
-
-
-MAX_STEP = 2**62  # the server's limit (DESIGN.md §4)
-MAX_RANK = 65_535
-
-
-def _count(name: str, value: Any, top: int = MAX_STEP) -> int:
-    """A step, rank or count as the server takes it: an integer in [0, top]; else ValueError,
-    so that a bad call is dropped alone instead of failing the batch it would join."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, not a bool")
-    number = int(value)
-    if number != value and not isinstance(value, str):
-        raise ValueError(f"{name} must be a whole number, not {value!r}")
-    if not 0 <= number <= top:
-        raise ValueError(f"{name} {number} is outside [0, {top}]")
-    return number
 
 
 def _pack_or_drop(records: dict[Any, Any], spool: Any) -> list[tuple[bytes, int]]:
@@ -209,6 +199,7 @@ class Monitor:
             tags=list(tags),
         )
         self._run_body = run.model_dump(exclude_none=True)
+        checks.rank_in(self.rank, self.world_size)  # every record of this rank would be refused
 
         self._batch_groups = int(batch_groups)
         self._batch_interval = float(batch_interval_s)
@@ -220,6 +211,7 @@ class Monitor:
         self._queue_dropped = 0
         self._group_counters: dict[tuple[int, str, int], int] = {}
         self._warnings: dict[str, int] = {}  # warnings of each kind so far (`_warn`)
+        self._splits: set[str] = set()  # split names that passed `checks.split_name`
 
         self._commands: deque[Command] = deque()
         self._seen_commands: set[str] = set()
@@ -339,17 +331,14 @@ class Monitor:
         nested lists; ragged rows allowed). Without ``group_ids`` the groups are numbered by a
         counter per (step, split, rank) that continues across calls. Never blocks; when the queue
         is full the groups are dropped and counted."""
-        step = _count("step", step)
+        step, split, rank = self._where(step, split, rank)
         rows, p = capture(rewards, "rewards")
         if p == 0:
             return
-        rank = self.rank if rank is None else _count("rank", rank, MAX_RANK)
         ids = None
         start = 0
         if group_ids is not None:
-            ids = [str(g) for g in group_ids]
-            if len(ids) != p:
-                raise ValueError(f"{len(ids)} group_ids for {p} groups; send one id per group")
+            ids = checks.identifiers("group_id", group_ids, p)
         else:
             key = (int(step), split, rank)
             start = self._group_counters.get(key, 0)
@@ -362,10 +351,8 @@ class Monitor:
             masks, n_mask = capture(mask, "mask")
             if n_mask != p:
                 raise ValueError(f"mask has {n_mask} rows for {p} groups")
-        prompts = None if prompt_ids is None else [str(x) for x in prompt_ids]
-        if prompts is not None and len(prompts) != p:
-            raise ValueError(f"{len(prompts)} prompt_ids for {p} groups; send one per group")
-        item = ("g", int(step), split, rank, time.time(), p, rows, start, ids, masks, prompts)
+        prompts = None if prompt_ids is None else checks.identifiers("prompt_id", prompt_ids, p)
+        item = ("g", step, split, rank, time.time(), p, rows, start, ids, masks, prompts)
         if self.strict:  # unreadable rewards raise here, in the caller, not in the background
             self._encode_item(item)
         self._enqueue(item, p)
@@ -391,19 +378,25 @@ class Monitor:
         mitigation: Mapping[str, Any] | None = None,
     ) -> None:
         """Queue the trainer's own statistics after mitigation (feeds ``acr_effective``)."""
+        step, split, rank = self._where(step, split, rank)
+        top = checks.MAX_COUNT
         eff = {
-            "n_valid": _count("n_valid", n_valid),
-            "n_zero_advantage": _count("n_zero_advantage", n_zero_advantage),
-            "n_virtual": _count("n_virtual", n_virtual),
+            "n_valid": checks.count("n_valid", n_valid, top),
+            "n_zero_advantage": checks.count("n_zero_advantage", n_zero_advantage, top),
+            "n_virtual": checks.count("n_virtual", n_virtual, top),
         }
+        if eff["n_zero_advantage"] > eff["n_valid"]:
+            raise ValueError(
+                f"n_zero_advantage {eff['n_zero_advantage']} exceeds n_valid {eff['n_valid']}"
+            )
         if mitigation is not None:  # plain JSON, as the server stores it
-            mitigation = orjson.loads(orjson.dumps(dict(mitigation), default=str))
-        rank = self.rank if rank is None else _count("rank", rank, MAX_RANK)
-        item = ("e", _count("step", step), split, rank, time.time(), 0, eff, mitigation)
-        self._enqueue(item, 0)
+            mitigation = checks.mitigation_json(mitigation)
+        self._enqueue(("e", step, split, rank, time.time(), 0, eff, mitigation), 0)
 
     def log_scalars(self, step: int, scalars: Any, *args: Any, **kwargs: Any) -> None:
-        """Queue named numbers for ``step`` (loss, kl, ...). Bad input is logged and skipped."""
+        """Queue named numbers for ``step`` (loss, kl, ...). Bad input is logged and skipped
+        (raised when ``strict``): a scalar whose name the server would refuse is skipped alone,
+        a value that is no number when the sender reads it."""
         try:
             self._log_scalars(step, scalars, *args, **kwargs)
         except (TypeError, ValueError) as exc:
@@ -412,9 +405,28 @@ class Monitor:
     def _log_scalars(
         self, step: int, scalars: Mapping[str, Any], split: str = "train", rank: int | None = None
     ) -> None:
-        """Queue named numbers for ``step`` (loss, kl, ...); tensors are converted off-thread."""
-        rank = self.rank if rank is None else _count("rank", rank, MAX_RANK)
-        self._enqueue(("s", _count("step", step), split, rank, time.time(), 0, dict(scalars)), 0)
+        """Queue named numbers for ``step`` (loss, kl, ...); tensors are converted off-thread
+        (in the call when ``strict``, so that a value that is no number raises here)."""
+        step, split, rank = self._where(step, split, rank)
+        named = {}
+        for name, value in checks.scalars_map(scalars).items():
+            try:
+                text = checks.scalar_name(name)
+            except ValueError as exc:
+                self._reject(f"log_scalars(step={step}) scalar", exc)
+                continue
+            named[text] = checks.scalar_value(text, value) if self.strict else value
+        if named:
+            self._enqueue(("s", step, split, rank, time.time(), 0, named), 0)
+
+    def _where(self, step: Any, split: Any, rank: Any) -> tuple[int, str, int]:
+        """A call's (step, split, rank), checked as the server checks a record's."""
+        if self._closed:
+            raise ValueError("the monitor is closed: nothing logged after close() is sent")
+        if split not in self._splits:  # each split name is checked once
+            self._splits.add(checks.split_name(split))
+        rank = self.rank if rank is None else checks.rank_in(rank, self.world_size)
+        return checks.count("step", step), split, rank
 
     def poll_commands(self) -> list[Command]:
         """Commands received since the last poll, each once (de-duplicated by ``command_id``)."""
@@ -433,10 +445,17 @@ class Monitor:
     ) -> None:
         """Acknowledge a command: ``status`` is ``applied`` or ``rejected``, ``step`` the step at
         which it took effect. Delivered in the background (and kept in the spool until it is)."""
+        what = f"ack({command_id!r})"
+        if self._closed:
+            return self._reject(what, ValueError("the monitor is closed: nothing is sent after it"))
         if status not in ("applied", "rejected"):
             exc = ValueError(f"status must be 'applied' or 'rejected', not {status!r}")
-            return self._reject(f"ack({command_id!r})", exc)
-        body: dict[str, Any] = {"status": status, "step": None if step is None else int(step)}
+            return self._reject(what, exc)
+        try:
+            step = None if step is None else checks.count("step", step)
+        except (TypeError, ValueError) as exc:
+            return self._reject(what, exc)
+        body: dict[str, Any] = {"status": status, "step": step}
         if detail is not None:
             body["detail"] = str(detail)[:2000]
         self._pending_acks.append((str(command_id), body))
@@ -616,6 +635,15 @@ class Monitor:
             else:
                 scalars = header.setdefault("scalars", {})
                 for name, value in item[6].items():
+                    if name not in scalars and len(scalars) >= MAX_SCALARS_PER_RECORD:
+                        self._warn(
+                            "scalars:limit",
+                            "vantage: step %s: more than %d scalar names; skipped %r",
+                            step,
+                            MAX_SCALARS_PER_RECORD,
+                            name,
+                        )
+                        continue
                     try:
                         # NaN and ±Infinity as strings: orjson would write them as null
                         scalars[str(name)] = storable_scalar(float(value))

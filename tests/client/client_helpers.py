@@ -9,13 +9,22 @@ script of test_trl_integration) import it by name whatever other conftest pytest
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from tests.serving import ServerProcess, free_port, start_server
 
-__all__ = ["Server", "free_port"]
+__all__ = ["Server", "free_port", "queue_refused_record"]
+
+
+def queue_refused_record(mon: Any, step: int) -> None:
+    """Queue a record for ``step`` that the server refuses (422), past the checks of the log_*
+    calls, which catch all that this version of the server refuses: a stand-in for what a newer,
+    stricter server may refuse."""
+    mon._enqueue(("s", step, "not a split", 0, time.time(), 0, {"loss": 1.0}), 0)
 
 
 def _new_postgres_database() -> tuple[str, object]:

@@ -1,9 +1,12 @@
 """A log_groups call whose rewards are not numbers costs only its own groups (found by a
-fresh-user trial: it used to lose every step batched with it)."""
+fresh-user trial: it used to lose every step batched with it); so does any value of a log_* call
+that the server would refuse, as the server refuses a whole record (one rank's step)."""
 
 from __future__ import annotations
 
 import httpx
+import pytest
+from client_helpers import queue_refused_record
 from vantage.client import Monitor
 
 from tests.conftest import start_server
@@ -39,10 +42,79 @@ def test_a_dead_letter_reaches_the_server_before_finish(tmp_path):
     srv = start_server(f"sqlite:///{tmp_path}/d.db", tmp_path, "--insecure-no-auth")
     try:
         mon = Monitor(srv.url, None, run_name="dead", spool_dir=str(tmp_path / "spool"))
-        mon.log_groups(1, [[1, 0]], group_ids=["x" * 200])  # the server refuses ids over 128
+        queue_refused_record(mon, 1)
         mon.close(timeout=20)
         assert mon.dead_letter_batches == 1
         run = httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}").json()
         assert run["client"]["dead_letter_batches"] == 1 and run["status"] == "finished"
     finally:
         srv.stop()
+
+
+def _bad_calls(mon: Monitor) -> None:
+    """One call per value the server refuses in a record, all at step 5 (found by a trial)."""
+    mon.log_scalars(5, {"n" * 200: 1.0})
+    mon.log_scalars(5, {"": 1.0})
+    mon.log_groups(5, [[1, 0]], prompt_ids=["p" * 200])
+    mon.log_groups(5, [[1, 0]], group_ids=["g\x00"])
+    mon.log_groups(5, [[1, 0]], split="é")
+    mon.log_groups(5, [[1, 0]], rank=3)  # world_size is 1
+    mon.log_effective(5, n_valid=1, n_zero_advantage=2)
+    mon.log_effective(5, n_valid=2**40, n_zero_advantage=0)
+    mon.log_effective(5, n_valid=1, n_zero_advantage=0, mitigation={"mode": "avspo", "k": 2**70})
+
+
+def test_values_the_server_would_refuse_cost_only_their_call(tmp_path):
+    srv = start_server(f"sqlite:///{tmp_path}/v.db", tmp_path, "--insecure-no-auth")
+    try:
+        mon = Monitor(srv.url, None, run_name="bad-values", spool_dir=str(tmp_path / "spool"))
+        for step in range(8):
+            mon.log_groups(step, [[1, 1, 1, 1], [0, 1, 0, 1]])
+            mon.log_scalars(step, {"loss": 1.0, "kl": 0.5} if step != 5 else {"loss": 1.0})
+        _bad_calls(mon)
+        mon.log_scalars(5, {"kl": 0.5, "x" * 129: 2.0})  # the bad name alone is skipped
+        mon.close(timeout=20)
+        assert mon.dead_letter_batches == 0
+        assert mon.stats["rejected_calls"] == 10
+        points = httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}/metrics").json()["points"]
+        assert [p["step"] for p in points] == list(range(8))
+        for p in points:
+            assert p["n_groups"] == 2 and p["acr"] == 0.5
+            assert p["scalars"] == {"loss": 1.0, "kl": 0.5} and p["acr_effective"] is None
+    finally:
+        srv.stop()
+
+
+def test_strict_raises_each_in_the_call_and_after_close(tmp_path):
+    mon = Monitor(None, run_name="strict", spool_dir=str(tmp_path / "spool"), strict=True)
+    calls = [
+        lambda: mon.log_scalars(5, {"n" * 200: 1.0}),
+        lambda: mon.log_scalars(5, {"": 1.0}),
+        lambda: mon.log_scalars(0, {"x": "str"}),
+        lambda: mon.log_scalars(0, {"x": object()}),
+        lambda: mon.log_groups(5, [[1, 0]], prompt_ids=["p" * 200]),
+        lambda: mon.log_groups(5, [[1, 0]], split="é"),
+        lambda: mon.log_groups(5, [[1, 0]], rank=1),
+        lambda: mon.log_effective(5, n_valid=1, n_zero_advantage=2),
+    ]
+    for call in calls:
+        with pytest.raises((TypeError, ValueError)):
+            call()
+    mon.log_groups(1, [[1, 0]], split="eval.gsm8k", prompt_ids=["p" * 128])
+    mon.close(timeout=1)
+    for call in (
+        lambda: mon.log_groups(2, [[1, 0]]),
+        lambda: mon.log_scalars(2, {"loss": 1.0}),
+        lambda: mon.ack("c", "applied", 2),
+    ):
+        with pytest.raises(ValueError, match="closed"):
+            call()
+
+
+def test_logging_after_close_is_said_not_silent(tmp_path, caplog):
+    mon = Monitor(None, run_name="late", spool_dir=str(tmp_path / "spool"))
+    mon.close(timeout=1)
+    mon.log_groups(1, [[1, 0]])
+    mon.log_effective(1, n_valid=1, n_zero_advantage=0)
+    assert mon.stats["rejected_calls"] == 2
+    assert "the monitor is closed" in caplog.text

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import httpx
-from client_helpers import Server, free_port
+from client_helpers import Server, free_port, queue_refused_record
 from vantage.client import Monitor
 from vantage.client.spool import SPOOL_SUFFIX, Spool, sync
 
@@ -226,7 +226,7 @@ def test_refused_batch_goes_to_dead_letter_training_unaffected(server: Server, t
     mon = monitor(server.url, tmp_path, batch_interval_s=0.5)
     for step in range(10):
         if step == 4:
-            mon.log_groups(step, [[1.0, 0.0]], group_ids=["x" * 200])  # > 128 characters: 422
+            queue_refused_record(mon, step)
         else:
             mon.log_groups(step, step_rewards(step))
     assert mon.flush(timeout=20)
@@ -307,7 +307,7 @@ def test_second_launch_is_a_new_attempt_that_supersedes(server: Server, tmp_path
     assert [p["attempt"] for p in points] == [1] * 10 + [2] * 10
     assert [p["acr"] for p in points] == [0.5] * 10 + [0.0] * 10
     # a rank of the second launch that starts later joins the same attempt
-    late = monitor(server.url, tmp_path, run_id=first.run_id, launch_id="L2", rank=1)
+    late = monitor(server.url, tmp_path, run_id=first.run_id, launch_id="L2", rank=1, world_size=2)
     assert late.flush(20) and late.attempt == 2
     late.close(timeout=10, status=None)
 

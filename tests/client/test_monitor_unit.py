@@ -89,7 +89,7 @@ def test_later_edits_of_the_input_do_not_change_what_is_sent(tmp_path: Path):
 
 
 def test_ids_counters_are_per_step_split_and_rank(tmp_path: Path):
-    mon = offline(tmp_path)
+    mon = offline(tmp_path, world_size=2)
     mon.log_groups(3, [[1, 0]])
     mon.log_groups(3, [[1, 0]], split="eval")
     mon.log_groups(3, [[1, 0]], rank=1)

@@ -1,0 +1,112 @@
+"""What one ``Monitor.log_*`` call sends, checked in the call against the server's rules
+(``schema.py``, DESIGN.md §3-§4).
+
+The server validates a whole record (one rank's (step, split)) at once, and refuses it whole. A
+client batches several calls into one record, so a single bad value that only the server caught
+(a 200-character scalar name, say) cost every other call of that step. Each check here raises
+ValueError or TypeError naming the value, so that the call alone is skipped (or raised, with
+``strict``). They run on the training thread: each is a few string or integer tests.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from .schema import MAX_SCALARS_PER_RECORD, check_storable
+
+MAX_STEP = 2**62  # the server's limit on a step (DESIGN.md §4)
+MAX_RANK = 65_535
+MAX_COUNT = 2**31 - 1  # effective statistics of one rank's step
+MAX_ID_CHARS = 128  # group_id and prompt_id (DESIGN.md §3)
+MAX_SCALAR_NAME_CHARS = 128
+_SPLIT = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def count(name: str, value: Any, top: int = MAX_STEP) -> int:
+    """A step, rank or count as the server takes it: an integer in [0, top]."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, not a bool")
+    number = int(value)
+    if number != value and not isinstance(value, str):
+        raise ValueError(f"{name} must be a whole number, not {value!r}")
+    if not 0 <= number <= top:
+        raise ValueError(f"{name} {number} is outside [0, {top}]")
+    return number
+
+
+def rank_in(value: Any, world_size: int) -> int:
+    """A rank below ``world_size`` (the server refuses a record from rank ≥ world_size)."""
+    rank = count("rank", value, MAX_RANK)
+    if rank >= world_size:
+        raise ValueError(f"rank {rank} is outside world_size {world_size} (0 to {world_size - 1})")
+    return rank
+
+
+def split_name(value: Any) -> str:
+    """A split: 1 to 64 letters, digits, '_', '.' or '-' (``train``, ``eval``, ``eval.gsm8k``)."""
+    if not isinstance(value, str) or not _SPLIT.fullmatch(value):
+        raise ValueError(
+            f"split {value!r} is not a split name: 1 to 64 letters, digits, '_', '.' or '-'"
+        )
+    return value
+
+
+def _text(kind: str, text: str, limit: int, least: int = 1) -> str:
+    if not least <= len(text) <= limit:
+        allowed = f"{least} to {limit}" if least else f"at most {limit}"
+        raise ValueError(f"{kind} {text[:40]!r} has {len(text)} characters; {allowed} are allowed")
+    if "\x00" in text:
+        raise ValueError(f"{kind} {text[:40]!r} contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{kind} {text[:40]!r} contains a lone surrogate") from None
+    return text
+
+
+def identifiers(kind: str, values: Iterable[Any], p: int) -> list[str]:
+    """One group_id or prompt_id per group, as text of at most 128 characters (numbers are
+    converted); ValueError naming the first bad one, or a wrong count."""
+    ids = [str(v) for v in values]
+    if len(ids) != p:
+        raise ValueError(f"{len(ids)} {kind}s for {p} groups; send one per group")
+    for i, text in enumerate(ids):
+        if len(text) > MAX_ID_CHARS or not text.isprintable():  # the common case: neither
+            _text(f"{kind}s[{i}]", text, MAX_ID_CHARS, least=0)
+    return ids
+
+
+def scalar_name(name: Any) -> str:
+    """A scalar's name as sent: its text, 1 to 128 characters."""
+    return _text("scalar name", str(name), MAX_SCALAR_NAME_CHARS)
+
+
+def scalar_value(name: str, value: Any) -> float:
+    """A scalar's value as a float (a tensor is read, so only ``strict`` calls this in the
+    call); TypeError naming the scalar when it is no number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"scalar {name!r} is {value!r}, not a number") from None
+
+
+def scalars_map(scalars: Any) -> dict[Any, Any]:
+    """The call's scalars as a fresh dict; at most MAX_SCALARS_PER_RECORD of them."""
+    if not isinstance(scalars, Mapping):
+        kind = type(scalars).__name__
+        raise TypeError(f"scalars must be a mapping of name to number, not {kind}")
+    if len(scalars) > MAX_SCALARS_PER_RECORD:
+        limit = MAX_SCALARS_PER_RECORD
+        raise ValueError(f"{len(scalars):,} scalars in one call; at most {limit:,}")
+    return dict(scalars)
+
+
+def mitigation_json(mitigation: Mapping[str, Any]) -> dict[str, Any]:
+    """The mitigation in effect as the server stores it: plain JSON (other values become
+    their text), integers within 64 bits, at most 32 levels, no NUL."""
+    plain = orjson.loads(orjson.dumps(dict(mitigation), default=str))
+    return check_storable(plain)

@@ -98,6 +98,17 @@ def expire_commands(session: Session, run_id: str | None = None) -> None:
     session.execute(stmt)
 
 
+def end_commands(session: Session, run_id: str, status: str) -> None:
+    """The run has finished or failed (``status``): its open commands expire now, as no trainer
+    will read them (a relaunch gets only the commands issued after it). A late ack is still
+    recorded (`ack_command`)."""
+    session.execute(
+        update(Command)
+        .where(Command.run_id == run_id, Command.status.in_(OPEN_STATES))
+        .values(status="expired", detail=f"the run {status} before the trainer applied it")
+    )
+
+
 def deliver_commands(session: Session, run_id: str) -> list[dict[str, Any]]:
     """The run's open commands, oldest first; pending ones become delivered (caller commits).
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Response
 from sqlalchemy.exc import IntegrityError
 from vantage.client.schema import Finish, Heartbeat, RunCreate, RunPatch
 
-from ..commands import deliver_commands
+from ..commands import ENDED_STATES, deliver_commands, end_commands
 from ..deps import AdminKey, ControlKey, IngestKey, ReadKey, SessionDep, SettingsDep, load_run
 from ..ingest import forget_run
 from ..locks import run_lock
@@ -107,9 +107,19 @@ def heartbeat(run_id: str, body: Heartbeat, key: IngestKey, session: SessionDep)
 
 @router.post("/{run_id}/finish")
 def finish(run_id: str, body: Finish, key: IngestKey, session: SessionDep) -> dict:
+    """Mark the run finished or failed; its open commands expire. The same status again
+    answers the run as it is (a retry); the other status is a 409, as a run ends once (a
+    relaunch makes it running again)."""
     run = load_run(session, run_id, key)
+    if run.status in ENDED_STATES:
+        if run.status != body.status:
+            raise HTTPException(
+                409, f"run {run_id} has already {run.status}; a run ends once (relaunch it)"
+            )
+        return get_run(session, run_id) or {}
     run.status = body.status
     run.finished_at = utcnow()
+    end_commands(session, run_id, body.status)
     session.commit()
     return get_run(session, run_id) or {}
 

@@ -490,6 +490,9 @@ def _advance(
             _fire(ctx, rule, st, ep, step, value)
         return
     ep.value, ep.updated_at = value, ctx.now  # firing
+    last = st.last_mitigation_step
+    if cond and (last is None or last < (ep.fired_step or 0)):  # not issued in this episode yet
+        _mitigate(ctx, rule, st, ep, step, f"alert {rule.name} firing since step {ep.fired_step}")
     if not past_clear(rule, value):
         st.clear_streak = 0
         return
@@ -518,24 +521,39 @@ def _fire(
         ep.notified = _notify(ctx, rule, ep, "firing", step, value)
         if ep.notified and step is not None:
             st.notified_through = step
-    if rule.mitigation and ctx.run.mitigation_mode == "auto" and step is not None:
-        last, cooldown = st.last_mitigation_step, rule.cooldown_steps or 0
-        mit = rule.mitigation
-        due = last is None or cooldown == 0 or abs(step - last) >= cooldown
-        if due and not _in_effect(ctx.session, ctx.run.id, mit):
-            create_command(
-                ctx.session,
-                ctx.run.id,
-                mit["type"],
-                mit.get("params") or {},
-                reason=f"alert {rule.name} fired at step {step}: {rule.metric} = "
-                f"{value:.4g} ({rule.op} {rule.threshold:g})",
-                issued_by=f"alert:{rule.name}",
-                alert_id=ep.id,
-                ttl_s=ctx.settings.command_ttl_s,
-            )
-            st.last_mitigation_step = step
-            ctx.issued = True
+    _mitigate(ctx, rule, st, ep, step, f"alert {rule.name} fired at step {step}")
+
+
+def _mitigate(
+    ctx: _Context, rule: RuleRow, st: RuleState, ep: AlertEpisode, step: int | None, why: str
+) -> None:
+    """Issue the rule's mitigation for a firing episode (DESIGN.md §6): when the run's mode is
+    auto, at most once per cooldown_steps (counted from the step it was issued or found
+    already asked for), and not while the run already asks for it (`_in_effect`). Called when
+    the alert fires and, until the episode has done so, at each later step whose value meets
+    the condition: an alert that fired in `suggest` mode, or within a cooldown, acts once the
+    run is switched to `auto` or the cooldown ends (found by a fresh-user trial)."""
+    if not rule.mitigation or ctx.run.mitigation_mode != "auto" or step is None:
+        return
+    last, cooldown = st.last_mitigation_step, rule.cooldown_steps or 0
+    mit = rule.mitigation
+    if not (last is None or cooldown == 0 or abs(step - last) >= cooldown):
+        return
+    # Already asked for: this episode's mitigation is done, so a user who then turns it off by
+    # hand is not overruled while the alert keeps firing (the next episode issues it again).
+    st.last_mitigation_step = step
+    if not _in_effect(ctx.session, ctx.run.id, mit):
+        create_command(
+            ctx.session,
+            ctx.run.id,
+            mit["type"],
+            mit.get("params") or {},
+            reason=f"{why}: {rule.metric} = {ep.value:.4g} ({rule.op} {rule.threshold:g})",
+            issued_by=f"alert:{rule.name}",
+            alert_id=ep.id,
+            ttl_s=ctx.settings.command_ttl_s,
+        )
+        ctx.issued = True
 
 
 # Command types a rule never repeats while the run's newest one of the type, in these states,

@@ -712,3 +712,28 @@ def test_window_metrics_after_a_resume_replays_an_earlier_step(api, late):
         assert pooled_value() == pytest.approx(4 / 20)
         post_steps(api, resumed, [{"step": 6, "groups": LIVE}])
         assert pooled_value() == pytest.approx(4 / 24)
+
+
+def test_switching_to_auto_acts_on_an_alert_already_firing(api):
+    """A rule that fired in suggest mode issues its mitigation at the next step that meets its
+    condition once the run is switched to auto, once per episode: a user who turns it off by
+    hand is not overruled while the alert keeps firing (found by a fresh-user trial)."""
+    run = new_run(api)
+    rid = run["run_id"]
+    api.patch(f"/api/v1/runs/{rid}", json={"mitigation_mode": "suggest"}).raise_for_status()
+    avspo = {"type": "set_mitigation", "params": {"mode": "avspo"}}
+    make_rule(api, name="late-auto", run_id=rid, metric="acr", op=">=", threshold=0.9,
+              mitigation=avspo)  # fmt: skip
+    flap(api, run, "CC")
+    assert api.get(f"/api/v1/runs/{rid}/commands").json()["commands"] == []
+    api.patch(f"/api/v1/runs/{rid}", json={"mitigation_mode": "auto"}).raise_for_status()
+    answer = post_steps(api, run, [{"step": 3, "groups": ALL_FAIL}])
+    (cmd,) = answer["commands"]
+    assert cmd["params"] == {"mode": "avspo"} and "firing since step 1" in cmd["reason"]
+    none = {"type": "set_mitigation", "params": {"mode": "none"}, "reason": "by hand"}
+    assert api.post(f"/api/v1/runs/{rid}/commands", json=none).status_code == 201
+    post_steps(api, run, [{"step": 4, "groups": ALL_FAIL}])
+    log = api.get(f"/api/v1/runs/{rid}/commands").json()["commands"]
+    assert [c["params"]["mode"] for c in log] == ["none", "avspo"]
+    (ep,) = alerts_of(api, rid, "late-auto")
+    assert ep["state"] == "firing" and ep["fired_step"] == 1

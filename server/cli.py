@@ -35,14 +35,20 @@ def _needs(extra: str, modules: Sequence[str]) -> None:
 SERVER_MODULES = ("fastapi", "uvicorn", "sqlalchemy", "alembic", "pydantic_settings")
 
 
-def _settings(args: argparse.Namespace, **overrides: Any):  # noqa: ANN202
+def settings_or_exit(args: argparse.Namespace, **overrides: Any):  # noqa: ANN202
+    """The server's settings (environment, then ``--database-url`` and ``overrides``); a bad
+    value exits 2 with one line naming its variable."""
     _needs("server", SERVER_MODULES)
-    from .settings import Settings
+    from .settings import SettingsError, load_settings
 
     values = {k: v for k, v in overrides.items() if v is not None}
     if getattr(args, "database_url", None):
         values["database_url"] = args.database_url
-    return Settings(**values)
+    try:
+        return load_settings(**values)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -82,7 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    settings = _settings(args, auth_enabled=False if args.insecure_no_auth else None)
+    settings = settings_or_exit(args, auth_enabled=False if args.insecure_no_auth else None)
     import uvicorn
 
     from .main import create_app
@@ -135,7 +141,7 @@ def _shared_counters() -> Iterator[None]:
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = settings_or_exit(args)
     if not upgrade_or_explain(settings.database_url):
         return 1
     print("database is at the newest schema", file=sys.stderr)
@@ -167,7 +173,7 @@ def _session(args: argparse.Namespace, create: bool = False):  # noqa: ANN202
     """A session on the command's database, at the newest schema. A database without Vantage's
     schema (a typo in the URL, say) exits 1 unless ``create``, which makes it and says so; a
     database that cannot be used exits 1 with the reason in one line."""
-    url = _settings(args).database_url
+    url = settings_or_exit(args).database_url
     from .db import make_engine, safe_url, session_factory
 
     try:

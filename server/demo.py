@@ -171,11 +171,10 @@ def _train(
 
 def run_demo(args: argparse.Namespace) -> int:
     """The `vantage demo` command; returns the exit status."""
-    from .cli import bind_problem, free_port, upgrade_or_explain
+    from .cli import bind_problem, free_port, settings_or_exit, upgrade_or_explain
     from .db import safe_url
-    from .settings import Settings
 
-    database_url = args.database_url or Settings().database_url
+    database_url = settings_or_exit(args).database_url
     free = args.port and bind_problem("127.0.0.1", args.port) is None
     port = args.port if free else free_port()
     base = f"http://127.0.0.1:{port}"

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from platformdirs import user_data_dir
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -15,6 +15,10 @@ def default_database_url() -> str:
     folder = Path(user_data_dir("vantage", appauthor=False))
     folder.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{folder / 'vantage.db'}"
+
+
+# A duration: a positive number of seconds (0 or less would spin a loop or expire at once).
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class Settings(BaseSettings):
@@ -29,24 +33,41 @@ class Settings(BaseSettings):
     metrics_token: str | None = None
     default_mitigation_mode: Literal["off", "suggest", "auto"] = "auto"
     webhook_allow: str | None = None
-    command_ttl_s: float = 3600.0
-    dashboard_refresh_s: float = 2.0
+    command_ttl_s: Seconds = 3600.0
+    dashboard_refresh_s: Seconds = 2.0
     # A step is evaluated once all ranks reported, a later step arrives, or this long after its
     # first record (DESIGN.md §6).
-    step_complete_after_s: float = 30.0
-    periodic_pass_s: float = 5.0
+    step_complete_after_s: Seconds = 30.0
+    periodic_pass_s: Seconds = 5.0
     # Webhooks (DESIGN.md §6): per-request timeout, retry backoff cap, at most one message per
     # URL per webhook_min_interval_s, and how often a replica looks for others' messages.
-    webhook_timeout_s: float = 5.0
-    webhook_max_backoff_s: float = 10.0
-    webhook_min_interval_s: float = 1.0
+    webhook_timeout_s: Seconds = 5.0
+    webhook_max_backoff_s: Seconds = 10.0
+    webhook_min_interval_s: Seconds = 1.0
     # A message still failing after this long is given up, so that the later messages to its
     # URL (delivered in order) are not held behind it; a 4xx other than 408/429 is given up at
     # once (the target will not take it).
-    webhook_give_up_s: float = 3600.0
-    outbox_poll_s: float = 0.25
+    webhook_give_up_s: Seconds = 3600.0
+    outbox_poll_s: Seconds = 0.25
     # Run the periodic alert pass and the outbox sender in this process.
     alert_worker: bool = True
     # `vantage serve` processes sharing the port (`--workers` overrides); on PostgreSQL more
     # than one uses more cores. Each runs its own alert pass and outbox sender.
     workers: int = Field(default=1, ge=1, le=64)
+
+
+class SettingsError(ValueError):
+    """A VANTAGE_* variable (or a command-line value) the server cannot use: one line each."""
+
+
+def load_settings(**values: object) -> Settings:
+    """`Settings` from the environment and ``values``; SettingsError naming each bad variable
+    instead of pydantic's ValidationError (whose traceback is what a CLI user would see)."""
+    try:
+        return Settings(**values)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        lines = [
+            f"VANTAGE_{'_'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}"
+            for e in exc.errors()
+        ]
+        raise SettingsError("; ".join(lines)) from None

@@ -124,6 +124,24 @@ def test_insecure_no_auth_refuses_public_host():
     assert proc.returncode == 2 and "loopback" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("VANTAGE_DEFAULT_MITIGATION_MODE", "bogus", "'off', 'suggest' or 'auto'"),
+        ("VANTAGE_WEBHOOK_GIVE_UP_S", "-5", "greater than 0"),
+        ("VANTAGE_DASHBOARD_REFRESH_S", "0", "greater than 0"),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_the_variable(tmp_path, variable, value, says):
+    """Found by a fresh-user trial: a bad VANTAGE_* value printed pydantic's traceback, and
+    durations of 0 or less were taken."""
+    url = f"sqlite:///{tmp_path}/b.db"
+    for command in (["serve", "--port", "0"], ["db", "upgrade"]):
+        proc = run_cli(*command, "--database-url", url, env={variable: value}, check=False)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip() == f"error: {variable}='{value}': Input should be {says}"
+
+
 def test_serve_stops_on_sigterm_within_10s(tmp_path):
     srv = start_server(f"sqlite:///{tmp_path}/s.db", tmp_path, "--insecure-no-auth")
     t0 = time.monotonic()

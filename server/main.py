@@ -10,6 +10,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -163,7 +164,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             worker.stop()
         engine.dispose()
 
-    app = FastAPI(
+    # FastAPIOffline: a FastAPI whose /docs and /redoc load Swagger UI and ReDoc from files
+    # bundled with it, not from a CDN, so that they work on a cluster without internet.
+    app = FastAPIOffline(
+        static_url="/docs-assets",
         title="Vantage",
         version="0.1.0",
         lifespan=lifespan,

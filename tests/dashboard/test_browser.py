@@ -207,3 +207,18 @@ def test_prompts_tab_lists_prompts_that_keep_collapsing(control_page, server):
     page.wait_for_function(
         "document.querySelector('#prompts-csv').getAttribute('href').endsWith('side=all_fail')"
     )
+
+
+def test_api_docs_render_without_internet(browser, server):
+    """/docs renders the API with its field descriptions from files the server ships (this
+    machine's Chromium reaches no CDN; found by a fresh-user trial)."""
+    page = browser.new_page()
+    try:
+        page.goto(server.url + "/docs")
+        page.wait_for_selector(".opblock", timeout=20_000)
+        assert page.locator(".opblock-summary-path", has_text="/api/v1/runs/{run_id}/steps").count()
+        record = page.locator("section.models article", has_text="StepRecord").first
+        record.locator(".json-schema-2020-12-expand-deep-button").first.click()  # "Expand all"
+        record.get_by_text("Trainer scalars by name").wait_for()
+    finally:
+        page.close()

@@ -349,7 +349,8 @@ class StepRecord(GroupsForm):
     """Ranks that report this step (default: the run's); a step is evaluated for alerts once all
     have."""
     time: float | None = None
-    """Unix time in seconds (0 to 1e11); default: when the server received it."""
+    """Unix time in seconds (0 to 1e11) when the rank produced the data; a point without it has
+    time null."""
     effective: Effective | None = None
     """The trainer's statistics after mitigation (acr_effective)."""
     scalars: Scalars | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import socket
 import time
 import uuid
@@ -26,6 +27,21 @@ def test_health_and_readiness(server):
         assert c.get("/healthz").json() == {"status": "ok"}
         assert c.get("/readyz").status_code == 200
         assert c.get("/openapi.json").status_code == 200
+
+
+def test_docs_pages_load_their_scripts_from_the_server_not_a_cdn(server):
+    """/docs and /redoc work without internet (found by a fresh-user trial: Swagger UI came
+    from cdn.jsdelivr.net, so the page stayed blank on an air-gapped cluster)."""
+    with server.client(None) as c:
+        for page in ("/docs", "/redoc"):
+            html = c.get(page).text
+            assets = re.findall(r'(?:src|href)="([^"]+)"', html) + re.findall(
+                r"url: '([^']+)'", html
+            )
+            assert assets and not [a for a in assets if a.startswith(("http:", "https:", "//"))]
+            for path in assets:
+                r = c.get(path)
+                assert r.status_code == 200 and len(r.content) > 1000, (page, path)
 
 
 DOCUMENTED_BODIES = (
@@ -512,6 +528,27 @@ def test_a_finished_run_refuses_commands_until_it_is_relaunched(api):
     relaunch = new_run(api, run_id=rid, launch_id="second")
     assert relaunch["attempt"] == 2 and relaunch["status"] == "running"
     assert api.post(f"/api/v1/runs/{rid}/commands", json=stop).status_code == 201
+
+
+def test_finishing_expires_open_commands_and_a_run_ends_once(api):
+    """Commands still open when the run finishes expire (no trainer reads them; a heartbeat got
+    them back before) and a second finish with the other status is refused (found by a trial)."""
+    rid = new_run(api)["run_id"]
+    cmd = api.post(f"/api/v1/runs/{rid}/commands", json={"type": "checkpoint", "params": {}})
+    command_id = cmd.json()["command_id"]
+    api.post(f"/api/v1/runs/{rid}/finish", json={"status": "finished"}).raise_for_status()
+    beat = api.post(f"/api/v1/runs/{rid}/heartbeat", json={"attempt": 1})
+    assert beat.json()["commands"] == []
+    (logged,) = api.get(f"/api/v1/runs/{rid}/commands").json()["commands"]
+    assert logged["status"] == "expired" and "finished before" in logged["detail"]
+    again = api.post(f"/api/v1/runs/{rid}/finish", json={"status": "finished"})
+    assert again.status_code == 200 and again.json()["status"] == "finished"
+    other = api.post(f"/api/v1/runs/{rid}/finish", json={"status": "failed"})
+    assert other.status_code == 409 and "already finished" in other.text
+    assert api.get(f"/api/v1/runs/{rid}").json()["status"] == "finished"
+    late = {"status": "applied", "step": 3}  # a trainer's late ack is still recorded
+    acked = api.post(f"/api/v1/runs/{rid}/commands/{command_id}/ack", json=late)
+    assert acked.json()["status"] == "applied"
 
 
 def test_run_settings_finish_and_delete(api):

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from .schema import MAX_SCALARS_PER_RECORD, check_storable
+from .schema import MAX_SCALARS_PER_RECORD, check_storable, non_finite_as_text
 
 MAX_STEP = 2**62  # the server's limit on a step (DESIGN.md §4)
 MAX_RANK = 65_535
@@ -107,6 +107,7 @@ def scalars_map(scalars: Any) -> dict[Any, Any]:
 
 def mitigation_json(mitigation: Mapping[str, Any]) -> dict[str, Any]:
     """The mitigation in effect as the server stores it: plain JSON (other values become
-    their text), integers within 64 bits, at most 32 levels, no NUL."""
-    plain = orjson.loads(orjson.dumps(dict(mitigation), default=str))
+    their text; non-finite numbers their strings), integers within 64 bits, at most 32 levels,
+    no NUL."""
+    plain = orjson.loads(orjson.dumps(non_finite_as_text(dict(mitigation)), default=str))
     return check_storable(plain)

@@ -43,6 +43,7 @@ from .schema import (
     MAX_GROUPS_PER_REQUEST,
     MAX_SCALARS_PER_RECORD,
     RunCreate,
+    non_finite_as_text,
     storable_scalar,
 )
 from .sender import (
@@ -182,7 +183,11 @@ class Monitor:
         self.heartbeat_s = float(heartbeat_s)
         # Plain JSON only: whatever the user put in config is stringified rather than refused.
         config_json = orjson.loads(
-            orjson.dumps(dict(config or {}), default=str, option=orjson.OPT_NON_STR_KEYS)
+            orjson.dumps(
+                non_finite_as_text(dict(config or {})),
+                default=str,
+                option=orjson.OPT_NON_STR_KEYS,
+            )
         )
         run = RunCreate(
             run_id=self.run_id,

@@ -545,8 +545,22 @@ def check_storable(value: Any, depth: int = 0) -> Any:
     return value
 
 
+def non_finite_as_text(value: Any) -> Any:
+    """Free-form JSON with each non-finite float as its string ("NaN", "Infinity",
+    "-Infinity"), as `storable_scalar` keeps scalars: JSON, and so the database, has no such
+    numbers, and null would lose which it was. Dicts, lists and tuples are walked (a tuple
+    becomes a list); anything else is returned as it is."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else storable_scalar(value)
+    if isinstance(value, dict):
+        return {k: non_finite_as_text(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [non_finite_as_text(v) for v in value]
+    return value
+
+
 def _storable_json(value: Any) -> Any:
-    return value if value is None else check_storable(value)
+    return value if value is None else check_storable(non_finite_as_text(value))
 
 
 StorableJSON = Annotated[dict[str, Any] | None, AfterValidator(_storable_json)]

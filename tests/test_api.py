@@ -88,6 +88,22 @@ def test_design_examples_through_http(api):
     assert s6["expected_acr"] == pytest.approx(0.58) and s6["excess_acr"] == pytest.approx(0.22)
 
 
+def test_non_finite_numbers_in_a_config_or_mitigation_are_kept_as_their_strings(api):
+    """As scalars are (found by a fresh-user trial: a config's NaN came back null)."""
+    body = '{"name": "cfg", "config": {"lr": NaN, "clip": [Infinity, -Infinity], "ok": 0.5}}'
+    r = api.post("/api/v1/runs", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 201, r.text
+    run = r.json()
+    assert run["config"] == {"lr": "NaN", "clip": ["Infinity", "-Infinity"], "ok": 0.5}
+    record = '{"step": 1, "groups": [[0, 1]], "mitigation": {"mode": "avspo", "tau": NaN}}'
+    batch = '{"attempt": 1, "records": [' + record + "]}"
+    headers = {"Content-Type": "application/json"}
+    rid = run["run_id"]
+    assert api.post(f"/api/v1/runs/{rid}/steps", content=batch, headers=headers).is_success
+    reported = api.get(f"/api/v1/runs/{rid}").json()["mitigation_reported"]
+    assert reported == {"mode": "avspo", "tau": "NaN"}
+
+
 def test_non_finite_tokens_are_accepted_and_classed_invalid(api):
     run = new_run(api)
     body = (

@@ -118,3 +118,17 @@ def test_logging_after_close_is_said_not_silent(tmp_path, caplog):
     mon.log_effective(1, n_valid=1, n_zero_advantage=0)
     assert mon.stats["rejected_calls"] == 2
     assert "the monitor is closed" in caplog.text
+
+
+def test_a_config_nan_reaches_the_server_as_its_string(tmp_path):
+    srv = start_server(f"sqlite:///{tmp_path}/c.db", tmp_path, "--insecure-no-auth")
+    try:
+        config = {"lr": float("nan"), "betas": (0.9, float("inf")), "name": "x"}
+        mon = Monitor(srv.url, None, config=config, spool_dir=str(tmp_path / "spool"))
+        mon.log_effective(0, n_valid=1, n_zero_advantage=0, mitigation={"tau": float("-inf")})
+        mon.close(timeout=20)
+        run = httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}").json()
+        assert run["config"] == {"lr": "NaN", "betas": [0.9, "Infinity"], "name": "x"}
+        assert run["mitigation_reported"] == {"tau": "-Infinity"}
+    finally:
+        srv.stop()

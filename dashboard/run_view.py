@@ -48,34 +48,26 @@ def header(run: dict) -> list:
 
 
 def suggestions(run: dict, alerts: list[dict], state: dict) -> list[dict]:
-    """Mitigations to offer for one click: those of firing alerts whose rule carries one (the
-    run's mode is 'suggest'), else AVSPO when the run looks stalled (ACR above 0.35 for more
-    than 50 steps), has none requested and its mode is not 'off'. None once the run has
-    finished or failed."""
+    """Mitigations to offer for one click: those the server offers with firing alerts (a rule's
+    command on a run in 'suggest' mode that does not already ask for it), else AVSPO when the
+    run looks stalled (ACR above 0.35 for more than 50 steps), has none requested and its mode
+    is not 'off'. None once the run has finished or failed."""
     if components.run_ended(run):  # no trainer reads commands any more
         return []
     requested = run.get("mitigation_requested") or {}
     requested_mode = requested.get("mode") if isinstance(requested, dict) else requested
-
-    def wanted(kind: str, params: dict) -> bool:
-        # Nothing to suggest when that mitigation is already requested or on.
-        return not (kind == "set_mitigation" and params.get("mode") == requested_mode)
-
-    out = []
-    for a in alerts:
-        mit = a.get("mitigation")
-        if a.get("state") == "firing" and isinstance(mit, dict) and mit.get("type"):
-            params = mit.get("params") or {}
-            if wanted(mit["type"], params):
-                out.append(
-                    {
-                        "type": mit["type"],
-                        "params": params,
-                        "alert_id": a.get("alert_id"),
-                        "why": f"alert {a.get('rule')} is firing "
-                        f"(value {explain.fmt(a.get('value'))})",
-                    }
-                )
+    out = [
+        {
+            "type": mit["type"],
+            "params": mit.get("params") or {},
+            "alert_id": a.get("alert_id"),
+            "why": f"alert {a.get('rule')} is firing (value {explain.fmt(a.get('value'))})",
+        }
+        for a in alerts
+        if a.get("state") == "firing"
+        and isinstance(mit := a.get("mitigation"), dict)
+        and mit.get("type")
+    ]
     avspo = {"mode": "avspo", "threshold": "fixed", "alpha": 0.5}
     stalled = (state.get("streak") or 0) > 50 and requested_mode in (None, "none")
     if not out and stalled and run.get("mitigation_mode") != "off":

@@ -630,7 +630,15 @@ def webhook_body(
     }
 
 
-def alert_dict(ep: AlertEpisode, rule: AlertRule, mode: str | None) -> dict[str, Any]:
+def alert_dict(
+    ep: AlertEpisode, rule: AlertRule, mode: str | None, session: Session | None = None
+) -> dict[str, Any]:
+    """An episode as `GET /alerts` lists it. ``mitigation``: the rule's command, offered for one
+    click while the episode fires on a run in 'suggest' mode, unless the run already asks for
+    it (`_in_effect`, the test a rule in 'auto' mode applies; needs ``session``)."""
+    offer = rule.mitigation if mode == "suggest" and ep.state == "firing" else None
+    if offer and session is not None and _in_effect(session, ep.run_id, offer):
+        offer = None
     return {
         "alert_id": ep.id,
         "rule_id": ep.rule_id,
@@ -645,8 +653,7 @@ def alert_dict(ep: AlertEpisode, rule: AlertRule, mode: str | None) -> dict[str,
         "resolved_step": ep.resolved_step,
         "fired_at": _iso(ep.fired_at),
         "resolved_at": _iso(ep.resolved_at),
-        # Offered for one click in the dashboard when the run's mode is 'suggest'.
-        "mitigation": rule.mitigation if mode == "suggest" else None,
+        "mitigation": offer,
     }
 
 
@@ -680,4 +687,4 @@ def list_alerts(
     if since is not None:
         q = q.where(AlertEpisode.updated_at >= since)
     q = q.order_by(AlertEpisode.created_at.desc(), AlertEpisode.id.desc()).limit(limit)
-    return [alert_dict(ep, r, mode) for ep, r, mode in session.execute(q)]
+    return [alert_dict(ep, r, mode, session) for ep, r, mode in session.execute(q).all()]

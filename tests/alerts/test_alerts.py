@@ -737,3 +737,21 @@ def test_switching_to_auto_acts_on_an_alert_already_firing(api):
     assert [c["params"]["mode"] for c in log] == ["none", "avspo"]
     (ep,) = alerts_of(api, rid, "late-auto")
     assert ep["state"] == "firing" and ep["fired_step"] == 1
+
+
+def test_an_offer_disappears_once_the_run_asks_for_it(api):
+    """In suggest mode a firing alert offers its rule's command until the run asks for the same
+    thing (by a click or by hand): a dashboard offered set_sampling while an identical one was
+    pending (found by a fresh-user trial)."""
+    run = new_run(api)
+    rid = run["run_id"]
+    api.patch(f"/api/v1/runs/{rid}", json={"mitigation_mode": "suggest"}).raise_for_status()
+    sampling = {"type": "set_sampling", "params": {"temperature": 1.3}}
+    make_rule(api, name="offer", run_id=rid, metric="acr", op=">=", threshold=0.9,
+              mitigation=sampling)  # fmt: skip
+    flap(api, run, "C")
+    (ep,) = alerts_of(api, rid, "offer")
+    assert ep["mitigation"] == sampling
+    assert api.post(f"/api/v1/runs/{rid}/commands", json=sampling).status_code == 201
+    (ep,) = alerts_of(api, rid, "offer")
+    assert ep["state"] == "firing" and ep["mitigation"] is None

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from .schema import MAX_SCALARS_PER_RECORD, check_storable, non_finite_as_text
+from .schema import MAX_SCALARS_PER_RECORD, check_storable, non_finite_as_text, storable_text
 
 MAX_STEP = 2**62  # the server's limit on a step (DESIGN.md §4)
 MAX_RANK = 65_535
@@ -59,13 +59,7 @@ def _text(kind: str, text: str, limit: int, least: int = 1) -> str:
     if not least <= len(text) <= limit:
         allowed = f"{least} to {limit}" if least else f"at most {limit}"
         raise ValueError(f"{kind} {text[:40]!r} has {len(text)} characters; {allowed} are allowed")
-    if "\x00" in text:
-        raise ValueError(f"{kind} {text[:40]!r} contains a NUL character")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"{kind} {text[:40]!r} contains a lone surrogate") from None
-    return text
+    return storable_text(text, f"{kind} {text[:40]!r}")
 
 
 def identifiers(kind: str, values: Iterable[Any], p: int) -> list[str]:

@@ -42,7 +42,7 @@ Reward = Annotated[float, Strict()] | None
 """A reward: a JSON number (NaN and ±Infinity allowed, classed non-finite) or null."""
 
 
-def _storable_text(text: str, kind: str = "text fields") -> str:
+def storable_text(text: str, kind: str = "text fields") -> str:
     """Text a database can hold: no NUL character and no lone UTF-16 surrogate."""
     if "\x00" in text:
         raise ValueError(f"{kind} cannot contain NUL characters")
@@ -60,13 +60,13 @@ def _identifier(kind: str):  # noqa: ANN202
         text = str(value)
         if len(text) > 128:
             raise ValueError(f"{kind} has {len(text)} characters; at most 128 are allowed")
-        return _storable_text(text, kind)
+        return storable_text(text, kind)
 
     return check
 
 
 def _no_nul(text: str) -> str:
-    return _storable_text(text)
+    return storable_text(text)
 
 
 # One check of the value, so that a bad id gets one error (a str | int union lists one a branch)
@@ -534,10 +534,10 @@ def check_storable(value: Any, depth: int = 0) -> Any:
         if not -(2**63) <= value < 2**63:
             raise ValueError("an integer beyond 64 bits (send it as a string)")
     elif isinstance(value, str):
-        _storable_text(value, "JSON strings")
+        storable_text(value, "JSON strings")
     elif isinstance(value, dict):
         for k, v in value.items():
-            _storable_text(str(k), "JSON keys")
+            storable_text(str(k), "JSON keys")
             check_storable(v, depth + 1)
     elif isinstance(value, list):
         for v in value:

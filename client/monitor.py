@@ -428,7 +428,7 @@ class Monitor:
         """A call's (step, split, rank), checked as the server checks a record's."""
         if self._closed:
             raise ValueError("the monitor is closed: nothing logged after close() is sent")
-        if split not in self._splits:  # each split name is checked once
+        if type(split) is not str or split not in self._splits:  # each name is checked once
             self._splits.add(checks.split_name(split))
         rank = self.rank if rank is None else checks.rank_in(rank, self.world_size)
         return checks.count("step", step), split, rank

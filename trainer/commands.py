@@ -89,6 +89,11 @@ def set_mitigation(trainer: GRPOTrainer, params: dict[str, Any]) -> str:
     for key in ("alpha", "eta", "delta_low", "delta_high"):
         if key in params:
             setattr(new, key, float(params.pop(key)))
+    if new.delta_low > new.delta_high:  # the pair as it would be, not just as sent
+        raise ValueError(
+            f"AAPO delta_low {new.delta_low} would exceed delta_high {new.delta_high}; "
+            "send both to move the range"
+        )
     if "tau" in params:
         trainer.avspo_state.tau = float(params.pop("tau"))
     if mode == "aapo":

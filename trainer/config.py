@@ -145,12 +145,33 @@ class TrainConfig:
             raise ValueError(f"arith_operators must be some of '+-*'; got {self.arith_operators!r}")
         if self.aapo_delta_low > self.aapo_delta_high:
             raise ValueError("aapo_delta_low must not exceed aapo_delta_high")
+        if self.temperature > 10:  # the range set_sampling takes: (0, 10]
+            raise ValueError(f"temperature must be at most 10; got {self.temperature!r}")
+        self._validate_shapes()
         if self.reward_max <= self.reward_min:
             raise ValueError("reward_max must exceed reward_min")
         if self.task == "jsonl" and not self.data_path:
             raise ValueError("task jsonl needs data_path (a GSM8K-format JSONL file)")
         if self.model_source in ("hf", "gguf") and not self.model_path:
             raise ValueError(f"model_source {self.model_source} needs model_path")
+
+    def _validate_shapes(self) -> None:
+        """The checks that torch or transformers would otherwise make later, with a traceback
+        (found by a fresh-user trial): AdamW's betas, the tiny model's heads and positions."""
+        betas = tuple(self.adam_betas)
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"adam_betas must be two numbers in [0, 1); got {list(betas)}")
+        if self.model_source == "tiny":
+            if self.tiny_hidden_size % self.tiny_heads:
+                raise ValueError(
+                    f"tiny_hidden_size ({self.tiny_hidden_size}) must be a multiple of "
+                    f"tiny_heads ({self.tiny_heads})"
+                )
+            if self.tiny_max_positions <= self.max_new_tokens:
+                raise ValueError(
+                    f"tiny_max_positions ({self.tiny_max_positions}) must exceed max_new_tokens "
+                    f"({self.max_new_tokens}): a prompt and its completion must fit"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -192,6 +213,8 @@ def _coerce(name: str, value: Any) -> Any:
     kind (a fraction for an integer, a word for a number, a number for a switch)."""
     kind = str(_FIELDS[name].type)
     if value is None:
+        if "None" not in kind:  # `--set steps=` reads as null
+            raise ValueError(f"{name} needs a value")
         return None
     try:
         if kind.startswith("tuple"):
@@ -293,5 +316,12 @@ def load_config(
     values = apply_overrides(values, overrides or [])
     # Unless given, the folder follows the final run name, so `--set run_name=x` is a run of its
     # own in runs/x rather than a resume of the file's run under another name.
-    values.setdefault("output_dir", f"runs/{values.get('run_name', TrainConfig.run_name)}")
+    if "output_dir" not in values:
+        name = str(values.get("run_name", TrainConfig.run_name))
+        if not name.strip(". ") or "/" in name or "\\" in name:
+            raise ValueError(
+                f"run_name {name!r} cannot name a folder under runs/ (no '/', not only dots); "
+                "give output_dir to put the run elsewhere"
+            )
+        values["output_dir"] = f"runs/{name}"
     return TrainConfig(**{k: _coerce(k, v) for k, v in values.items()})

@@ -218,6 +218,8 @@ def test_set_mitigation_aapo_mid_run_and_kl(warm_policy, tmp_path):
     def hook(t, record):
         if record["step"] == 1:
             t.submit_command("set_mitigation", {"mode": "aapo", "delta_high": 0.3})
+        if record["step"] == 2:  # above the delta_high in effect: rejected (a trial found it)
+            t.submit_command("set_mitigation", {"mode": "aapo", "delta_low": 0.5})
         switched.append(t.mitigation.mode)
 
     summary = fit(trainer, hooks=[hook])
@@ -229,6 +231,9 @@ def test_set_mitigation_aapo_mid_run_and_kl(warm_policy, tmp_path):
     assert summary["commands"][0]["status"] == "applied" and summary["commands"][0]["step"] == 1
     # the ack's detail lists what acts in AAPO, not AVSPO's settings
     assert summary["commands"][0]["detail"] == "mitigation aapo delta_low=-0.2 delta_high=0.3"
+    rejected = summary["commands"][1]
+    assert rejected["status"] == "rejected" and "would exceed delta_high 0.3" in rejected["detail"]
+    assert (trainer.mitigation.delta_low, trainer.mitigation.delta_high) == (-0.2, 0.3)
 
 
 def test_clip_bites_with_several_updates(warm_policy, tmp_path):

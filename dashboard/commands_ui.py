@@ -6,6 +6,7 @@ appears in the log, whose status the trainer moves from pending to delivered to 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dash import dcc, html
@@ -85,6 +86,41 @@ def _number(id_: str, value: float, step: float, label: str, help_text: str) -> 
     )
 
 
+# A form field → (the trainer config's field, the set_mitigation param, the trainer's default).
+SETTINGS = {
+    "avspo_threshold": ("avspo_threshold", "threshold", "fixed"),
+    "avspo_alpha": ("avspo_alpha", "alpha", 0.5),
+    "aapo_delta_low": ("aapo_delta_low", "delta_low", -0.2),
+    "aapo_delta_high": ("aapo_delta_high", "delta_high", 0.28),
+}
+
+
+def current_settings(run: dict, commands: list[dict]) -> dict[str, Any]:
+    """The run's settings as far as the server knows, the starting values of the command forms
+    (so that a click re-sends what is in effect, not the defaults): each mitigation setting
+    from the run's config, then every applied `set_mitigation` that names it (the trainer keeps
+    settings across commands), oldest first; the temperature from `current_temperature`.
+    ``commands``: newest first, as the log lists them."""
+    config = run.get("config") or {}
+    out = {name: _setting(config.get(key), default) for name, (key, _, default) in SETTINGS.items()}
+    for c in reversed(commands):
+        if c.get("type") == "set_mitigation" and c.get("status") == "applied":
+            params = c.get("params") or {}
+            for name, (_, param, _) in SETTINGS.items():
+                out[name] = _setting(params.get(param), out[name])
+    out["temperature"] = current_temperature(run, commands)
+    return out
+
+
+def _setting(value: Any, fallback: Any) -> Any:
+    """``value`` when it can stand in a form: a finite number for a number, one of AVSPO's
+    thresholds for the threshold; else ``fallback``."""
+    if isinstance(fallback, str):
+        return value if value in ("fixed", "adaptive", "single") else fallback
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if number and math.isfinite(value) else fallback
+
+
 def current_temperature(run: dict, commands: list[dict]) -> float:
     """The run's sampling temperature as far as the server knows: that of the newest applied
     `set_sampling` (``commands`` newest first, as the log lists them), else the config's
@@ -97,10 +133,14 @@ def current_temperature(run: dict, commands: list[dict]) -> float:
     return float(t) if ok else 1.0
 
 
-def panel(can_control: bool, ended: str | None = None, temperature: float = 1.0) -> html.Div:
+def panel(
+    can_control: bool, ended: str | None = None, settings: dict[str, Any] | None = None
+) -> html.Div:
     """The command controls. ``ended``: the run's status when it has finished or failed (no
-    trainer reads commands then, and the server refuses them); ``temperature``: the run's
-    current sampling temperature, the starting value of its box."""
+    trainer reads commands then, and the server refuses them); ``settings``: the run's current
+    settings (`current_settings`), the starting values of the forms."""
+    now = settings or {name: default for name, (_, _, default) in SETTINGS.items()}
+    temperature = (settings or {}).get("temperature", 1.0)
     note, why_not = [], None
     if not can_control:
         why_not = "Needs an API key with the control scope."
@@ -126,12 +166,12 @@ def panel(can_control: bool, ended: str | None = None, temperature: float = 1.0)
                             dcc.Dropdown(
                                 id="avspo-threshold",
                                 options=["fixed", "adaptive", "single"],
-                                value="fixed",
+                                value=now["avspo_threshold"],
                                 clearable=False,
                             ),
                             _number(
                                 "avspo-alpha",
-                                0.5,
+                                now["avspo_alpha"],
                                 0.05,
                                 "α",
                                 "Virtual samples per collapsed group: K = ⌈G·ACR^α⌉.",
@@ -144,8 +184,20 @@ def panel(can_control: bool, ended: str | None = None, temperature: float = 1.0)
                         [
                             html.H4("AAPO"),
                             html.P(explain.COMMAND_HELP["aapo"]),
-                            _number("aapo-delta-low", -0.2, 0.01, "δ low", "Margin clip, low."),
-                            _number("aapo-delta-high", 0.28, 0.01, "δ high", "Margin clip, high."),
+                            _number(
+                                "aapo-delta-low",
+                                now["aapo_delta_low"],
+                                0.01,
+                                "δ low",
+                                "Margin clip, low.",
+                            ),
+                            _number(
+                                "aapo-delta-high",
+                                now["aapo_delta_high"],
+                                0.01,
+                                "δ high",
+                                "Margin clip, high.",
+                            ),
                             html.Br(),
                             _button("aapo", why_not),
                         ],

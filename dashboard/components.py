@@ -54,13 +54,17 @@ def status_badge(status: str | None) -> html.Span:
 
 
 def mitigation_text(run: dict) -> tuple[str, str]:
-    """Short text and hover for a run's mitigation: its mode, what was requested and applied."""
+    """Short text and hover for a run's mitigation: its mode with the settings the trainer
+    reports for it, what was requested and applied."""
     mode = run.get("mitigation_mode") or "?"
     requested = run.get("mitigation_requested") or {}
     app, req = figures.mitigation_modes(run)
-    reported = (run.get("mitigation_reported") or {}).get("mode")
-    state = reported or app or "none"  # what the trainer says it runs is the truth
-    if req and req != state:
+    said = run.get("mitigation_reported") or {}
+    reported = said.get("mode")
+    current = reported or app or "none"  # what the trainer says it runs is the truth
+    settings = ", ".join(f"{k}={v}" for k, v in said.items() if k != "mode")
+    state = f"{current} ({settings})" if reported and settings else current
+    if req and req != current:
         state = f"{state} → {req} ({requested.get('status', 'pending')})"
     help_text = (
         f"Automatic mitigation mode: {mode} (auto: alerts issue their mitigation; suggest: they "

@@ -31,7 +31,7 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
         return _missing(run_id or "")
     can_control = context.can(info, "control")
     ended = run["status"] if components.run_ended(run) else None
-    temperature = commands_ui.current_temperature(run, data.commands(info, run_id) or [])
+    settings = commands_ui.current_settings(run, data.commands(info, run_id) or [])
     return html.Div(
         [
             dcc.Store(id="run-id", data=run_id),
@@ -64,7 +64,7 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
                         value="commands",
                         children=html.Div(
                             [
-                                commands_ui.panel(can_control, ended, temperature),
+                                commands_ui.panel(can_control, ended, settings),
                                 html.H4("Command log"),
                                 html.Div(id="cmd-log"),
                             ],

@@ -110,7 +110,7 @@ def test_a_read_only_key_sees_no_enabled_action(read_page, server):
 
 def test_a_finished_runs_actions_are_disabled_and_say_why(control_page, server):
     with server.api() as api:
-        body = {"name": "finished-page", "config": {"temperature": 0.7}}
+        body = {"name": "finished-page", "config": {"temperature": 0.7, "aapo_delta_low": -0.1}}
         run_id = api.post("/api/v1/runs", json=body).json()["run_id"]
         api.post(f"/api/v1/runs/{run_id}/finish", json={"status": "finished"}).raise_for_status()
     page = control_page
@@ -122,6 +122,7 @@ def test_a_finished_runs_actions_are_disabled_and_say_why(control_page, server):
     assert all(not buttons.nth(i).is_enabled() for i in range(buttons.count()))
     assert "no trainer reads" in (buttons.first.get_attribute("title") or "")
     assert page.input_value("#temperature-value") == "0.7"  # the run's, not the default
+    assert page.input_value("#aapo-delta-low") == "-0.1"
 
 
 def test_compare_page_overlays_chosen_runs(login_as, server):

@@ -222,6 +222,27 @@ def test_the_temperature_box_starts_at_the_runs_temperature():
     assert commands_ui.current_temperature({"config": None}, []) == 1.0
 
 
+def test_the_command_forms_start_at_the_runs_settings():
+    """Not the defaults, which a click would silently send back (found by a fresh-user trial:
+    'Enable AAPO' reverted the run's deltas)."""
+    run = {"config": {"aapo_delta_low": -0.1, "avspo_alpha": "x", "avspo_threshold": "adaptive"}}
+    mit = {"type": "set_mitigation", "status": "applied"}
+    newest_first = [
+        {**mit, "status": "pending", "params": {"mode": "aapo", "delta_high": 0.9}},
+        {**mit, "params": {"mode": "aapo", "delta_high": 0.4}},
+        {**mit, "params": {"mode": "avspo", "alpha": 0.7, "delta_high": 0.35}},
+    ]
+    assert commands_ui.current_settings(run, newest_first) == {
+        "avspo_threshold": "adaptive",
+        "avspo_alpha": 0.7,
+        "aapo_delta_low": -0.1,
+        "aapo_delta_high": 0.4,  # the newest applied; a pending one is not in effect yet
+        "temperature": 1.0,
+    }
+    defaults = commands_ui.current_settings({}, [])
+    assert defaults["aapo_delta_low"] == -0.2 and defaults["avspo_threshold"] == "fixed"
+
+
 def test_a_non_finite_scalar_is_a_gap_named_in_the_title():
     points = [point(0, scalars={"loss": 0.5, "reward_std": 0.1}),
               point(1, scalars={"loss": "NaN", "reward_std": "Infinity"}),
@@ -241,9 +262,10 @@ def test_the_mitigation_shown_is_what_the_trainer_reports_in_effect():
     assert components.mitigation_text(run)[0] == "aapo · auto"  # acked, nothing reported
     run["mitigation_reported"] = {"mode": "avspo", "alpha": 0.5}  # a resume went back to it
     text, help_text = components.mitigation_text(run)
-    assert text == "avspo · auto" and "last reported: avspo; last acked: aapo" in help_text
+    assert text == "avspo (alpha=0.5) · auto"  # with the settings it reports
+    assert "last reported: avspo; last acked: aapo" in help_text
     run["mitigation_requested"] = {"mode": "none", "status": "pending"}
-    assert components.mitigation_text(run)[0] == "avspo → none (pending) · auto"
+    assert components.mitigation_text(run)[0] == "avspo (alpha=0.5) → none (pending) · auto"
 
 
 def test_a_run_without_scalars_gets_a_note_not_four_empty_charts():

@@ -12,6 +12,7 @@ Each live chart has a fixed list of series (``*_SERIES``): trace ``i`` of the fi
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -448,7 +449,9 @@ def compare_figure(runs: Sequence[dict], metrics: dict[str, Sequence[Point]]) ->
         color = RUN_COLORS[i % len(RUN_COLORS)]
         pts = metrics.get(run["run_id"], [])
         steps = [p["step"] for p in pts]
-        label = run.get("name") or run["run_id"][:8]
+        # Plotly reads trace names as HTML: a run's name is text (a trial's "<b>x</b>" showed
+        # bold in the legend, plain in the table)
+        label = html.escape(run.get("name") or run["run_id"][:8], quote=False)
         mode = _legend_mitigation(run)
         name = f"{label} ({mode})" if mode else label
         for row, (key, what, digits) in enumerate(
@@ -458,17 +461,19 @@ def compare_figure(runs: Sequence[dict], metrics: dict[str, Sequence[Point]]) ->
             data.append(
                 {
                     "type": "scatter",
-                    "mode": "lines",
+                    "mode": "lines" if len(steps) > 1 else "markers",  # one step: a dot
                     "x": steps,
                     "y": [p.get(key) for p in pts],
                     "name": name,
                     "legendgroup": run["run_id"],
                     "showlegend": row == 0,
                     "line": {"color": color},
+                    "marker": {"color": color},
                     "xaxis": xref,
                     "yaxis": yref,
-                    "hovertemplate": f"{label}<br>step %{{x}}<br>{what} %{{y:{digits}}}"
-                    "<extra></extra>",
+                    # the name by reference: a name holding "%{" stays text
+                    "hovertemplate": f"%{{fullData.name}}<br>step %{{x}}<br>{what} "
+                    f"%{{y:{digits}}}<extra></extra>",
                 }
             )
     layout = json.loads(

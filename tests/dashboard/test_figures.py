@@ -124,6 +124,12 @@ def test_compare_figure_overlays_acr_and_reward_per_run():
     switching = {**runs[1], "mitigation_requested": {"mode": "none", "status": "delivered"}}
     assert figures.compare_figure([switching], {})["data"][0]["name"] == "avspo (avspo → none)"
     assert fig["data"][1]["yaxis"] == "y2"  # reward on the lower chart
+    # a name is text, not Plotly's HTML, in the legend and the hover; a one-step run is a dot
+    tagged = {"run_id": "c" * 8, "name": "<b>x</b> %{y}"}
+    (acr, _) = figures.compare_figure([tagged], {"c" * 8: [point(0)]})["data"]
+    assert acr["name"] == "&lt;b&gt;x&lt;/b&gt; %{y}" and "<b>" not in acr["hovertemplate"]
+    assert acr["mode"] == "markers" and fig["data"][0]["mode"] == "markers"
+    assert fig["data"][2]["mode"] == "lines"
 
 
 def test_sparkline_is_an_svg_with_the_threshold():

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from platformdirs import user_data_dir
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -16,6 +19,10 @@ def default_database_url() -> str:
     folder.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{folder / 'vantage.db'}"
 
+
+# A host name in VANTAGE_WEBHOOK_ALLOW, "*." for its subdomains too (not an address: "10.0.0.0/33"
+# is a range gone wrong, not a name).
+_HOST = re.compile(r"(\*\.)?(?=.*[A-Za-z])[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.?")
 
 # A duration: a positive number of seconds (0 or less would spin a loop or expire at once).
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -54,6 +61,32 @@ class Settings(BaseSettings):
     # `vantage serve` processes sharing the port (`--workers` overrides); on PostgreSQL more
     # than one uses more cores. Each runs its own alert pass and outbox sender.
     workers: int = Field(default=1, ge=1, le=64)
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError("must be an http:// or https:// URL (the dashboard's address)")
+        return value
+
+    @field_validator("webhook_allow")
+    @classmethod
+    def _webhook_allow(cls, value: str | None) -> str | None:
+        """Each comma-separated entry a URL prefix, an IP or CIDR range, or a host name (with a
+        leading ``*.`` for its subdomains): the forms `notify._allowed` understands."""
+        for entry in filter(None, (e.strip() for e in (value or "").split(","))):
+            if entry.startswith(("http://", "https://")):
+                continue
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                if not _HOST.fullmatch(entry):
+                    raise ValueError(
+                        f"{entry!r} is not a URL prefix, an IP or CIDR range, or a host name"
+                    ) from None
+        return value
 
 
 class SettingsError(ValueError):

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
+from sqlalchemy import select
 
 from ..alert_models import AlertRule, Silence
 from ..alert_rules import (
@@ -156,9 +157,23 @@ def silences_create(body: SilenceCreate, key: ControlKey, session: SessionDep) -
     """Mute notifications (not evaluation) of alerts matching every given matcher. A key
     limited to a project mutes that project's alerts only (its project is the matcher)."""
     _scoped(body.matchers, key, session)
+    warning = _unknown_rule(body.matchers, session)
     out = create_silence(session, body, created_by=key.name)
     session.commit()
-    return out
+    return {**out, "warning": warning} if warning else out
+
+
+def _unknown_rule(matchers: SilenceMatchers, session: SessionDep) -> str | None:
+    """What to say when a silence names a rule that does not exist (yet): it mutes nothing
+    until one of that name does, which is how a rule is silenced before it is created, but is
+    more often a typo (found by a fresh-user trial). A run that does not exist is a 404
+    (`_scoped`)."""
+    if matchers.rule is None:
+        return None
+    named = select(AlertRule.id).where(AlertRule.name == matchers.rule).limit(1)
+    if session.scalar(named) is not None:
+        return None
+    return f"no alert rule is named {matchers.rule!r} yet: this silence mutes nothing until one is"
 
 
 def _silence_visible(session: SessionDep, matchers: dict, key: KeyInfo) -> bool:

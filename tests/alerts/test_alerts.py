@@ -138,6 +138,16 @@ def test_rule_crud_defaults_and_scopes(server, api):
     past = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()  # it would mute nothing
     r = api.post("/api/v1/silences", json={"until": past, "reason": "too late"})
     assert r.status_code == 422 and "is not in the future" in r.text, r.text
+    # a silence naming a rule that does not exist mutes nothing until one does: said (a typo?)
+    later = "2100-01-01T00:00:00Z"
+    r = api.post("/api/v1/silences", json={"until": later, "matchers": {"rule": "crdu"}})
+    assert r.status_code == 201 and "no alert rule is named 'crdu' yet" in r.json()["warning"]
+    assert api.delete(f"/api/v1/silences/{r.json()['id']}").status_code == 204
+    r = api.post("/api/v1/silences", json={"until": later, "matchers": {"run_id": "no-such"}})
+    assert r.status_code == 404, r.text
+    r = api.post("/api/v1/silences", json={"until": later, "matchers": {"rule": "crud"}})
+    assert r.status_code == 201 and "warning" not in r.json(), r.text
+    assert api.delete(f"/api/v1/silences/{r.json()['id']}").status_code == 204
     r = api.put(f"/api/v1/alert-rules/{rule['id']}", json={"threshold": 0.7, "for_steps": 3})
     assert (r.json()["threshold"], r.json()["for_steps"]) == (0.7, 3)
     # one name per scope: a second "crud" for every run would fire and notify twice

@@ -123,7 +123,13 @@ def login_page(next_url: str, error: str | None = None, status: int = 200) -> HT
 
 
 async def login_get(request: Request):
-    return login_page(_safe_next(request.query_params.get("next")))
+    # `expired`: assets/session.js came here because an open page's key stopped working
+    said = (
+        "Your key no longer works (revoked?): log in again."
+        if "expired" in request.query_params
+        else None
+    )
+    return login_page(_safe_next(request.query_params.get("next")), said)
 
 
 async def login_post(request: Request):

@@ -131,3 +131,16 @@ def read_page(browser, server):
     page = login(browser, server, "read")
     yield page
     page.close()
+
+
+@pytest.fixture
+def make_key(server):
+    """make_key(name, scopes) adds a key to the server's (``server.keys[name]``); it returns a
+    function that revokes it."""
+
+    def make(name: str, scopes: str):  # noqa: ANN202
+        server.keys[name] = create_key(server.db_url, name, scopes)
+        revoke = [VANTAGE, "keys", "revoke", name, "--database-url", server.db_url]
+        return lambda: subprocess.run(revoke, check=True, capture_output=True)
+
+    return make

@@ -223,3 +223,19 @@ def test_api_docs_render_without_internet(browser, server):
         record.get_by_text("Trainer scalars by name").wait_for()
     finally:
         page.close()
+
+
+def test_a_page_whose_key_is_revoked_goes_to_the_login_page(login_as, make_key, server):
+    """Its live updates are refused (401): the page says so instead of showing its last data
+    for good (found by a fresh-user trial)."""
+    revoke = make_key("short-lived", "read")
+    run_id = server.runs["qwen-grpo"]
+    page = login_as("short-lived", f"/dashboard/runs/{run_id}")
+    try:
+        page.wait_for_selector("#kpi-acr-value")
+        revoke()
+        page.wait_for_url("**/dashboard/login?*expired=1*", timeout=20_000)
+        assert "no longer works" in page.inner_text("#login-error")
+        assert f"/dashboard/runs/{run_id}" in page.input_value("input[name=next]")
+    finally:
+        page.close()

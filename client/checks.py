@@ -68,6 +68,8 @@ def identifiers(kind: str, values: Iterable[Any], p: int) -> list[str]:
     ids = [str(v) for v in values]
     if len(ids) != p:
         raise ValueError(f"{len(ids)} {kind}s for {p} groups; send one per group")
+    if kind == "group_id" and len(set(ids)) != p:  # the server would keep the first of each
+        raise ValueError("group_ids repeat within the call; give each group its own id")
     for i, text in enumerate(ids):
         if len(text) > MAX_ID_CHARS or not text.isprintable():  # the common case: neither
             _text(f"{kind}s[{i}]", text, MAX_ID_CHARS, least=0)

@@ -652,7 +652,7 @@ class Monitor:
                     try:
                         # NaN and ±Infinity as strings: orjson would write them as null
                         scalars[str(name)] = storable_scalar(float(value))
-                    except (TypeError, ValueError):
+                    except Exception:  # noqa: BLE001 - one bad scalar (10**400, a meta tensor) must not cost the batch
                         self._warn(
                             "scalar",
                             "vantage: step %s: scalar %r is %r, not a number; skipped",
@@ -753,6 +753,14 @@ class Monitor:
                 self._spool, self._transport, self.run_id, self.attempt, timeout=self._remaining()
             )
             if outcome == "retry":
+                if reply is not None and reply.status in (401, 403):
+                    self._warn(
+                        "key_refused",
+                        "vantage: the server refuses the API key (%s); batches stay in the "
+                        "spool %s and are sent once it takes them (or by vantage sync --api-key)",
+                        reply.error,
+                        self.spool_path,
+                    )
                 return reply
             self._progress = True
             if outcome == "unknown_run":
@@ -765,6 +773,13 @@ class Monitor:
                 s["sent_groups"] += head.n_groups
                 for key in ("accepted", "duplicates", "conflicts", "invalid_groups"):
                     s[key] += int(reply.data.get(key) or 0)
+                if reply.data.get("conflicts"):  # the same ids sent again with other rewards
+                    self._warn(
+                        "conflicts",
+                        "vantage: the server kept the first of %d group(s) sent again under "
+                        "their ids with other rewards (conflicts); give each group its own id",
+                        int(reply.data["conflicts"]),
+                    )
                 self.last_steps = reply.data.get("steps") or self.last_steps
                 self._take_commands(reply.data)
             if outcome == "empty" or self._queue or time.monotonic() >= self._deadline:
@@ -836,7 +851,9 @@ class Monitor:
         remaining = self._deadline - time.monotonic()
         if remaining <= 0.05:
             return False
-        reply = send_finish(self._transport, self.run_id, self._finish_status, remaining)
+        reply = send_finish(
+            self._transport, self.run_id, self._finish_status, remaining, self.attempt
+        )
         return reply.kind != "retry"
 
     def _run(self) -> None:

@@ -492,6 +492,8 @@ class Finish(_Strict):
 
     status: Literal["finished", "failed"]
     """How the run ended; a finished or failed run takes no more commands."""
+    attempt: Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)] | None = None
+    """The sender's attempt: a launch that a newer one has superseded cannot end the run."""
 
 
 COMMAND_TYPES = ("set_mitigation", "set_sampling", "checkpoint", "stop")

@@ -309,7 +309,10 @@ def send_head(
     if reply.kind == "ok":
         spool.delete(row)
         return "sent", reply
-    if reply.kind == "retry":
+    if reply.kind == "retry" or reply.status in (401, 403):
+        # 401/403 refuse the key (revoked mid-run, or without the ingest scope), not the batch:
+        # it stays in the spool and is sent again, here or by `vantage sync --api-key`, instead
+        # of becoming a dead letter that nothing resends (found by a fresh-user trial)
         return "retry", reply
     if reply.status in (404, 409):
         # The run or the attempt is unknown (a server whose database was replaced): create the
@@ -346,9 +349,13 @@ def send_acks(
     return None
 
 
-def send_finish(transport: Transport, run_id: str, status: str, timeout: float) -> Reply:
-    """Mark the run ``status`` (``finished``/``failed``)."""
-    return transport.post(f"/runs/{run_id}/finish", orjson.dumps({"status": status}), timeout)
+def send_finish(
+    transport: Transport, run_id: str, status: str, timeout: float, attempt: int | None = None
+) -> Reply:
+    """Mark the run ``status`` (``finished``/``failed``) as ``attempt`` (the server refuses an
+    attempt that a newer launch has superseded)."""
+    body = {"status": status} if attempt is None else {"status": status, "attempt": attempt}
+    return transport.post(f"/runs/{run_id}/finish", orjson.dumps(body), timeout)
 
 
 def _send_health(
@@ -373,13 +380,15 @@ def _send_health(
 
 
 def _send_kept_finish(
-    spool: Spool, transport: Transport, run_id: str, deadline: float, result: dict
+    spool: Spool, transport: Transport, run_id: str, attempt: int, deadline: float, result: dict
 ) -> None:
     """Send the final status the spool keeps (`Spool.keep_finish`), and forget it once the
     server has it or refused it (a run deleted since)."""
     if spool.pending_finish is None:
         return
-    reply = send_finish(transport, run_id, spool.pending_finish, deadline - time.monotonic())
+    reply = send_finish(
+        transport, run_id, spool.pending_finish, deadline - time.monotonic(), attempt
+    )
     if reply.kind == "retry":
         result["error"] = f"final status not sent: {reply.error}"
     else:
@@ -438,7 +447,7 @@ def replay_spool(
         )
         if outcome == "empty":
             _send_health(spool, transport, run_body["run_id"], attempt, deadline)
-            _send_kept_finish(spool, transport, run_body["run_id"], deadline, result)
+            _send_kept_finish(spool, transport, run_body["run_id"], attempt, deadline, result)
             return result
         if outcome == "retry":
             assert reply is not None

@@ -307,7 +307,8 @@ class SilenceCreate(BaseModel):
     def _aware(cls, v: datetime) -> datetime:
         if not 1970 <= v.year <= 9000:  # the database cannot store far-off dates everywhere
             raise ValueError("until must be a date between 1970 and 9000")
-        v = v if v.tzinfo else v.replace(tzinfo=UTC)
+        # in UTC: SQLite keeps no offset, so 06:31-05:00 was stored as 06:31 UTC (a trial)
+        v = (v if v.tzinfo else v.replace(tzinfo=UTC)).astimezone(UTC)
         now = datetime.now(UTC)
         if v <= now:  # it would mute nothing, and the answer would look like it does
             raise ValueError(

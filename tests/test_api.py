@@ -9,6 +9,7 @@ import re
 import socket
 import time
 import uuid
+from datetime import UTC, datetime, timedelta, timezone
 from urllib.parse import urlsplit
 
 import httpx
@@ -565,6 +566,30 @@ def test_finishing_expires_open_commands_and_a_run_ends_once(api):
     late = {"status": "applied", "step": 3}  # a trainer's late ack is still recorded
     acked = api.post(f"/api/v1/runs/{rid}/commands/{command_id}/ack", json=late)
     assert acked.json()["status"] == "applied"
+
+
+def test_a_superseded_attempt_cannot_end_the_run(api):
+    """An old launch closing after a relaunch made the run failed and refused the live
+    trainer's commands (found by a fresh-user trial)."""
+    rid = new_run(api, launch_id="L1")["run_id"]
+    assert new_run(api, run_id=rid, launch_id="L2")["attempt"] == 2
+    old = api.post(f"/api/v1/runs/{rid}/finish", json={"status": "failed", "attempt": 1})
+    assert old.status_code == 409 and "superseded by attempt 2" in old.text
+    assert api.get(f"/api/v1/runs/{rid}").json()["status"] == "running"
+    new = api.post(f"/api/v1/runs/{rid}/finish", json={"status": "finished", "attempt": 2})
+    assert new.json()["status"] == "finished"
+
+
+def test_a_silence_until_with_an_offset_is_kept_in_utc(api):
+    """SQLite keeps no offset: 06:31-05:00 was stored as 06:31 UTC, five hours early."""
+    soon = datetime.now(UTC) + timedelta(hours=2)
+    local = soon.astimezone(timezone(timedelta(hours=-5))).isoformat()
+    r = api.post("/api/v1/silences", json={"until": local})
+    assert r.status_code == 201, r.text
+    silences = api.get("/api/v1/silences").json()["silences"]
+    (listed,) = [x for x in silences if x["id"] == r.json()["id"]]
+    assert abs(datetime.fromisoformat(listed["until"]) - soon) < timedelta(seconds=1)
+    assert listed["active"] is True
 
 
 def test_run_settings_finish_and_delete(api):

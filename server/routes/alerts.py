@@ -145,7 +145,7 @@ def alerts_index(
     if since is not None:
         if not 1970 <= since.year <= 9000:  # the database cannot compare far-off dates
             raise HTTPException(422, "since must be a date between 1970 and 9000")
-        since = since if since.tzinfo else since.replace(tzinfo=UTC)
+        since = (since if since.tzinfo else since.replace(tzinfo=UTC)).astimezone(UTC)
     alerts = list_alerts(
         session, run_id=run_id, rule=rule, state=state, since=since, project=key.project
     )

@@ -111,6 +111,12 @@ def finish(run_id: str, body: Finish, key: IngestKey, session: SessionDep) -> di
     answers the run as it is (a retry); the other status is a 409, as a run ends once (a
     relaunch makes it running again)."""
     run = load_run(session, run_id, key)
+    if body.attempt is not None and body.attempt < run.attempt:
+        raise HTTPException(
+            409,
+            f"attempt {body.attempt} of run {run_id} was superseded by attempt {run.attempt}, "
+            "which owns the run now; only it ends the run",
+        )
     if run.status in ENDED_STATES:
         if run.status != body.status:
             raise HTTPException(

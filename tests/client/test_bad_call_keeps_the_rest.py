@@ -132,3 +132,29 @@ def test_a_config_nan_reaches_the_server_as_its_string(tmp_path):
         assert run["mitigation_reported"] == {"tau": "-Infinity"}
     finally:
         srv.stop()
+
+
+def test_a_scalar_float_cannot_read_costs_only_itself(tmp_path):
+    """10**400 raised OverflowError in the sender and lost the whole batch around it, while
+    flush() said True (found by a fresh-user trial)."""
+    srv = start_server(f"sqlite:///{tmp_path}/o.db", tmp_path, "--insecure-no-auth")
+    try:
+        mon = Monitor(srv.url, None, run_name="overflow", spool_dir=str(tmp_path / "spool"))
+        mon.log_groups(1, [[0, 0, 0, 0], [1, 1, 1, 1], [0, 1, 0, 1]])
+        mon.log_scalars(1, {"loss": 0.5})
+        mon.log_scalars(1, {"big": 10**400})
+        mon.log_groups(2, [[0, 1, 0, 1]])
+        assert mon.flush(20)
+        mon.close(timeout=20)
+        points = httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}/metrics").json()["points"]
+        assert [(p["step"], p["n_groups"]) for p in points] == [(1, 3), (2, 1)]
+        assert points[0]["scalars"] == {"loss": 0.5}
+    finally:
+        srv.stop()
+
+
+def test_repeated_group_ids_in_one_call_are_refused():
+    mon = Monitor(None, run_name="dup", strict=True)
+    with pytest.raises(ValueError, match="group_ids repeat"):
+        mon.log_groups(1, [[0, 1], [1, 1]], group_ids=["a", "a"])
+    mon.close(timeout=1)

@@ -598,3 +598,34 @@ def test_close_says_the_run_was_refused_not_that_the_server_was_unreachable(tmp_
     assert f"server {srv.url} refused the run: HTTP 401" in message, message
     assert "not reachable" not in message
     assert mon.spooled_groups == 3
+
+
+def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path):
+    """A 401 refuses the key, not the batch: the batch stays in the spool (flush() is False),
+    and `vantage sync` with a good key uploads it. It was a dead letter that nothing resent,
+    while flush() said True (found by a fresh-user trial)."""
+    from tests.conftest import create_key, run_cli, start_server
+
+    url = f"sqlite:///{tmp_path}/k.db"
+    run_cli("db", "upgrade", "--database-url", url)
+    temp, good = create_key(url, "ingest,read", "temp"), create_key(url, "ingest,read", "good")
+    srv = start_server(url, tmp_path)
+    try:
+        mon = Monitor(srv.url, temp, run_name="revoked", spool_dir=tmp_path / "spool")
+        mon.log_groups(1, [[0, 1]])
+        assert mon.flush(20)
+        run_cli("keys", "revoke", "temp", "--database-url", url)
+        mon.log_groups(2, [[0, 1]])
+        mon.log_groups(3, [[1, 1]])
+        assert not mon.flush(3)
+        assert mon.dead_letter_batches == 0 and mon.spooled_groups == 2
+        mon.close(timeout=2)
+        synced = run_cli("sync", str(mon.spool_path), "--server", srv.url, "--api-key", good)
+        assert json.loads(synced.stdout.strip().splitlines()[-1])["sent_groups"] == 2
+        points = httpx.get(
+            f"{srv.url}/api/v1/runs/{mon.run_id}/metrics",
+            headers={"Authorization": f"Bearer {good}"},
+        ).json()["points"]
+        assert [p["step"] for p in points] == [1, 2, 3]
+    finally:
+        srv.stop()

@@ -486,6 +486,10 @@ class Monitor:
         the spool. Rank 0 then marks the run ``status`` (``finished``/``failed``; None: neither)."""
         if self._closed:
             return
+        if status not in ("finished", "failed", None):  # the run would stay `running` silently
+            said = f"close(status=...) takes 'finished', 'failed' or None; got {status!r}"
+            self._reject("close", ValueError(said))  # raised when strict
+            status = None
         self._closed = True
         self._deadline = time.monotonic() + max(0.0, timeout)
         self._finish_status = status if self.rank == 0 else None

@@ -103,6 +103,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
     if not args.no_upgrade and not upgrade_or_explain(settings.database_url):
         return 1
+    if args.no_upgrade and not _schema_or_explain(settings.database_url):
+        return 1
     print(
         f"Vantage API on http://{args.host}:{args.port} (dashboard at /dashboard/)", file=sys.stderr
     )
@@ -193,6 +195,25 @@ def _session(args: argparse.Namespace, create: bool = False):  # noqa: ANN202
     if fresh:
         print(f"note: created a new Vantage database at {safe_url(url)}", file=sys.stderr)
     return session_factory(make_engine(url))()
+
+
+def _schema_or_explain(url: str) -> bool:
+    """`serve --no-upgrade`: the schema must be there already. On an empty database the server
+    reported ready, answered every key with 401 and logged a traceback a second (a trial)."""
+    from .db import safe_url
+
+    try:
+        present = _has_schema(url)
+    except Exception as exc:  # noqa: BLE001 - any failure here means the database is unusable
+        _say_unusable(url, exc)
+        return False
+    if not present:
+        print(
+            f"error: no Vantage schema at {safe_url(url)}; run `vantage db upgrade` first, or "
+            "serve without --no-upgrade",
+            file=sys.stderr,
+        )
+    return present
 
 
 def _has_schema(url: str) -> bool:

@@ -120,14 +120,16 @@ class AmbiguousKey(ValueError):
 
 def revoke_key(session: Session, key: str, every_match: bool = False) -> list[dict]:
     """Revoke the active key that ``key`` is (its plaintext), or whose id, name or prefix it is,
-    and return it as a `list_keys` row (an empty list when none matches). The key itself and an
-    id name one key, and win over names and prefixes; a name or prefix may match several, which
-    raises `AmbiguousKey` unless ``every_match`` revokes them all."""
+    and return it as a `list_keys` row (an empty list when none matches). The key itself names
+    one key; an id, name or prefix may match several (a name may look like another key's id),
+    which raises `AmbiguousKey` unless ``every_match`` revokes them all."""
     rows = session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None))).all()
     key = key.removesuffix("…")  # a prefix pasted as `keys list` shows it
     digest = hash_key(key)
-    hits = [r for r in rows if r.key_hash == digest or str(r.id) == key]
-    hits = hits or [r for r in rows if key in (r.name, r.prefix)]
+    hits = [r for r in rows if r.key_hash == digest]
+    # an id, a name or a prefix: a name "1" beside key id 1 is ambiguous, not key 1 (a trial
+    # revoked id 1 and left the key named "1" active)
+    hits = hits or [r for r in rows if key in (str(r.id), r.name, r.prefix)]
     if len(hits) > 1 and not every_match:
         raise AmbiguousKey(key, [_key_row(r) for r in hits])
     now: datetime = utcnow()

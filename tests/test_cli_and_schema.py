@@ -60,6 +60,11 @@ def test_revoke_by_a_shared_name_asks_for_an_id_or_all(tmp_path):
     both = run_cli("keys", "revoke", "dup", "--all", "--database-url", url)
     assert both.stderr.count("revoked ") == 2
     assert states() == ["revoked", "revoked", "active", "revoked", "revoked"]
+    # a name that is another key's id is ambiguous: it revoked key 3 ("other"), not "3"
+    run_cli("keys", "create", "--name", "3", "--scopes", "read", "--database-url", url)
+    clash = run_cli("keys", "revoke", "3", "--database-url", url, check=False)
+    assert clash.returncode == 1 and "matches 2 active keys" in clash.stderr
+    assert states()[2] == "active" and states()[5] == "active"
     helps = run_cli("keys", "--help").stdout
     assert "list keys" in helps and "revoke a key" in helps
 
@@ -143,6 +148,14 @@ def test_a_bad_setting_is_one_line_naming_the_variable(tmp_path, variable, value
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.strip().startswith(f"error: {variable}='{value}': {says}")
         assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_serve_no_upgrade_on_an_empty_database_says_so(tmp_path):
+    """It reported ready, answered every key with 401 and logged a traceback a second."""
+    proc = run_cli("serve", "--no-upgrade", "--port", "0", "--database-url",
+                   f"sqlite:///{tmp_path}/empty.db", check=False)  # fmt: skip
+    assert proc.returncode == 1 and "no Vantage schema" in proc.stderr, proc.stderr
+    assert not (tmp_path / "empty.db").exists()
 
 
 def test_serve_stops_on_sigterm_within_10s(tmp_path):

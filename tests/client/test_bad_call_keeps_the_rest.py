@@ -158,3 +158,13 @@ def test_repeated_group_ids_in_one_call_are_refused():
     with pytest.raises(ValueError, match="group_ids repeat"):
         mon.log_groups(1, [[0, 1], [1, 1]], group_ids=["a", "a"])
     mon.close(timeout=1)
+
+
+def test_close_with_a_status_it_cannot_send_says_so(caplog):
+    mon = Monitor(None, run_name="status")
+    mon.close(timeout=1, status="done")
+    assert "takes 'finished', 'failed' or None; got 'done'" in caplog.text
+    strict = Monitor(None, run_name="status", strict=True)
+    with pytest.raises(ValueError, match="got 'done'"):
+        strict.close(timeout=1, status="done")
+    strict.close(timeout=1)

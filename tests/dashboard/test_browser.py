@@ -218,6 +218,7 @@ def test_api_docs_render_without_internet(browser, server):
         page.goto(server.url + "/docs")
         page.wait_for_selector(".opblock", timeout=20_000)
         assert page.locator(".opblock-summary-path", has_text="/api/v1/runs/{run_id}/steps").count()
+        assert page.locator("button.authorize").count()  # the key as a bearer token
         record = page.locator("section.models article", has_text="StepRecord").first
         record.locator(".json-schema-2020-12-expand-deep-button").first.click()  # "Expand all"
         record.get_by_text("Trainer scalars by name").wait_for()

@@ -247,6 +247,12 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     if not args.name.strip():
         print("error: give the key a name (--name), to list and revoke it by", file=sys.stderr)
         return 2
+    if args.project is not None and not args.project.strip():  # it made an unlimited key
+        print(
+            "error: --project needs a project name (leave it out for every project)",
+            file=sys.stderr,
+        )
+        return 2
     with _session(args, create=True) as session:
         key = create_key(session, args.name, scopes, args.project)
         session.commit()

@@ -41,7 +41,8 @@ class Settings(BaseSettings):
     default_mitigation_mode: Literal["off", "suggest", "auto"] = "auto"
     webhook_allow: str | None = None
     command_ttl_s: Seconds = 3600.0
-    dashboard_refresh_s: Seconds = 2.0
+    # at least 0.5 s: each refresh of each open page reads the run (0.001 was taken)
+    dashboard_refresh_s: Annotated[float, Field(ge=0.5, allow_inf_nan=False)] = 2.0
     # A step is evaluated once all ranks reported, a later step arrives, or this long after its
     # first record (DESIGN.md §6).
     step_complete_after_s: Seconds = 30.0
@@ -76,7 +77,10 @@ class Settings(BaseSettings):
     def _webhook_allow(cls, value: str | None) -> str | None:
         """Each comma-separated entry a URL prefix, an IP or CIDR range, or a host name (with a
         leading ``*.`` for its subdomains): the forms `notify._allowed` understands."""
-        for entry in filter(None, (e.strip() for e in (value or "").split(","))):
+        entries = [e.strip() for e in (value or "").split(",") if e.strip()]
+        if value is not None and value.strip() and not entries:  # ",,," allowed nothing at all
+            raise ValueError("names no target; leave it unset to allow every target")
+        for entry in entries:
             if entry.startswith(("http://", "https://")):
                 continue
             try:

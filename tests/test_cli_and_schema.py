@@ -134,7 +134,8 @@ def test_insecure_no_auth_refuses_public_host():
     [
         ("VANTAGE_DEFAULT_MITIGATION_MODE", "bogus", "Input should be 'off', 'suggest' or 'auto'"),
         ("VANTAGE_WEBHOOK_GIVE_UP_S", "-5", "Input should be greater than 0"),
-        ("VANTAGE_DASHBOARD_REFRESH_S", "0", "Input should be greater than 0"),
+        ("VANTAGE_DASHBOARD_REFRESH_S", "0.001", "Input should be greater than or equal to 0.5"),
+        ("VANTAGE_WEBHOOK_ALLOW", ",,,", "Value error, names no target"),
         ("VANTAGE_PUBLIC_URL", "notaurl", "Value error, must be an http:// or https:// URL"),
         ("VANTAGE_WEBHOOK_ALLOW", "10.0.0.0/33", "Value error, '10.0.0.0/33' is not a URL"),
     ],

@@ -16,14 +16,19 @@ from typing import Any
 
 import orjson
 
-from .schema import MAX_SCALARS_PER_RECORD, check_storable, non_finite_as_text, storable_text
+from .schema import (
+    MAX_ID_CHARS,
+    MAX_RANK,
+    MAX_SCALARS_PER_RECORD,
+    MAX_SPLIT_CHARS,
+    MAX_STEP,
+    SPLIT_PATTERN,
+    check_storable,
+    non_finite_as_text,
+    storable_text,
+)
 
-MAX_STEP = 2**62  # the server's limit on a step (DESIGN.md §4)
-MAX_RANK = 65_535
-MAX_COUNT = 2**31 - 1  # effective statistics of one rank's step
-MAX_ID_CHARS = 128  # group_id and prompt_id (DESIGN.md §3)
-MAX_SCALAR_NAME_CHARS = 128
-_SPLIT = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_SPLIT = re.compile(SPLIT_PATTERN)
 
 
 def count(name: str, value: Any, top: int = MAX_STEP) -> int:
@@ -48,9 +53,10 @@ def rank_in(value: Any, world_size: int) -> int:
 
 def split_name(value: Any) -> str:
     """A split: 1 to 64 letters, digits, '_', '.' or '-' (``train``, ``eval``, ``eval.gsm8k``)."""
-    if not isinstance(value, str) or not _SPLIT.fullmatch(value):
+    if not isinstance(value, str) or len(value) > MAX_SPLIT_CHARS or not _SPLIT.fullmatch(value):
         raise ValueError(
-            f"split {value!r} is not a split name: 1 to 64 letters, digits, '_', '.' or '-'"
+            f"split {value!r} is not a split name: 1 to {MAX_SPLIT_CHARS} letters, digits, "
+            "'_', '.' or '-'"
         )
     return value
 
@@ -78,7 +84,7 @@ def identifiers(kind: str, values: Iterable[Any], p: int) -> list[str]:
 
 def scalar_name(name: Any) -> str:
     """A scalar's name as sent: its text, 1 to 128 characters."""
-    return _text("scalar name", str(name), MAX_SCALAR_NAME_CHARS)
+    return _text("scalar name", str(name), MAX_ID_CHARS)
 
 
 def scalar_value(name: str, value: Any) -> float:

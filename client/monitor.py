@@ -39,6 +39,7 @@ from . import checks
 from .inputs import capture, materialize, plain_rewards
 from .launch import derive_launch_id, torch_distributed
 from .schema import (
+    MAX_COUNT,
     MAX_GROUP_SIZE,
     MAX_GROUPS_PER_REQUEST,
     MAX_SCALARS_PER_RECORD,
@@ -384,7 +385,7 @@ class Monitor:
     ) -> None:
         """Queue the trainer's own statistics after mitigation (feeds ``acr_effective``)."""
         step, split, rank = self._where(step, split, rank)
-        top = checks.MAX_COUNT
+        top = MAX_COUNT
         eff = {
             "n_valid": checks.count("n_valid", n_valid, top),
             "n_zero_advantage": checks.count("n_zero_advantage", n_zero_advantage, top),

@@ -37,6 +37,13 @@ MAX_RECORDS_PER_REQUEST = 10_000
 MAX_SCALARS_PER_RECORD = 1_000
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 MAX_GROUP_SIZE = 65_536
+# Limits shared by the server's schema and the client's per-call checks (`checks.py`).
+MAX_STEP = 2**62
+MAX_RANK = 65_535
+MAX_COUNT = 2**31 - 1  # an attempt; effective statistics of one rank's step
+MAX_ID_CHARS = 128  # group_id, prompt_id, a scalar's name
+MAX_SPLIT_CHARS = 64
+SPLIT_PATTERN = r"^[A-Za-z0-9_.\-]+$"
 
 Reward = Annotated[float, Strict()] | None
 """A reward: a JSON number (NaN and ±Infinity allowed, classed non-finite) or null."""
@@ -58,8 +65,10 @@ def _identifier(kind: str):  # noqa: ANN202
         if isinstance(value, bool) or not isinstance(value, str | int):
             raise ValueError(f"{kind} must be a string or an integer")
         text = str(value)
-        if len(text) > 128:
-            raise ValueError(f"{kind} has {len(text)} characters; at most 128 are allowed")
+        if len(text) > MAX_ID_CHARS:
+            raise ValueError(
+                f"{kind} has {len(text)} characters; at most {MAX_ID_CHARS} are allowed"
+            )
         return storable_text(text, kind)
 
     return check
@@ -100,7 +109,7 @@ def _plain_name(text: str) -> str:
 
 Name = Annotated[text(200, 1), AfterValidator(_plain_name)]
 MaskValue = Literal[0, 1, True, False]
-Split = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+Split = Annotated[str, Field(min_length=1, max_length=MAX_SPLIT_CHARS, pattern=SPLIT_PATTERN)]
 
 
 NON_FINITE_TOKENS = ("NaN", "Infinity", "-Infinity")
@@ -309,11 +318,11 @@ class Effective(_Strict):
 
     # Groups of one rank's step: bounded like a request's groups (MAX_GROUPS_PER_REQUEST is per
     # request; a rank may report its whole step's count), far below 64-bit limits.
-    n_valid: Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)]
+    n_valid: Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
     """Valid groups the trainer trained on at this step (this rank)."""
-    n_zero_advantage: Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)]
+    n_zero_advantage: Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
     """Of those, groups whose advantages after mitigation are all below tol in absolute value."""
-    n_virtual: Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)] = 0
+    n_virtual: Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)] = 0
     """Virtual reward samples added by AVSPO (0 without it)."""
 
     @model_validator(mode="after")
@@ -325,7 +334,7 @@ class Effective(_Strict):
         return self
 
 
-ScalarName = text(128, 1)
+ScalarName = text(MAX_ID_CHARS, 1)
 ScalarValue = Annotated[float, Strict()] | Literal["NaN", "Infinity", "-Infinity"] | None
 """A scalar: a JSON number (the tokens NaN and ±Infinity too), one of the strings "NaN",
 "Infinity", "-Infinity" (what clients whose JSON has no such numbers send), or null."""
@@ -339,11 +348,11 @@ class StepRecord(GroupsForm):
     """One rank's data for one (step, split). Groups are optional: a record may carry only
     effective statistics or scalars."""
 
-    step: Annotated[int, Strict(), Field(ge=0, le=2**62)]
+    step: Annotated[int, Strict(), Field(ge=0, le=MAX_STEP)]
     """Training step (the optimizer step the groups were sampled for)."""
     split: Split = "train"
     """Metrics are computed per (step, split); eval groups never mix into train."""
-    rank: Annotated[int, Strict(), Field(ge=0, le=65_535)] = 0
+    rank: Annotated[int, Strict(), Field(ge=0, le=MAX_RANK)] = 0
     """Sending process; a step pools the groups of every rank."""
     world_size: Annotated[int, Strict(), Field(ge=1, le=65_536)] | None = None
     """Ranks that report this step (default: the run's); a step is evaluated for alerts once all
@@ -388,7 +397,7 @@ class StepRecord(GroupsForm):
 class StepsBatch(_Strict):
     """Body of ``POST /api/v1/runs/{run_id}/steps``."""
 
-    attempt: Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
+    attempt: Annotated[int, Strict(), Field(ge=1, le=MAX_COUNT)]
     """The attempt POST /runs answered for this launch."""
     # Parsing stops at 100,000 records; the route answers 413 above MAX_RECORDS_PER_REQUEST,
     # which is the limit the schema documents.
@@ -475,9 +484,9 @@ class RunPatch(_Strict):
 class Heartbeat(_Strict):
     """Body of ``POST /api/v1/runs/{run_id}/heartbeat``; counters are the client's totals."""
 
-    attempt: Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
+    attempt: Annotated[int, Strict(), Field(ge=1, le=MAX_COUNT)]
     """The attempt POST /runs answered for this launch."""
-    rank: Annotated[int, Strict(), Field(ge=0, le=65_535)] = 0
+    rank: Annotated[int, Strict(), Field(ge=0, le=MAX_RANK)] = 0
     """Sending process; only rank 0 gets commands."""
     spooled_groups: Annotated[int, Strict(), Field(ge=0, le=2**62)] | None = None
     """Groups waiting in the client's on-disk spool."""
@@ -492,7 +501,7 @@ class Finish(_Strict):
 
     status: Literal["finished", "failed"]
     """How the run ended; a finished or failed run takes no more commands."""
-    attempt: Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)] | None = None
+    attempt: Annotated[int, Strict(), Field(ge=1, le=MAX_COUNT)] | None = None
     """The sender's attempt: a launch that a newer one has superseded cannot end the run."""
 
 
@@ -627,7 +636,7 @@ def _check_mitigation_params(params: dict[str, Any]) -> None:
 class CommandAck(_Strict):
     status: Literal["applied", "rejected"]
     """Whether the trainer applied the command."""
-    step: Annotated[int, Strict(), Field(ge=0, le=2**62)] | None = None
+    step: Annotated[int, Strict(), Field(ge=0, le=MAX_STEP)] | None = None
     """The step after which it was applied."""
     detail: text(2000) | None = None
     """Why it was rejected, or what was applied."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, literal, select, union_all
@@ -26,7 +26,7 @@ from vantage.client.acr import (
 )
 
 from .locks import RunState
-from .models import Run, Step
+from .models import Run, Step, as_utc
 from .queries import EMA_TAIL
 
 STEP_METRICS = frozenset(STEP_METRIC_FIELDS)
@@ -338,6 +338,6 @@ def stale_value(run: Run | RunState, now: datetime) -> float:
     """Heartbeat periods since the run last sent a heartbeat or data (0 once it has finished)."""
     if run.status != "running":
         return 0.0
-    seen = run.last_seen_at if run.last_seen_at.tzinfo else run.last_seen_at.replace(tzinfo=UTC)
+    seen = as_utc(run.last_seen_at)
     period = run.heartbeat_s if run.heartbeat_s and run.heartbeat_s > 0 else 10.0
     return max(0.0, (now - seen).total_seconds() / period)

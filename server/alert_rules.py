@@ -23,7 +23,7 @@ from vantage.client.schema import Name, Split, Text, text, validate_command_para
 
 from .alert_metrics import check_metric
 from .alert_models import AlertRule, Silence
-from .models import Run, utcnow
+from .models import Run, as_utc, iso, utcnow
 from .notify import RefusedTarget, check_target
 
 Op = Literal[">", ">=", "<", "<="]
@@ -138,15 +138,9 @@ def rule_dict(r: AlertRule) -> dict[str, Any]:
     out = {"id": r.id, **{f: getattr(r, f) for f in RULE_FIELDS}}
     out["notify"] = list(r.notify or [])
     out["builtin"] = r.builtin
-    out["created_at"] = _iso(r.created_at)
-    out["updated_at"] = _iso(r.updated_at)
+    out["created_at"] = iso(r.created_at)
+    out["updated_at"] = iso(r.updated_at)
     return out
-
-
-def _iso(dt: datetime | None) -> str | None:
-    if dt is None:
-        return None
-    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).isoformat()
 
 
 def check_notify(urls: list[str], allow: str | None) -> list[str]:
@@ -308,7 +302,7 @@ class SilenceCreate(BaseModel):
         if not 1970 <= v.year <= 9000:  # the database cannot store far-off dates everywhere
             raise ValueError("until must be a date between 1970 and 9000")
         # in UTC: SQLite keeps no offset, so 06:31-05:00 was stored as 06:31 UTC (a trial)
-        v = (v if v.tzinfo else v.replace(tzinfo=UTC)).astimezone(UTC)
+        v = as_utc(v)
         now = datetime.now(UTC)
         if v <= now:  # it would mute nothing, and the answer would look like it does
             raise ValueError(
@@ -319,18 +313,15 @@ class SilenceCreate(BaseModel):
 
 
 def silence_dict(s: Silence) -> dict[str, Any]:
-    until = _iso(s.until)
-    active = (
-        s.until is not None
-        and (s.until if s.until.tzinfo else s.until.replace(tzinfo=UTC)) > utcnow()
-    )
+    until = iso(s.until)
+    active = s.until is not None and as_utc(s.until) > utcnow()
     return {
         "id": s.id,
         "matchers": s.matchers,
         "until": until,
         "reason": s.reason,
         "created_by": s.created_by,
-        "created_at": _iso(s.created_at),
+        "created_at": iso(s.created_at),
         "active": active,
     }
 

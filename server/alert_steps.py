@@ -4,17 +4,13 @@ waiting pointless, or when it has waited `step_complete_after_s`."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import false, select, true
 from sqlalchemy.orm import Session
 
 from .locks import RunState
-from .models import Step
-
-
-def _aware(dt: datetime) -> datetime:
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+from .models import Step, as_utc
 
 
 def mark_evaluated(rows: list[Step]) -> None:
@@ -65,7 +61,7 @@ def evaluable_steps(
         known: dict[int, set[int]] = {}
         for i, row in enumerate(split_rows):
             own = _ranks(row)
-            if set(range(row.world_size or 1)) <= own or _aware(row.first_seen_at) < cutoff:
+            if set(range(row.world_size or 1)) <= own or as_utc(row.first_seen_at) < cutoff:
                 out.append(row)
                 continue
             if later[i] is not None:

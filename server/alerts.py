@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
@@ -32,7 +32,7 @@ from .alert_models import AlertEpisode, AlertRule, AlertState, Silence
 from .alert_steps import evaluable_steps, evaluated_frontier, mark_evaluated, unevaluated_steps
 from .commands import create_command, mitigation_state
 from .locks import RunState, run_lock, save_run_state
-from .models import Command, Run, Step, utcnow
+from .models import Command, Run, Step, as_utc, iso, utcnow
 from .notify import enqueue
 from .settings import Settings
 
@@ -56,17 +56,6 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     "<": lambda v, t: v < t,
     "<=": lambda v, t: v <= t,
 }
-
-
-def _aware(dt: datetime | None) -> datetime | None:
-    if dt is None:
-        return None
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
-
-
-def _iso(dt: datetime | None) -> str | None:
-    dt = _aware(dt)
-    return None if dt is None else dt.isoformat()
 
 
 def past_clear(rule: AlertRule | RuleRow, value: float) -> bool:
@@ -294,7 +283,7 @@ def _stale_candidates(session: Session, now: datetime) -> set[str]:
         q.where(Run.status == "running")
     ):
         period = heartbeat if heartbeat and heartbeat > 0 else 10.0
-        value = max(0.0, (now - _aware(seen)).total_seconds() / period)
+        value = max(0.0, (now - as_utc(seen)).total_seconds() / period)
         for rule in rules:
             if rule.run_id not in (None, run_id) or rule.project not in (None, project):
                 continue
@@ -631,13 +620,13 @@ def webhook_body(
 
 
 def alert_dict(
-    ep: AlertEpisode, rule: AlertRule, mode: str | None, session: Session | None = None
+    ep: AlertEpisode, rule: AlertRule, mode: str | None, session: Session
 ) -> dict[str, Any]:
     """An episode as `GET /alerts` lists it. ``mitigation``: the rule's command, offered for one
     click while the episode fires on a run in 'suggest' mode, unless the run already asks for
-    it (`_in_effect`, the test a rule in 'auto' mode applies; needs ``session``)."""
+    it (`_in_effect`, the test a rule in 'auto' mode applies)."""
     offer = rule.mitigation if mode == "suggest" and ep.state == "firing" else None
-    if offer and session is not None and _in_effect(session, ep.run_id, offer):
+    if offer and _in_effect(session, ep.run_id, offer):
         offer = None
     return {
         "alert_id": ep.id,
@@ -651,8 +640,8 @@ def alert_dict(
         "pending_step": ep.pending_step,
         "fired_step": ep.fired_step,
         "resolved_step": ep.resolved_step,
-        "fired_at": _iso(ep.fired_at),
-        "resolved_at": _iso(ep.resolved_at),
+        "fired_at": iso(ep.fired_at),
+        "resolved_at": iso(ep.resolved_at),
         "mitigation": offer,
     }
 

@@ -6,14 +6,14 @@ acked commands until the trainer acks them or their TTL passes (DESIGN.md §4 'C
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from vantage.client.schema import CommandCreate
 
-from .models import Command, Run, iso, utcnow
+from .models import Command, Run, as_utc, iso, utcnow
 
 OPEN_STATES = ("pending", "delivered")
 DEFAULT_TTL_S = 3600.0
@@ -121,7 +121,7 @@ def deliver_commands(session: Session, run_id: str) -> list[dict[str, Any]]:
     now = utcnow()
     live = []
     for c in rows:
-        expires = c.expires_at if c.expires_at.tzinfo else c.expires_at.replace(tzinfo=UTC)
+        expires = as_utc(c.expires_at)
         if expires < now:
             c.status = "expired"
             continue

@@ -9,12 +9,12 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from .models import ApiKey, utcnow
+from .models import ApiKey, iso, utcnow
 
 SCOPES = ("ingest", "read", "control", "admin")
 KEY_PREFIX = "vtg_"
@@ -103,8 +103,7 @@ def _key_row(r: ApiKey) -> dict:
         "prefix": r.prefix,
         "scopes": r.scopes,
         "project": r.project,
-        # SQLite gives back naive datetimes: they are UTC, written as such
-        "created_at": r.created_at.replace(tzinfo=r.created_at.tzinfo or UTC).isoformat(),
+        "created_at": iso(r.created_at),
         "revoked": r.revoked_at is not None,
     }
 

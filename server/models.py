@@ -39,11 +39,16 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(dt: datetime) -> datetime:
+    """``dt`` as an aware datetime in UTC: a naive one (SQLite hands back what was stored as
+    UTC without its zone) is taken as UTC, an aware one converted (SQLite would otherwise store
+    06:31-05:00 as 06:31)."""
+    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
+
+
 def iso(dt: datetime | None) -> str | None:
-    """ISO 8601 in UTC; SQLite hands back naive datetimes that were stored as UTC."""
-    if dt is None:
-        return None
-    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).isoformat()
+    """ISO 8601 in UTC, or None."""
+    return None if dt is None else as_utc(dt).isoformat()
 
 
 # Run creation is rare; a concurrent duplicate fails the unique index and the route retries.

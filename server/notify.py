@@ -19,7 +19,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -30,7 +30,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from .alert_models import WebhookMessage, WebhookTarget
-from .models import utcnow
+from .models import as_utc, utcnow
 from .settings import Settings
 
 log = logging.getLogger("vantage.notify")
@@ -129,10 +129,6 @@ def enqueue(session: Session, urls: list[str], payload: dict[str, Any], episode_
         )
 
 
-def _aware(dt: datetime) -> datetime:
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
-
-
 class OutboxSender:
     """Sends due outbox messages; `run_once` is one pass over the URLs with pending messages."""
 
@@ -218,7 +214,7 @@ class OutboxSender:
             .order_by(WebhookMessage.id)
             .limit(1)
         )
-        if msg is None or _aware(msg.next_attempt_at) > now:
+        if msg is None or as_utc(msg.next_attempt_at) > now:
             session.rollback()  # the oldest waits out its backoff; later ones keep their order
             return None
         taken = session.execute(
@@ -258,7 +254,7 @@ class OutboxSender:
             delay = min(self.settings.webhook_max_backoff_s, 0.5 * 2 ** (msg.attempts - 1))
             msg.next_attempt_at = now + timedelta(seconds=delay)
             give_up = timedelta(seconds=self.settings.webhook_give_up_s)
-            if permanent or now - _aware(msg.created_at) > give_up:
+            if permanent or now - as_utc(msg.created_at) > give_up:
                 msg.status = "failed"
             gave_up = "; given up" if msg.status == "failed" else ""
             log.warning("webhook %s failed (attempt %d): %s%s", url, msg.attempts, error, gave_up)

@@ -29,7 +29,7 @@ from .classify import COLLAPSED
 from .commands import list_commands as list_commands  # re-exported for the dashboard
 from .commands import mitigation_state
 from .group_blocks import decode_block
-from .models import Command, GroupBlock, Run, Step, iso
+from .models import Command, GroupBlock, Run, Step, as_utc, iso
 
 DEFAULT_MAX_POINTS = 5000
 POINT_COLUMNS = ("step", "attempt", "time", *STEP_METRIC_FIELDS)
@@ -40,7 +40,7 @@ def run_status(run: Run, now: datetime | None = None) -> str:
     if run.status != "running":
         return run.status
     now = now or datetime.now(UTC)
-    seen = run.last_seen_at if run.last_seen_at.tzinfo else run.last_seen_at.replace(tzinfo=UTC)
+    seen = as_utc(run.last_seen_at)
     if now - seen > timedelta(seconds=3 * run.heartbeat_s):
         return "stale"
     return "running"

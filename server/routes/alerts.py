@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
@@ -25,7 +25,7 @@ from ..alert_rules import (
 from ..alerts import list_alerts
 from ..deps import ControlKey, ReadKey, SessionDep, SettingsDep, check_key, load_run
 from ..keys import KeyInfo
-from ..models import Run
+from ..models import Run, as_utc
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 
@@ -145,7 +145,7 @@ def alerts_index(
     if since is not None:
         if not 1970 <= since.year <= 9000:  # the database cannot compare far-off dates
             raise HTTPException(422, "since must be a date between 1970 and 9000")
-        since = (since if since.tzinfo else since.replace(tzinfo=UTC)).astimezone(UTC)
+        since = as_utc(since)
     alerts = list_alerts(
         session, run_id=run_id, rule=rule, state=state, since=since, project=key.project
     )

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from vantage.client.schema import MAX_SPLIT_CHARS, MAX_STEP, SPLIT_PATTERN
 
 from ..deps import ReadKey, SessionDep, load_run
 from ..queries import (
@@ -21,8 +22,8 @@ from ..queries import (
 router = APIRouter(prefix="/api/v1/runs", tags=["metrics"])
 # The same rule as a record's split (DESIGN.md §3), so no query reaches the database with a value
 # it would refuse.
-Split = Annotated[str, Query(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
-StepBound = Annotated[int | None, Query(ge=-(2**62), le=2**62)]
+Split = Annotated[str, Query(min_length=1, max_length=MAX_SPLIT_CHARS, pattern=SPLIT_PATTERN)]
+StepBound = Annotated[int | None, Query(ge=-MAX_STEP, le=MAX_STEP)]
 
 
 @router.get("/{run_id}/metrics")

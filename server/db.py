@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import (
     RetryCallState,
@@ -37,18 +37,30 @@ def is_sqlite(url: str) -> bool:
     return make_url(normalize_url(url)).get_backend_name() == "sqlite"
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for a SQLAlchemy URL; SQLite gets WAL and foreign keys. Raises ValueError for
-    a database other than SQLite or PostgreSQL (Vantage's queries and migrations are for
-    those two), and SQLAlchemy's ArgumentError for a URL that does not parse."""
-    url = normalize_url(url)
-    backend = make_url(url).get_backend_name()
+def check_url(url: str) -> str:
+    """The backend of a database URL, ``"sqlite"`` or ``"postgresql"``. Raises ValueError for a
+    URL that does not parse or names another database (Vantage's queries and migrations are for
+    those two)."""
+    try:
+        backend = make_url(normalize_url(url)).get_backend_name()
+    except ArgumentError:
+        raise ValueError(
+            "is not a database URL: give sqlite:///PATH or postgresql://USER@HOST/DATABASE"
+        ) from None
     if backend not in ("sqlite", "postgresql"):
         raise ValueError(
             f"Vantage keeps its data in SQLite or PostgreSQL, not {backend}: give "
             "sqlite:///PATH or postgresql://USER@HOST/DATABASE"
         )
-    if is_sqlite(url):
+    return backend
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for a SQLAlchemy URL; SQLite gets WAL and foreign keys. Raises ValueError for
+    a URL `check_url` refuses."""
+    backend = check_url(url)
+    url = normalize_url(url)
+    if backend == "sqlite":
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": 30},

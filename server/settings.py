@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from platformdirs import user_data_dir
 from pydantic import Field, ValidationError, field_validator
+from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -63,6 +64,14 @@ class Settings(BaseSettings):
     # than one uses more cores. Each runs its own alert pass and outbox sender.
     workers: int = Field(default=1, ge=1, le=64)
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        from .db import check_url  # SQLAlchemy parses it; settings load before any engine
+
+        check_url(value)
+        return value
+
     @field_validator("public_url")
     @classmethod
     def _public_url(cls, value: str | None) -> str | None:
@@ -103,8 +112,15 @@ def load_settings(**values: object) -> Settings:
     try:
         return Settings(**values)  # type: ignore[arg-type]
     except ValidationError as exc:
-        lines = [
-            f"VANTAGE_{'_'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}"
-            for e in exc.errors()
-        ]
-        raise SettingsError("; ".join(lines)) from None
+        raise SettingsError("; ".join(map(_problem, exc.errors()))) from None
+
+
+# The password of a URL's user (a database URL's, a webhook's), hidden when a value is echoed.
+_PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One bad value: its variable, its value (any URL password hidden) and what is wrong."""
+    name = "VANTAGE_" + "_".join(map(str, error["loc"])).upper()
+    value = _PASSWORD.sub(r"\1***@", repr(error.get("input")))
+    return f"{name}={value}: {error['msg'].removeprefix('Value error, ')}"

@@ -78,18 +78,19 @@ def test_keys_on_a_database_that_is_not_vantages_say_so_in_one_line(tmp_path):
     pruned = run_cli("runs", "prune", "--older-than", "1", "--database-url", f"sqlite:///{typo}",
                      check=False)  # fmt: skip
     assert pruned.returncode == 1 and not typo.exists()
-    for url in ("bogus://x", f"sqlite:///{tmp_path}/no/such/folder/k.db"):
-        out = run_cli("keys", "create", "--name", "a", "--scopes", "read", "--database-url", url,
-                      check=False)  # fmt: skip
-        assert out.returncode == 1 and "error: cannot use the database" in out.stderr, out.stderr
-        assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1
-    for command in (("db", "upgrade"), ("keys", "list"), ("serve", "--port", "0")):
-        out = run_cli(*command, "--database-url", "mysql://u:pw@db/v", check=False)
-        assert out.returncode == 1 and "in SQLite or PostgreSQL, not mysql" in out.stderr, out
-        assert "pw" not in out.stderr and len(out.stderr.splitlines()) == 1
-    demo = run_cli("demo", "--quick", "--no-browser", "--database-url", "bogus://x", check=False)
-    assert demo.returncode == 1 and "error: cannot use the database" in demo.stderr, demo.stderr
-    assert "Traceback" not in demo.stderr
+    out = run_cli("keys", "create", "--name", "a", "--scopes", "read", "--database-url",
+                  f"sqlite:///{tmp_path}/no/such/folder/k.db", check=False)  # fmt: skip
+    assert out.returncode == 1 and "error: cannot use the database" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1
+    # A URL that is not one, or names another database, is a setting's error: exit 2, named.
+    for command in (("db", "upgrade"), ("keys", "list"), ("serve", "--port", "0"),
+                    ("demo", "--quick", "--no-browser")):  # fmt: skip
+        for url, says in (("mysql://u:pw@db/v", "in SQLite or PostgreSQL, not mysql"),
+                          ("bogus", "is not a database URL")):  # fmt: skip
+            out = run_cli(*command, "--database-url", url, check=False)
+            assert out.returncode == 2 and says in out.stderr, out
+            assert out.stderr.startswith("error: VANTAGE_DATABASE_URL=")
+            assert "pw" not in out.stderr and len(out.stderr.splitlines()) == 1
     # A first key may be made before the server's first start; that is said.
     made = run_cli("keys", "create", "--name", "a", "--scopes", "read", "--database-url",
                    f"sqlite:///{typo}")  # fmt: skip
@@ -135,9 +136,9 @@ def test_insecure_no_auth_refuses_public_host():
         ("VANTAGE_DEFAULT_MITIGATION_MODE", "bogus", "Input should be 'off', 'suggest' or 'auto'"),
         ("VANTAGE_WEBHOOK_GIVE_UP_S", "-5", "Input should be greater than 0"),
         ("VANTAGE_DASHBOARD_REFRESH_S", "0.001", "Input should be greater than or equal to 0.5"),
-        ("VANTAGE_WEBHOOK_ALLOW", ",,,", "Value error, names no target"),
-        ("VANTAGE_PUBLIC_URL", "notaurl", "Value error, must be an http:// or https:// URL"),
-        ("VANTAGE_WEBHOOK_ALLOW", "10.0.0.0/33", "Value error, '10.0.0.0/33' is not a URL"),
+        ("VANTAGE_WEBHOOK_ALLOW", ",,,", "names no target"),
+        ("VANTAGE_PUBLIC_URL", "notaurl", "must be an http:// or https:// URL"),
+        ("VANTAGE_WEBHOOK_ALLOW", "10.0.0.0/33", "'10.0.0.0/33' is not a URL"),
     ],
 )
 def test_a_bad_setting_is_one_line_naming_the_variable(tmp_path, variable, value, says):

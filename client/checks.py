@@ -33,14 +33,24 @@ _SPLIT = re.compile(SPLIT_PATTERN)
 
 def count(name: str, value: Any, top: int = MAX_STEP) -> int:
     """A step, rank or count as the server takes it: an integer in [0, top]."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, not a bool")
+    if isinstance(value, bool | str | bytes) or value is None:
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__} {value!r}")
     number = int(value)
-    if number != value and not isinstance(value, str):
+    if number != value:
         raise ValueError(f"{name} must be a whole number, not {value!r}")
     if not 0 <= number <= top:
         raise ValueError(f"{name} {number} is outside [0, {top}]")
     return number
+
+
+def config_json(config: Any) -> dict[str, Any]:
+    """A run's config as plain JSON: a mapping, whose values that are not JSON become their
+    text and whose non-finite numbers their strings ("NaN"); keys become text."""
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a mapping of name to value, not {type(config).__name__}")
+    return orjson.loads(orjson.dumps(non_finite_as_text(dict(config)), default=str))
 
 
 def rank_in(value: Any, world_size: int) -> int:

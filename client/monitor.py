@@ -44,7 +44,6 @@ from .schema import (
     MAX_GROUPS_PER_REQUEST,
     MAX_SCALARS_PER_RECORD,
     RunCreate,
-    non_finite_as_text,
     storable_scalar,
 )
 from .sender import (
@@ -183,13 +182,7 @@ class Monitor:
         self.attempt: int | None = None
         self.heartbeat_s = float(heartbeat_s)
         # Plain JSON only: whatever the user put in config is stringified rather than refused.
-        config_json = orjson.loads(
-            orjson.dumps(
-                non_finite_as_text(dict(config or {})),
-                default=str,
-                option=orjson.OPT_NON_STR_KEYS,
-            )
-        )
+        config_json = checks.config_json(config)
         run = RunCreate(
             run_id=self.run_id,
             launch_id=self.launch_id,

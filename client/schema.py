@@ -560,11 +560,14 @@ def non_finite_as_text(value: Any) -> Any:
     """Free-form JSON with each non-finite float as its string ("NaN", "Infinity",
     "-Infinity"), as `storable_scalar` keeps scalars: JSON, and so the database, has no such
     numbers, and null would lose which it was. Dicts, lists and tuples are walked (a tuple
-    becomes a list); anything else is returned as it is."""
+    becomes a list, a key that is not a string its ``str``, as JSON keys are text); anything
+    else is returned as it is."""
     if isinstance(value, float):
         return value if math.isfinite(value) else storable_scalar(value)
     if isinstance(value, dict):
-        return {k: non_finite_as_text(v) for k, v in value.items()}
+        return {
+            k if isinstance(k, str) else str(k): non_finite_as_text(v) for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
         return [non_finite_as_text(v) for v in value]
     return value

@@ -96,10 +96,15 @@ def test_strict_raises_each_in_the_call_and_after_close(tmp_path):
         lambda: mon.log_groups(5, [[1, 0]], split="é"),
         lambda: mon.log_groups(5, [[1, 0]], rank=1),
         lambda: mon.log_effective(5, n_valid=1, n_zero_advantage=2),
+        lambda: mon.log_groups("3", [[1, 0]]),  # a string step was read as 3 (a trial)
+        lambda: mon.log_scalars(None, {"loss": 1.0}),
+        lambda: mon.log_effective(5, n_valid="2", n_zero_advantage=0),
     ]
     for call in calls:
         with pytest.raises((TypeError, ValueError)):
             call()
+    with pytest.raises(TypeError, match="step must be an integer, not str '3'"):
+        mon.log_groups("3", [[1, 0]])
     mon.log_groups(1, [[1, 0]], split="eval.gsm8k", prompt_ids=["p" * 128])
     mon.close(timeout=1)
     for call in (
@@ -123,15 +128,23 @@ def test_logging_after_close_is_said_not_silent(tmp_path, caplog):
 def test_a_config_nan_reaches_the_server_as_its_string(tmp_path):
     srv = start_server(f"sqlite:///{tmp_path}/c.db", tmp_path, "--insecure-no-auth")
     try:
-        config = {"lr": float("nan"), "betas": (0.9, float("inf")), "name": "x"}
+        config = {"lr": float("nan"), "betas": (0.9, float("inf")), "name": "x", (1, 2): {3: 4}}
         mon = Monitor(srv.url, None, config=config, spool_dir=str(tmp_path / "spool"))
-        mon.log_effective(0, n_valid=1, n_zero_advantage=0, mitigation={"tau": float("-inf")})
+        mitigation = {"tau": float("-inf"), 7: "k"}
+        mon.log_effective(0, n_valid=1, n_zero_advantage=0, mitigation=mitigation)
         mon.close(timeout=20)
         run = httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}").json()
-        assert run["config"] == {"lr": "NaN", "betas": [0.9, "Infinity"], "name": "x"}
-        assert run["mitigation_reported"] == {"tau": "-Infinity"}
+        assert run["config"] == {
+            "lr": "NaN", "betas": [0.9, "Infinity"], "name": "x", "(1, 2)": {"3": 4}
+        }  # fmt: skip
+        assert run["mitigation_reported"] == {"tau": "-Infinity", "7": "k"}
     finally:
         srv.stop()
+    # a tuple key raised orjson's "Dict key must a type serializable" (a trial); a list or a
+    # string is no config
+    for wrong in ([1, 2], "lr=1"):
+        with pytest.raises(TypeError, match="config must be a mapping"):
+            Monitor(None, config=wrong, spool_dir=str(tmp_path / "spool2"))
 
 
 def test_a_scalar_float_cannot_read_costs_only_itself(tmp_path):

@@ -609,6 +609,17 @@ MITIGATION_NUMBERS = {
     "delta_high": (-10.0, 10.0, False),  # AAPO: margin clip, high
 }
 AVSPO_THRESHOLDS = ("fixed", "adaptive", "single")
+# set_mitigation's settings when neither the config nor a command gave them (DESIGN.md §7):
+# AVSPO's threshold, α, adaptive τ_0 and η; AAPO's δ_low and δ_high. The trainer starts from
+# them and the dashboard's forms show them for a run that reported nothing else.
+MITIGATION_DEFAULTS: dict[str, Any] = {
+    "threshold": "fixed",
+    "alpha": 0.5,
+    "tau": 0.5,
+    "eta": 0.01,
+    "delta_low": -0.2,
+    "delta_high": 0.28,
+}
 
 
 def _only(kind: str, params: dict[str, Any], allowed: tuple[str, ...]) -> None:

@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from dash import dcc, html
+from vantage.client.schema import AVSPO_THRESHOLDS, MITIGATION_DEFAULTS
 
 from . import explain
 
@@ -29,7 +30,10 @@ def build_command(action: str, values: dict[str, Any]) -> tuple[str, dict[str, A
     kind = ACTIONS[action][1]
     if action == "avspo":
         alpha = values.get("avspo_alpha")
-        params = {"mode": "avspo", "threshold": values.get("avspo_threshold") or "fixed"}
+        params = {
+            "mode": "avspo",
+            "threshold": values.get("avspo_threshold") or MITIGATION_DEFAULTS["threshold"],
+        }
         if alpha is not None:
             params["alpha"] = float(alpha)
         return kind, params
@@ -88,10 +92,13 @@ def _number(id_: str, value: float, step: float, label: str, help_text: str) -> 
 
 # A form field → (the trainer config's field, the set_mitigation param, the trainer's default).
 SETTINGS = {
-    "avspo_threshold": ("avspo_threshold", "threshold", "fixed"),
-    "avspo_alpha": ("avspo_alpha", "alpha", 0.5),
-    "aapo_delta_low": ("aapo_delta_low", "delta_low", -0.2),
-    "aapo_delta_high": ("aapo_delta_high", "delta_high", 0.28),
+    f"{mode}_{param}": (f"{mode}_{param}", param, MITIGATION_DEFAULTS[param])
+    for mode, param in (
+        ("avspo", "threshold"),
+        ("avspo", "alpha"),
+        ("aapo", "delta_low"),
+        ("aapo", "delta_high"),
+    )
 }
 
 
@@ -116,7 +123,7 @@ def _setting(value: Any, fallback: Any) -> Any:
     """``value`` when it can stand in a form: a finite number for a number, one of AVSPO's
     thresholds for the threshold; else ``fallback``."""
     if isinstance(fallback, str):
-        return value if value in ("fixed", "adaptive", "single") else fallback
+        return value if value in AVSPO_THRESHOLDS else fallback
     number = isinstance(value, int | float) and not isinstance(value, bool)
     return float(value) if number and math.isfinite(value) else fallback
 
@@ -165,7 +172,7 @@ def panel(
                             html.Label("trigger", htmlFor="avspo-threshold"),
                             dcc.Dropdown(
                                 id="avspo-threshold",
-                                options=["fixed", "adaptive", "single"],
+                                options=list(AVSPO_THRESHOLDS),
                                 value=now["avspo_threshold"],
                                 clearable=False,
                             ),

@@ -11,6 +11,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from vantage.client.schema import MITIGATION_DEFAULTS
+
 from .config import TrainConfig
 from .monitoring import Command
 
@@ -28,11 +30,11 @@ class Mitigation:
     """The advantage estimator in use and its parameters (set_mitigation changes it)."""
 
     mode: str = "none"  # none (plain grpo) | avspo | aapo
-    threshold: str = "fixed"  # AVSPO: fixed | adaptive | single
-    alpha: float = 0.5  # AVSPO: K = max(1, min(G, ⌈G·ACR^α⌉))
-    eta: float = 0.01  # AVSPO adaptive: τ's step size
-    delta_low: float = -0.2  # AAPO: margin clip, low
-    delta_high: float = 0.28  # AAPO: margin clip, high
+    threshold: str = MITIGATION_DEFAULTS["threshold"]  # AVSPO: fixed | adaptive | single
+    alpha: float = MITIGATION_DEFAULTS["alpha"]  # AVSPO: K = max(1, min(G, ⌈G·ACR^α⌉))
+    eta: float = MITIGATION_DEFAULTS["eta"]  # AVSPO adaptive: τ's step size
+    delta_low: float = MITIGATION_DEFAULTS["delta_low"]  # AAPO: margin clip, low
+    delta_high: float = MITIGATION_DEFAULTS["delta_high"]  # AAPO: margin clip, high
 
     def reported(self) -> dict[str, Any]:
         """The mode and the parameters that act in it, as the trainer reports them with each

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from vantage.client.schema import MITIGATION_DEFAULTS
 
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "CONFIG_DIR", "bundled_config"]
 
@@ -82,12 +83,12 @@ class TrainConfig:
 
     # ---- mitigation (a set_mitigation command changes these mid-run)
     mitigation: str = "none"  # "none" (plain grpo), "avspo" or "aapo"
-    avspo_threshold: str = "fixed"  # "fixed", "adaptive" (the paper's τ) or "single" (K = 1)
-    avspo_alpha: float = 0.5  # K = max(1, min(G, ⌈G·ACR^α⌉))
-    avspo_tau0: float = 0.5  # adaptive threshold's start
-    avspo_eta: float = 0.01  # adaptive threshold's step size
-    aapo_delta_low: float = -0.2  # AAPO margin clip, low
-    aapo_delta_high: float = 0.28  # AAPO margin clip, high
+    avspo_threshold: str = MITIGATION_DEFAULTS["threshold"]  # fixed, adaptive (τ) or single (K=1)
+    avspo_alpha: float = MITIGATION_DEFAULTS["alpha"]  # K = max(1, min(G, ⌈G·ACR^α⌉))
+    avspo_tau0: float = MITIGATION_DEFAULTS["tau"]  # adaptive threshold's start
+    avspo_eta: float = MITIGATION_DEFAULTS["eta"]  # adaptive threshold's step size
+    aapo_delta_low: float = MITIGATION_DEFAULTS["delta_low"]  # AAPO margin clip, low
+    aapo_delta_high: float = MITIGATION_DEFAULTS["delta_high"]  # AAPO margin clip, high
 
     # ---- generation backend
     backend: str = "hf"  # "hf" (transformers generate) or "vllm" (the vllm extra, GPU)

@@ -41,6 +41,7 @@ MAX_GROUP_SIZE = 65_536
 MAX_STEP = 2**62
 MAX_RANK = 65_535
 MAX_COUNT = 2**31 - 1  # an attempt; effective statistics of one rank's step
+MAX_COUNTER = 2**62  # a client-health counter in a heartbeat (a whole run's groups or batches)
 MAX_ID_CHARS = 128  # group_id, prompt_id, a scalar's name
 MAX_SPLIT_CHARS = 64
 SPLIT_PATTERN = r"^[A-Za-z0-9_.\-]+$"
@@ -488,11 +489,11 @@ class Heartbeat(_Strict):
     """The attempt POST /runs answered for this launch."""
     rank: Annotated[int, Strict(), Field(ge=0, le=MAX_RANK)] = 0
     """Sending process; only rank 0 gets commands."""
-    spooled_groups: Annotated[int, Strict(), Field(ge=0, le=2**62)] | None = None
+    spooled_groups: Annotated[int, Strict(), Field(ge=0, le=MAX_COUNTER)] | None = None
     """Groups waiting in the client's on-disk spool."""
-    dropped_groups: Annotated[int, Strict(), Field(ge=0, le=2**62)] | None = None
+    dropped_groups: Annotated[int, Strict(), Field(ge=0, le=MAX_COUNTER)] | None = None
     """Groups dropped because the spool was full (total)."""
-    dead_letter_batches: Annotated[int, Strict(), Field(ge=0, le=2**62)] | None = None
+    dead_letter_batches: Annotated[int, Strict(), Field(ge=0, le=MAX_COUNTER)] | None = None
     """Batches the server refused with a 4xx, kept in the spool's dead-letter table (total)."""
 
 

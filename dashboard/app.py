@@ -14,6 +14,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.requests import Request  # at module level: FastAPI resolves annotations here
 
 from . import auth, context, data
+from .callback_requests import CallbackRequests
 
 HERE = Path(__file__).parent
 URL_BASE = auth.PREFIX + "/"
@@ -190,6 +191,7 @@ def mount(app: FastAPI, settings: Any, session_factory) -> Dash:
     dash_app._callback_list.extend(_callback.GLOBAL_CALLBACK_LIST)
     _callback.GLOBAL_CALLBACK_LIST.clear()
     _catchall(app, dash_app)
-    app.add_middleware(auth.DashboardGate)
+    app.add_middleware(CallbackRequests, dash_app=dash_app)
+    app.add_middleware(auth.DashboardGate)  # outermost: no body is read before the key is known
     app.state.dash_app = dash_app
     return dash_app

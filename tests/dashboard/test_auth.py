@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import httpx
+import orjson
 
 
 def client(server, **kw) -> httpx.Client:
@@ -36,6 +37,36 @@ def test_pages_need_a_login_and_come_back_after_it(server):
         # Callbacks without the cookie get 401, not data.
         assert c.post("/dashboard/_dash-update-component", json={}).status_code == 401
         assert c.get("/dashboard/_dash-layout").status_code in (401, 303)
+
+
+def test_a_malformed_callback_request_is_a_400_not_dashs_500(server):
+    """Found by a fresh-user trial: Dash answered 500 to any body it could not read."""
+    runs = {"id": "runs-interval", "property": "n_intervals", "value": 1}
+    output = "..runs-body.children...runs-project.options...runs-tag.options.."
+    cases = [
+        (b"{", "the body is not JSON"),
+        (b"[]", "a JSON object"),
+        (b'{"output": "x", "inputs": []}', "outputs: Field required"),
+        (b'{"output": "x", "outputs": [], "inputs": "zz"}', "inputs: Input should be a valid list"),
+        (b'{"output": "a.b", "outputs": [], "inputs": []}', "no callback has the output 'a.b'"),
+        (orjson.dumps({"output": output, "outputs": [], "inputs": [runs]}),
+         "the callback takes 3 inputs and states; 1 were sent"),
+    ]  # fmt: skip
+    with logged_in(server, "read") as c:
+        for body, says in cases:
+            r = c.post("/dashboard/_dash-update-component", content=body)
+            assert r.status_code == 400 and says in r.json()["detail"], (body, r.text)
+        r = c.post("/dashboard/_dash-update-component", content=b"x" * (8 * 1024 * 1024 + 1))
+        assert r.status_code == 413
+        inputs = [runs, {"id": "runs-project", "property": "value", "value": None},
+                  {"id": "runs-tag", "property": "value", "value": None}]  # fmt: skip
+        outputs = [
+            {"id": f"runs-{x}", "property": p}
+            for x, p in (("body", "children"), ("project", "options"), ("tag", "options"))
+        ]
+        good = {"output": output, "outputs": outputs, "inputs": inputs, "changedPropIds": []}
+        r = c.post("/dashboard/_dash-update-component", json=good)
+        assert r.status_code == 200 and "runs-body" in r.json()["response"]
 
 
 def test_login_sets_a_strict_httponly_cookie(server):

@@ -1,0 +1,117 @@
+"""A malformed callback request gets 400 naming what is wrong, not Dash's 500.
+
+Dash's callback route (``POST /dashboard/_dash-update-component``) trusts its body: a body that
+is not JSON, lacks ``output``, names no callback of this app, or carries fewer inputs than the
+callback declares raised inside Dash and answered 500 (found by a fresh-user trial). The
+browser never sends such a body, so this check refuses only what a script or a fuzzer sends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from dash import Dash
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from vantage.client.schema import MAX_REQUEST_BYTES
+
+# Callback bodies carry the inputs' and states' values; the API's request limit bounds them too.
+MAX_BODY_BYTES = MAX_REQUEST_BYTES
+
+
+class _Prop(BaseModel):
+    """One input, state or output: a component's id and property (and, for inputs, value)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str | dict[str, Any]
+    property: str
+
+
+class _Callback(BaseModel):
+    """The fields of a callback request that Dash reads before it calls the callback."""
+
+    model_config = ConfigDict(extra="allow")
+    output: str
+    outputs: _Prop | list[_Prop | list[_Prop]]
+    inputs: list[_Prop | list[_Prop]]
+    state: list[_Prop | list[_Prop]] = []
+    changedPropIds: list[str] = []  # noqa: N815 - Dash's field name
+
+
+class CallbackRequests:
+    """ASGI middleware: checks each POST to ``dash_app``'s callback route against the app's
+    callbacks before Dash reads it; a bad one gets 400 (413 past MAX_BODY_BYTES) with a JSON
+    ``detail``."""
+
+    def __init__(self, app: ASGIApp, dash_app: Dash) -> None:
+        self.app = app
+        self.dash_app = dash_app
+        self.path = dash_app.config.routes_pathname_prefix + "_dash-update-component"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != self.path:
+            return await self.app(scope, receive, send)
+        body = await _read(receive)
+        if body is None:
+            detail = f"a callback request is at most {MAX_BODY_BYTES:,} bytes"
+            return await JSONResponse({"detail": detail}, 413)(scope, receive, send)
+        problem = self.problem(body)
+        if problem:
+            detail = f"not a callback request of this dashboard: {problem}"
+            return await JSONResponse({"detail": detail}, 400)(scope, receive, send)
+        await self.app(scope, _replay(body, receive), send)
+
+    def problem(self, body: bytes) -> str | None:
+        """What is wrong with a callback request's body, or None when Dash can read it."""
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return "the body is not JSON"
+        if not isinstance(parsed, dict):
+            return f"the body must be a JSON object, not {type(parsed).__name__}"
+        try:
+            request = _Callback.model_validate(parsed)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            return f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}"
+        callback = self.dash_app.callback_map.get(request.output)
+        if callback is None:
+            return f"no callback has the output {request.output[:200]!r}"
+        declared = len(callback["inputs"]) + len(callback["state"])
+        sent = len(request.inputs) + len(request.state)
+        if sent != declared:
+            return f"the callback takes {declared} inputs and states; {sent} were sent"
+        return None
+
+
+async def _read(receive: Receive) -> bytes | None:
+    """The whole request body, or None past MAX_BODY_BYTES."""
+    chunks, size, more = [], 0, True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app the body already read, then ``receive``'s messages (a
+    disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay

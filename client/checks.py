@@ -25,6 +25,7 @@ from .schema import (
     SPLIT_PATTERN,
     check_storable,
     non_finite_as_text,
+    small_mitigation,
     storable_text,
 )
 
@@ -120,6 +121,6 @@ def scalars_map(scalars: Any) -> dict[Any, Any]:
 def mitigation_json(mitigation: Mapping[str, Any]) -> dict[str, Any]:
     """The mitigation in effect as the server stores it: plain JSON (other values become
     their text; non-finite numbers their strings), integers within 64 bits, at most 32 levels,
-    no NUL."""
+    no NUL, at most 4 KiB as JSON."""
     plain = orjson.loads(orjson.dumps(non_finite_as_text(dict(mitigation)), default=str))
-    return check_storable(plain)
+    return small_mitigation(check_storable(plain))

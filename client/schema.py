@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -365,7 +366,7 @@ class StepRecord(GroupsForm):
     """The trainer's statistics after mitigation (acr_effective)."""
     scalars: Scalars | None = None
     """Trainer scalars by name (loss, kl, ...); NaN and Infinity are kept as strings."""
-    mitigation: StorableJSON = None
+    mitigation: MitigationJSON = None
     """The mitigation in effect for this step, e.g. {"mode": "avspo"}."""
 
     @model_validator(mode="before")
@@ -579,6 +580,22 @@ def _storable_json(value: Any) -> Any:
 
 
 StorableJSON = Annotated[dict[str, Any] | None, AfterValidator(_storable_json)]
+
+# A record's mitigation is stored with its step: a mode and a few numbers, never a document.
+MAX_MITIGATION_BYTES = 4_096
+
+
+def small_mitigation(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``value``, or ValueError when it is over MAX_MITIGATION_BYTES as JSON."""
+    size = 0 if value is None else len(orjson.dumps(value))
+    if size > MAX_MITIGATION_BYTES:
+        raise ValueError(
+            f"is {size:,} bytes as JSON; at most {MAX_MITIGATION_BYTES:,} (a mode and its settings)"
+        )
+    return value
+
+
+MitigationJSON = Annotated[StorableJSON, AfterValidator(small_mitigation)]
 
 
 def validate_command_params(kind: str, params: dict[str, Any]) -> None:

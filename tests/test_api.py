@@ -785,6 +785,10 @@ def test_unstorable_values_in_records_heartbeats_and_acks_are_422(api):
     huge = 10**30
     steps = {"attempt": 1, "records": [{"step": 1, "groups": [[1, 0]], "mitigation": {"x": huge}}]}
     assert api.post(f"/api/v1/runs/{rid}/steps", json=steps).status_code == 422
+    # a mitigation is a mode and its settings; a 100 KB one was stored with every step (a trial)
+    wordy = {"step": 1, "groups": [[1, 0]], "mitigation": {"mode": "m" * 5000}}
+    r = api.post(f"/api/v1/runs/{rid}/steps", json={"attempt": 1, "records": [wordy]})
+    assert r.status_code == 422 and "at most 4,096" in r.text, r.text
     beat = {"attempt": 1, "dropped_groups": huge}
     assert api.post(f"/api/v1/runs/{rid}/heartbeat", json=beat).status_code == 422
     cmd = api.post(f"/api/v1/runs/{rid}/commands", json={"type": "stop"}).json()

@@ -62,6 +62,7 @@ def _bad_calls(mon: Monitor) -> None:
     mon.log_effective(5, n_valid=1, n_zero_advantage=2)
     mon.log_effective(5, n_valid=2**40, n_zero_advantage=0)
     mon.log_effective(5, n_valid=1, n_zero_advantage=0, mitigation={"mode": "avspo", "k": 2**70})
+    mon.log_effective(5, n_valid=1, n_zero_advantage=0, mitigation={"mode": "x" * 5000})
 
 
 def test_values_the_server_would_refuse_cost_only_their_call(tmp_path):
@@ -75,7 +76,7 @@ def test_values_the_server_would_refuse_cost_only_their_call(tmp_path):
         mon.log_scalars(5, {"kl": 0.5, "x" * 129: 2.0})  # the bad name alone is skipped
         mon.close(timeout=20)
         assert mon.dead_letter_batches == 0
-        assert mon.stats["rejected_calls"] == 10
+        assert mon.stats["rejected_calls"] == 11
         points = httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}/metrics").json()["points"]
         assert [p["step"] for p in points] == list(range(8))
         for p in points:

@@ -462,8 +462,8 @@ class Monitor:
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Send everything queued so far (retrying at once, not after the current backoff) and
-        wait until the server has it; True when it has."""
-        end = time.monotonic() + timeout
+        wait until the server has it; True when it has. ``timeout``: seconds, as `close`'s."""
+        end = time.monotonic() + _seconds(timeout)
         self._force_drain = True
         self._wake.set()
         while time.monotonic() < end:
@@ -477,15 +477,18 @@ class Monitor:
     def close(self, timeout: float = 30.0, status: str | None = "finished") -> None:
         """Wake the sender (cancelling any backoff wait), send the queue, replay the spool and
         return when the server has everything or ``timeout`` has passed; what is left stays in
-        the spool. Rank 0 then marks the run ``status`` (``finished``/``failed``; None: neither)."""
+        the spool. Rank 0 then marks the run ``status`` (``finished``/``failed``; None: neither).
+        ``timeout``: seconds; 0 or less (or NaN) spools at once, ``math.inf`` waits as long as it
+        takes."""
         if self._closed:
             return
+        timeout = _seconds(timeout)
         if status not in ("finished", "failed", None):  # the run would stay `running` silently
             said = f"close(status=...) takes 'finished', 'failed' or None; got {status!r}"
             self._reject("close", ValueError(said))  # raised when strict
             status = None
         self._closed = True
-        self._deadline = time.monotonic() + max(0.0, timeout)
+        self._deadline = time.monotonic() + timeout
         self._finish_status = status if self.rank == 0 else None
         self._closing.set()
         self._wake.set()
@@ -936,3 +939,10 @@ class Monitor:
             if self._finish_status and not finished and (self.attempt or not self._spool.empty):
                 self._spool.keep_finish(self._finish_status)  # for `vantage sync`
             self._spool.close(remove_if_clean=True)
+
+
+def _seconds(timeout: float) -> float:
+    """A wait in seconds that the clock and ``Thread.join`` can take: NaN and negatives are 0,
+    and infinity (wait as long as it takes) is a year (``join(inf)`` raises OverflowError)."""
+    timeout = float(timeout)
+    return min(timeout, 365 * 86_400.0) if timeout > 0 else 0.0

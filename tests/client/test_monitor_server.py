@@ -629,3 +629,20 @@ def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path):
         assert [p["step"] for p in points] == [1, 2, 3]
     finally:
         srv.stop()
+
+
+def test_close_without_a_time_limit_waits_for_the_server(server: Server, tmp_path: Path):
+    """close(timeout=math.inf) raised OverflowError (a trial); it now waits until all is sent,
+    and a timeout of NaN or below 0 spools at once."""
+    mon = monitor(server.url, tmp_path)
+    for step in range(3):
+        mon.log_groups(step, step_rewards(step))
+    mon.close(timeout=float("inf"))
+    assert mon.spooled_groups == 0 and [p["step"] for p in server.metrics(mon.run_id)] == [0, 1, 2]
+    for timeout in (float("nan"), -1.0):
+        late = Monitor(None, run_name="no-wait", spool_dir=str(tmp_path / "s2"))
+        late.log_groups(0, step_rewards(0))
+        t0 = time.monotonic()
+        assert late.flush(timeout) is False
+        late.close(timeout=timeout)
+        assert time.monotonic() - t0 < 1.0 and late.spooled_groups == 8

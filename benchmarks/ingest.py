@@ -15,8 +15,10 @@ two ranks, without their synchronisation); with ``--lockstep`` the threads send 
 one job do: the same steps, each its own rank's groups, meeting before each step. The two
 servers are measured in alternating rounds (these machines are noisy) after a warm-up, once the
 machine is quiet, and the ratio of their steady-state rates is printed. MLflow's stored point
-count is checked in its database. Also measured for Vantage: latency of 1,000-group batches from
-one sender and the read time of the metrics of a 20,000-step run.
+count is checked in its database. Also measured, beside the ratio: the same points sent through
+MLflow's own client (``MlflowClient.log_batch`` with ``Metric`` entities, as a training script
+sends them; its overhead and connection pool are MLflow's), and for Vantage the latency of
+1,000-group batches from one sender and the read time of the metrics of a 20,000-step run.
 
     python benchmarks/ingest.py --quick      # under 5 minutes
 
@@ -249,6 +251,39 @@ class MlflowSender(_PlacedSender):
         return len(groups)
 
 
+class StockMlflowSender(MlflowSender):
+    """The same points through MLflow's own client, as a training script sends them:
+    ``MlflowClient.log_batch`` with ``Metric`` entities, its shared connection pool, no placement
+    on workers. Reported beside the fair measure (its client's overhead and placement are
+    MLflow's, not the server's), not as the ratio."""
+
+    def __init__(self, url: str, workers: int = 1):
+        from mlflow.tracking import MlflowClient
+
+        super().__init__(url, workers)
+        self.stock = MlflowClient(tracking_uri=url)
+
+    def prepare(self, senders: int) -> None:
+        """Nothing to place: the stock client keeps its own pool."""
+
+    def send(
+        self, groups: list[list[float]], sender: int = 0, step: int | None = None, ranks: int = 1
+    ) -> int:
+        from mlflow.entities import Metric
+
+        step = self.next_step() if step is None else step
+        x = np.array(groups, dtype=np.float64)
+        means, stds = x.mean(axis=1).tolist(), x.std(axis=1, ddof=1).tolist()
+        metrics = []
+        for mean, std, ts in zip(means, stds, self._timestamps(len(groups)), strict=True):
+            metrics.append(Metric("group_mean", mean, ts, step))
+            metrics.append(Metric("group_std", std, ts, step))
+        self.stock.log_batch(self.run_id, metrics=metrics)
+        with self._lock:
+            self.sent_points += len(metrics)
+        return len(groups)
+
+
 def timed_round(
     sender: _Sender, batches: list[list[list[float]]], concurrency: int, lockstep: bool = False
 ) -> float:
@@ -392,11 +427,13 @@ def main() -> None:
         rng = random.Random(0)
         vantage = VantageSender(vurl, args.group_size, args.workers)
         mlflow_ = MlflowSender(murl, args.workers)
+        stock = StockMlflowSender(murl, args.workers)
         warm = [make_groups(rng, args.batch, args.group_size) for _ in range(3)]
         for b in warm:  # warm-up: connections, caches, first inserts
             for i in range(args.concurrency):
                 vantage.send(b, i)
                 mlflow_.send(b, i)
+                stock.send(b, i)
         rates: dict[tuple[str, int], list[float]] = {}
         levels = sorted({args.concurrency, 1}, reverse=True)
         for r in range(rounds):  # alternating rounds, same batches for both
@@ -405,20 +442,23 @@ def main() -> None:
             for level in levels:
                 v = timed_round(vantage, vb, level, args.lockstep)
                 m = timed_round(mlflow_, vb[:m_batches], level, args.lockstep)
+                k = timed_round(stock, vb[:m_batches], level, args.lockstep)
                 rates.setdefault(("vantage", level), []).append(v)
                 rates.setdefault(("mlflow", level), []).append(m)
+                rates.setdefault(("stock", level), []).append(k)
                 line.append(
                     f"{level} sender{'s' if level > 1 else ''}: vantage {v:,.0f}, mlflow {m:,.0f} "
-                    f"groups/s, ratio {v / m:.1f}"
+                    f"groups/s, ratio {v / m:.1f} (MLflow's own client {k:,.0f}, ratio {v / k:.1f})"
                 )
             print(f"round {r + 1}/{rounds}: " + "; ".join(line), flush=True)
 
         with psycopg.connect(f"{base}/{mdb}") as conn:
-            stored = conn.execute(
-                "SELECT count(*) FROM metrics WHERE run_uuid = %s", (mlflow_.run_id,)
-            ).fetchone()[0]
-        assert stored == mlflow_.sent_points, f"mlflow stored {stored} of {mlflow_.sent_points}"
-        print(f"mlflow stored all {stored} points sent", flush=True)
+            for sent in (mlflow_, stock):
+                stored = conn.execute(
+                    "SELECT count(*) FROM metrics WHERE run_uuid = %s", (sent.run_id,)
+                ).fetchone()[0]
+                assert stored == sent.sent_points, f"mlflow stored {stored} of {sent.sent_points}"
+                print(f"mlflow stored all {stored} points sent to run {sent.run_id}", flush=True)
 
         # 1,000-group batch latency (Vantage), steady state
         lat = VantageSender(vurl, args.group_size)
@@ -452,6 +492,7 @@ def main() -> None:
         median = {k: statistics.median(v) for k, v in rates.items()}
         v, m = median[("vantage", args.concurrency)], median[("mlflow", args.concurrency)]
         v1, m1 = median[("vantage", 1)], median[("mlflow", 1)]
+        k, k1 = median[("stock", args.concurrency)], median[("stock", 1)]
         print(
             json.dumps(
                 {
@@ -465,6 +506,12 @@ def main() -> None:
                         "vantage_groups_per_s": round(v1),
                         "mlflow_groups_per_s": round(m1),
                         "ratio": round(v1 / m1, 1),
+                    },
+                    "mlflow_own_client": {
+                        "mlflow_groups_per_s": round(k),
+                        "ratio": round(v / k, 1),
+                        "one_sender_mlflow_groups_per_s": round(k1),
+                        "one_sender_ratio": round(v1 / k1, 1),
                     },
                     "batch_1000_p50_ms": round(p50, 1),
                     "batch_1000_p99_ms": round(p99, 1),

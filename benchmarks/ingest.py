@@ -239,16 +239,21 @@ class MlflowSender(_PlacedSender):
         step = self.next_step() if step is None else step
         x = np.array(groups, dtype=np.float64)
         means, stds = x.mean(axis=1).tolist(), x.std(axis=1, ddof=1).tolist()
-        metrics = []
-        for mean, std, ts in zip(means, stds, self._timestamps(len(groups)), strict=True):
-            metrics.append({"key": "group_mean", "value": mean, "timestamp": ts, "step": step})
-            metrics.append({"key": "group_std", "value": std, "timestamp": ts, "step": step})
-        self.post(
-            sender, "/api/2.0/mlflow/runs/log-batch", {"run_id": self.run_id, "metrics": metrics}
-        )
+        points = [
+            (key, value, ts, step)
+            for mean, std, ts in zip(means, stds, self._timestamps(len(groups)), strict=True)
+            for key, value in (("group_mean", mean), ("group_std", std))
+        ]
+        self.log_batch(sender, points)
         with self._lock:
-            self.sent_points += len(metrics)
+            self.sent_points += len(points)
         return len(groups)
+
+    def log_batch(self, sender: int, points: list[tuple[str, float, int, int]]) -> None:
+        """Send ``(key, value, timestamp, step)`` points in one ``runs/log-batch`` call."""
+        metrics = [{"key": k, "value": v, "timestamp": t, "step": s} for k, v, t, s in points]
+        body = {"run_id": self.run_id, "metrics": metrics}
+        self.post(sender, "/api/2.0/mlflow/runs/log-batch", body)
 
 
 class StockMlflowSender(MlflowSender):
@@ -266,22 +271,10 @@ class StockMlflowSender(MlflowSender):
     def prepare(self, senders: int) -> None:
         """Nothing to place: the stock client keeps its own pool."""
 
-    def send(
-        self, groups: list[list[float]], sender: int = 0, step: int | None = None, ranks: int = 1
-    ) -> int:
+    def log_batch(self, sender: int, points: list[tuple[str, float, int, int]]) -> None:
         from mlflow.entities import Metric
 
-        step = self.next_step() if step is None else step
-        x = np.array(groups, dtype=np.float64)
-        means, stds = x.mean(axis=1).tolist(), x.std(axis=1, ddof=1).tolist()
-        metrics = []
-        for mean, std, ts in zip(means, stds, self._timestamps(len(groups)), strict=True):
-            metrics.append(Metric("group_mean", mean, ts, step))
-            metrics.append(Metric("group_std", std, ts, step))
-        self.stock.log_batch(self.run_id, metrics=metrics)
-        with self._lock:
-            self.sent_points += len(metrics)
-        return len(groups)
+        self.stock.log_batch(self.run_id, metrics=[Metric(*p) for p in points])
 
 
 def timed_round(

@@ -765,6 +765,9 @@ BAD_BODIES = [
     # (path, raw JSON body) that used to reach the database and answer 500 (fresh-user trial)
     ("/api/v1/runs", '{"name": "a", "config": {"x": 100000000000000000000000}}'),
     ("/api/v1/runs", '{"name": "a", "config": {"x": ' + "[" * 300 + "]" * 300 + "}}"),
+    # 480 to 999 levels reached Python's recursion limit: a RecursionError and 500 (a trial)
+    ("/api/v1/runs", '{"name": "a", "config": {"x": ' + "[" * 500 + "]" * 500 + "}}"),
+    ("/api/v1/runs", '{"name": "a", "config": {"x": ' + "[" * 700 + "]" * 700 + "}}"),
     ("/api/v1/runs", '{"name": "a", "run_id": "a\\ud800"}'),
     ("/api/v1/runs", '{"name": "a", "tags": ["\\ud800"]}'),
     ("/api/v1/runs", '{"name": "a", "config": {"k": "\\udfff"}}'),

@@ -25,6 +25,7 @@ from .schema import (
     SPLIT_PATTERN,
     check_storable,
     non_finite_as_text,
+    small_config,
     small_mitigation,
     storable_text,
 )
@@ -46,12 +47,15 @@ def count(name: str, value: Any, top: int = MAX_STEP) -> int:
 
 def config_json(config: Any) -> dict[str, Any]:
     """A run's config as plain JSON: a mapping, whose values that are not JSON become their
-    text and whose non-finite numbers their strings ("NaN"); keys become text."""
+    text and whose non-finite numbers their strings ("NaN"); keys become text. TypeError when
+    it is no mapping; ValueError when the server would refuse it (over 64 KiB as JSON, nested
+    over 32 levels, an integer beyond 64 bits)."""
     if config is None:
         return {}
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a mapping of name to value, not {type(config).__name__}")
-    return orjson.loads(orjson.dumps(non_finite_as_text(dict(config)), default=str))
+    plain = orjson.loads(orjson.dumps(non_finite_as_text(dict(config)), default=str))
+    return small_config(check_storable(plain))
 
 
 def rank_in(value: Any, world_size: int) -> int:

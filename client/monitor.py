@@ -181,8 +181,15 @@ class Monitor:
         self.launch_id = derive_launch_id(launch_id)
         self.attempt: int | None = None
         self.heartbeat_s = float(heartbeat_s)
-        # Plain JSON only: whatever the user put in config is stringified rather than refused.
-        config_json = checks.config_json(config)
+        # Plain JSON only: whatever the user put in config is stringified rather than refused;
+        # a config the server would refuse (too large, say) is left out rather than the run.
+        try:
+            config_json = checks.config_json(config)
+        except ValueError as exc:
+            if strict:
+                raise
+            log.warning("vantage: the run's config is not sent (config %s)", exc)
+            config_json = {"vantage": f"config not sent (config {exc})"}
         run = RunCreate(
             run_id=self.run_id,
             launch_id=self.launch_id,

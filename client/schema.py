@@ -451,12 +451,12 @@ class RunCreate(_RewardBounds):
     launch_id: text(128, 1) | None = None
     """Names one launch of the job, shared by all its ranks: a known one gets its attempt back, a
     new one the next attempt."""
-    name: Name = "run"
-    """Display name."""
+    name: Name
+    """Display name (required, as DESIGN.md §4 has it)."""
     project: text(200) | None = None
     """Groups runs; keys and alert rules can be limited to a project."""
-    config: StorableJSON = None
-    """Free-form JSON: the run's hyperparameters."""
+    config: ConfigJSON = None
+    """Free-form JSON: the run's hyperparameters, at most 64 KiB as JSON."""
     group_size: Annotated[int, Strict(), Field(ge=1, le=MAX_GROUP_SIZE)] | None = None
     """Completions per prompt (G), shown on the dashboard."""
     trainer_eps: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] = 1e-4
@@ -587,19 +587,27 @@ StorableJSON = Annotated[dict[str, Any] | None, AfterValidator(_storable_json)]
 
 # A record's mitigation is stored with its step: a mode and a few numbers, never a document.
 MAX_MITIGATION_BYTES = 4_096
+# A run's config is in every answer about the run (the run list too): hyperparameters, not data.
+MAX_CONFIG_BYTES = 65_536
 
 
-def small_mitigation(value: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``value``, or ValueError when it is over MAX_MITIGATION_BYTES as JSON."""
-    size = 0 if value is None else len(orjson.dumps(value))
-    if size > MAX_MITIGATION_BYTES:
-        raise ValueError(
-            f"is {size:,} bytes as JSON; at most {MAX_MITIGATION_BYTES:,} (a mode and its settings)"
-        )
-    return value
+def json_size_at_most(limit: int, what: str) -> Any:
+    """A check that free-form JSON is at most ``limit`` bytes as JSON: it returns the value, or
+    raises ValueError naming the size, the limit and ``what`` the value should be."""
+
+    def check(value: dict[str, Any] | None) -> dict[str, Any] | None:
+        size = 0 if value is None else len(orjson.dumps(value))
+        if size > limit:
+            raise ValueError(f"is {size:,} bytes as JSON; at most {limit:,} ({what})")
+        return value
+
+    return check
 
 
+small_mitigation = json_size_at_most(MAX_MITIGATION_BYTES, "a mode and its settings")
+small_config = json_size_at_most(MAX_CONFIG_BYTES, "the run's hyperparameters")
 MitigationJSON = Annotated[StorableJSON, AfterValidator(small_mitigation)]
+ConfigJSON = Annotated[StorableJSON, AfterValidator(small_config)]
 
 
 def validate_command_params(kind: str, params: dict[str, Any]) -> None:

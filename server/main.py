@@ -14,6 +14,7 @@ from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from vantage.client.schema import MAX_REQUEST_BYTES
 
 from . import alerts
 from .alert_worker import AlertWorker
@@ -97,6 +98,56 @@ class HeadAsGet:
             await send(message)
 
         await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
+class BodyTooLarge(HTTPException):
+    """A request body past MAX_REQUEST_BYTES, raised while it is read (413)."""
+
+    def __init__(self) -> None:
+        super().__init__(413, f"request body over the limit of {MAX_REQUEST_BYTES:,} bytes")
+
+
+class BodyLimit:
+    """ASGI middleware: no request body past MAX_REQUEST_BYTES (DESIGN.md §4), on every route.
+    A declared ``Content-Length`` over it is refused before anything is read; a body that grows
+    past it (chunked) raises BodyTooLarge from ``receive``, which a route answers as its 413 and
+    this middleware answers when a middleware was reading (nothing was stored either way)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        for k, v in scope["headers"]:
+            if k == b"content-length" and v.isdigit() and int(v) > MAX_REQUEST_BYTES:
+                return await _too_large(scope, receive, send)
+        size, started = 0, False
+
+        async def limited() -> dict:
+            nonlocal size
+            message = await receive()
+            size += len(message.get("body", b""))
+            if size > MAX_REQUEST_BYTES:
+                raise BodyTooLarge
+            return message
+
+        async def watched(message: dict) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited, watched)
+        except BodyTooLarge:
+            if started:
+                raise
+            await _too_large(scope, receive, send)
+
+
+async def _too_large(scope: dict, receive: Any, send: Any) -> None:
+    detail = BodyTooLarge().detail
+    await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
 
 
 class JsonBodies:
@@ -190,6 +241,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_api_route("/{path:path}", _no_route, methods=_METHODS, include_in_schema=False)
     app.add_middleware(HeadAsGet)
     app.add_middleware(JsonBodies)
+    app.add_middleware(BodyLimit)  # outermost: every route's body, the dashboard's too
     _document_raw_bodies(app)
     return app
 

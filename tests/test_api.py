@@ -646,6 +646,27 @@ def test_limits_answer_413(api):
     assert r.status_code == 200 and len(r.json()["steps"]) == 10_000
 
 
+def test_every_route_refuses_a_body_over_8_mib(api):
+    """Only the ingest routes had the limit: a 50 MB config was stored, and every run list
+    carried it (a trial). Declared or chunked, every body past 8 MiB is a 413 and stores
+    nothing; a run's config is at most 64 KiB."""
+    before = len(api.get("/api/v1/runs").json()["runs"])
+    big = json.dumps({"name": "big", "config": {"x": "a" * 9_000_000}}).encode()
+
+    def chunked():
+        yield from (big[i : i + 65_536] for i in range(0, len(big), 65_536))
+
+    for path in ("/api/v1/runs", "/api/v1/alert-rules", "/dashboard/login"):
+        for body in (big, chunked()):
+            r = api.post(path, content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 413 and "8,388,608 bytes" in r.text, (path, r.text)
+    r = api.post("/api/v1/runs", json={"name": "wide", "config": {"x": "a" * 70_000}})
+    assert r.status_code == 422 and "at most 65,536" in r.text
+    assert len(api.get("/api/v1/runs").json()["runs"]) == before
+    r = api.post("/api/v1/runs", json={"config": {}})  # DESIGN.md §4: name is required
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "name"]
+
+
 def test_auth_matrix(server):
     with server.client("all") as admin:
         rid = new_run(admin)["run_id"]
@@ -812,7 +833,8 @@ def test_registering_a_run_again_with_other_reward_bounds_is_409(api):
     assert r.status_code == 409 and "reward_max" in r.json()["detail"]
     same = {"run_id": run["run_id"], "name": "x", "launch_id": "second", "reward_max": 5.0}
     assert api.post("/api/v1/runs", json=same).json()["attempt"] == 2
-    assert api.post("/api/v1/runs", json={"run_id": run["run_id"]}).json()["attempt"] == 3
+    again = {"run_id": run["run_id"], "name": "x"}
+    assert api.post("/api/v1/runs", json=again).json()["attempt"] == 3
 
 
 def test_prompts_count_valid_groups_only(api):

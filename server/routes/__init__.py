@@ -12,21 +12,13 @@ from starlette.requests import ClientDisconnect
 T = TypeVar("T", bound=BaseModel)
 
 
-async def read_limited_body(request: Request, limit: int) -> bytes:
-    """The request body, or 413 naming the limit when it is larger than ``limit`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(413, f"request body of {declared} bytes; the limit is {limit} bytes")
-    chunks, size = [], 0
+async def read_body(request: Request) -> bytes:
+    """The request body (``main.BodyLimit`` has refused one past MAX_REQUEST_BYTES with 413
+    while it was read); 400 when the client goes away before sending all of it."""
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPException(413, f"request body over the limit of {limit} bytes")
-            chunks.append(chunk)
+        return await request.body()
     except ClientDisconnect:  # nobody is left to answer; stored nothing, logs no traceback
         raise HTTPException(400, "the client went away before sending the whole body") from None
-    return b"".join(chunks)
 
 
 def plain_body_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request, Response
 from vantage.client.acr import ACRSettings, StepAccumulator
-from vantage.client.schema import MAX_GROUPS_PER_REQUEST, MAX_REQUEST_BYTES, ACRRequest
+from vantage.client.schema import MAX_GROUPS_PER_REQUEST, ACRRequest
 
 from ..classify import BadGroupStats, classify_groups
 from ..deps import ReadKey
-from . import json_response, parse_body, raw_body_openapi, read_limited_body
+from . import json_response, parse_body, raw_body_openapi, read_body
 
 router = APIRouter(prefix="/api/v1", tags=["acr"])
 SCHEMA = raw_body_openapi(ACRRequest)
@@ -16,7 +16,7 @@ SCHEMA = raw_body_openapi(ACRRequest)
 
 @router.post("/acr", openapi_extra=SCHEMA)
 async def acr(request: Request, key: ReadKey) -> Response:
-    raw = await read_limited_body(request, MAX_REQUEST_BYTES)
+    raw = await read_body(request)
     body = parse_body(ACRRequest, raw)
     if body.group_count() > MAX_GROUPS_PER_REQUEST:
         raise HTTPException(413, f"more than {MAX_GROUPS_PER_REQUEST} groups in one request")

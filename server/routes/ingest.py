@@ -10,7 +10,6 @@ from fastapi.concurrency import run_in_threadpool
 from vantage.client.schema import (
     MAX_GROUPS_PER_REQUEST,
     MAX_RECORDS_PER_REQUEST,
-    MAX_REQUEST_BYTES,
     StepsBatch,
 )
 
@@ -32,7 +31,7 @@ from ..ingest import (
 )
 from ..locks import run_lock, save_run_state
 from ..telemetry import count_ingest
-from . import json_response, parse_body, raw_body_openapi, read_limited_body
+from . import json_response, parse_body, raw_body_openapi, read_body
 
 router = APIRouter(prefix="/api/v1/runs", tags=["ingest"])
 
@@ -43,7 +42,7 @@ MAX_COLLISIONS = 8
 @router.post("/{run_id}/steps", openapi_extra=STEPS_SCHEMA)
 async def post_steps(run_id: str, request: Request, key: IngestKey) -> Response:
     """Store a batch of step records atomically; answers counters, step metrics and commands."""
-    raw = await read_limited_body(request, MAX_REQUEST_BYTES)
+    raw = await read_body(request)
     batch = parse_body(StepsBatch, raw)
     n_groups = batch.group_count()
     if n_groups > MAX_GROUPS_PER_REQUEST:

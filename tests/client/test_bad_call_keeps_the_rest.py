@@ -139,6 +139,15 @@ def test_a_config_nan_reaches_the_server_as_its_string(tmp_path):
             "lr": "NaN", "betas": [0.9, "Infinity"], "name": "x", "(1, 2)": {"3": 4}
         }  # fmt: skip
         assert run["mitigation_reported"] == {"tau": "-Infinity", "7": "k"}
+        # a config the server refuses (over 64 KiB) is left out with a warning, not the run
+        wide = Monitor(srv.url, None, config={"data": list(range(30_000))},
+                       spool_dir=str(tmp_path / "spool3"))  # fmt: skip
+        wide.log_groups(0, [[1, 0]])
+        wide.close(timeout=20)
+        run = httpx.get(f"{srv.url}/api/v1/runs/{wide.run_id}").json()
+        assert run["config"] == {"vantage": "config not sent (config is 168,900 bytes as JSON; "
+                                 "at most 65,536 (the run's hyperparameters))"}  # fmt: skip
+        assert run["last_step"] == 0
     finally:
         srv.stop()
     # a tuple key raised orjson's "Dict key must a type serializable" (a trial); a list or a

@@ -602,12 +602,12 @@ def webhook_body(
     at = f" at step {step}" if step is not None else ""
     icon = ":rotating_light:" if state == "firing" else ":white_check_mark:"
     verb = "FIRING" if state == "firing" else "RESOLVED"
-    shown = f"{rule.metric} = {value:.4g}"
-    cond = f" ({rule.op} {rule.threshold:g})" if state == "firing" else ""
+    shown = f"{_slack(rule.metric)} = {value:.4g}"
+    cond = f" ({_slack(rule.op)} {rule.threshold:g})" if state == "firing" else ""
     link = f" <{url}|dashboard>" if url else ""
     return {
-        "text": f"{icon} [{rule.severity}] {rule.name} {verb} on run '{run.name}'{at}: "
-        f"{shown}{cond}{link}",
+        "text": f"{icon} [{_slack(rule.severity)}] {_slack(rule.name)} {verb} on run "
+        f"'{_slack(run.name)}'{at}: {shown}{cond}{link}",
         "state": state,
         "rule": rule.name,
         "run_id": run.id,
@@ -617,6 +617,13 @@ def webhook_body(
         "severity": rule.severity,
         "dashboard_url": url,
     }
+
+
+def _slack(text: str) -> str:
+    """``text`` as plain text in a Slack message: ``&``, ``<`` and ``>`` escaped, as Slack's
+    message formatting asks, so that a run named ``<!channel>`` pings no one and
+    ``<http://x|y>`` is no disguised link (the other fields carry the names as they are)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def alert_dict(

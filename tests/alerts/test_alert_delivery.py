@@ -178,6 +178,26 @@ def test_stale_fires_and_resolves_when_data_arrives(fast_server):
         receiver.close()
 
 
+def test_names_in_the_slack_text_cannot_ping_or_link(fast_server):
+    """A run named `<!channel> & <http://evil.example|click me>` pinged the channel and showed a
+    disguised link in Slack (a trial): `text` escapes &, < and >; the other fields keep names."""
+    receiver = Receiver()
+    try:
+        with fast_server.client("all") as api:
+            name = "<!channel> & <http://evil.example|click me>"
+            run = new_run(api, name=name)
+            make_rule(api, name="r<b>", run_id=run["run_id"], metric="acr", op=">",
+                      threshold=0.5, notify=[receiver.url])  # fmt: skip
+            post_steps(api, run, [{"step": 1, "groups": [[1, 1]]}])
+            (message,) = receiver.wait_for(1)
+        assert "<!channel>" not in message["text"] and "<http://evil" not in message["text"]
+        assert "'&lt;!channel&gt; &amp; &lt;http://evil.example|click me&gt;'" in message["text"]
+        assert "r&lt;b&gt;" in message["text"]
+        assert message["run_name"] == name and message["rule"] == "r<b>"
+    finally:
+        receiver.close()
+
+
 @pytest.mark.postgres
 def test_two_replicas_never_double_fire(tmp_path):
     """Two `vantage serve` processes on one PostgreSQL database; rank 0 posts to one and rank 1

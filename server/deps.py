@@ -38,9 +38,10 @@ def _bearer(request: Request) -> str | None:
     return None
 
 
-def check_key(request: Request, session: Session, scope: str) -> KeyInfo:
-    """The caller's key when it has ``scope``. Raises HTTPException 401 for a missing, unknown
-    or revoked key and 403 for a missing scope (DESIGN.md §4); without auth, every access."""
+def check_key(request: Request, session: Session, scope: str, *others: str) -> KeyInfo:
+    """The caller's key when it has ``scope`` (or one of ``others``). Raises HTTPException 401
+    for a missing, unknown or revoked key and 403 for a missing scope (DESIGN.md §4); without
+    auth, every access."""
     if not request.app.state.settings.auth_enabled:
         return ALL_ACCESS
     token = _bearer(request)
@@ -55,12 +56,13 @@ def check_key(request: Request, session: Session, scope: str) -> KeyInfo:
         raise HTTPException(
             401, "unknown or revoked API key", headers={"WWW-Authenticate": "Bearer"}
         )
-    if scope not in key.scopes:
-        raise HTTPException(403, f"this key lacks the '{scope}' scope")
+    if scope not in key.scopes and not key.scopes.intersection(others):
+        needed = " or ".join(f"'{s}'" for s in (scope, *others))
+        raise HTTPException(403, f"this key lacks the {needed} scope")
     return key
 
 
-def require(scope: str) -> Callable[..., Awaitable[KeyInfo]]:
+def require(scope: str, *others: str) -> Callable[..., Awaitable[KeyInfo]]:
     """A dependency that checks the caller's key with `check_key`. It is async: without auth
     it answers at once, and with auth it looks the key up in one trip to the thread pool, on a
     session of its own (a sync dependency on the request's session took three trips, a
@@ -69,20 +71,23 @@ def require(scope: str) -> Callable[..., Awaitable[KeyInfo]]:
     async def dependency(request: Request) -> KeyInfo:
         if not request.app.state.settings.auth_enabled:
             return ALL_ACCESS
-        return await run_in_threadpool(_check_in_session, request, scope)
+        return await run_in_threadpool(_check_in_session, request, (scope, *others))
 
     return dependency
 
 
-def _check_in_session(request: Request, scope: str) -> KeyInfo:
+def _check_in_session(request: Request, scopes: tuple[str, ...]) -> KeyInfo:
     with request.app.state.session_factory() as session:
-        return check_key(request, session, scope)
+        return check_key(request, session, *scopes)
 
 
 IngestKey = Annotated[KeyInfo, Depends(require("ingest"))]
 ReadKey = Annotated[KeyInfo, Depends(require("read"))]
 ControlKey = Annotated[KeyInfo, Depends(require("control"))]
 AdminKey = Annotated[KeyInfo, Depends(require("admin"))]
+# The trainer's key reads the command log of its run as well as acking (DESIGN.md §4: ingest
+# may "read and ack the run's commands").
+CommandReaderKey = Annotated[KeyInfo, Depends(require("read", "ingest"))]
 
 
 def load_run(session: Session, run_id: str, key: KeyInfo) -> Run:

@@ -684,6 +684,13 @@ def test_auth_matrix(server):
                     assert r.status_code in (200, 201, 204, 404), (scope, path, r.text)
                 else:
                     assert r.status_code == 403, (scope, path, r.status_code)
+    # DESIGN.md §4: ingest may "read and ack the run's commands" (it was 403, a trial)
+    log = f"/api/v1/runs/{rid}/commands"
+    for scope, status in (("ingest", 200), ("read", 200), ("control", 403), ("admin", 403)):
+        with server.client(scope) as c:
+            r = c.get(log)
+            assert r.status_code == status, (scope, r.text)
+    assert "lacks the 'read' or 'ingest' scope" in r.text
     with server.client(None) as anon:
         assert anon.get(f"/api/v1/runs/{rid}").status_code == 401
         bad = anon.get(f"/api/v1/runs/{rid}", headers={"Authorization": "Bearer vtg_nope"})

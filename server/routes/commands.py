@@ -13,7 +13,7 @@ from ..commands import (
     create_command,
     list_commands,
 )
-from ..deps import ControlKey, IngestKey, ReadKey, SessionDep, SettingsDep, load_run
+from ..deps import CommandReaderKey, ControlKey, IngestKey, SessionDep, SettingsDep, load_run
 
 router = APIRouter(prefix="/api/v1/runs", tags=["commands"])
 
@@ -41,7 +41,7 @@ def issue(
 
 
 @router.get("/{run_id}/commands")
-def log(run_id: str, key: ReadKey, session: SessionDep) -> dict:
+def log(run_id: str, key: CommandReaderKey, session: SessionDep) -> dict:
     load_run(session, run_id, key)
     commands = list_commands(session, run_id)
     session.commit()

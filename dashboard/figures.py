@@ -274,14 +274,19 @@ def threshold_line(value: float = explain.STALL_THRESHOLD) -> dict:
     }
 
 
+def fired(alerts: Iterable[dict]) -> list[dict]:
+    """The alerts that fired (firing or resolved since): a pending one has not, and the chart
+    says its triangles mark where alerts fired."""
+    return [a for a in alerts if a.get("fired_step") is not None]
+
+
 def alert_markers(alerts: Iterable[dict], points: Sequence[Point]) -> tuple[list, list, list]:
-    """x, y and hover text of alert markers, placed on the ACR line at the step they fired."""
+    """x, y and hover text of alert markers, placed on the ACR line at the step they fired
+    (pending alerts get none)."""
     acr_at = {p["step"]: p.get("acr") for p in points}
     xs, ys, texts = [], [], []
-    for a in alerts:
-        step = a.get("fired_step") or a.get("pending_step")
-        if step is None:
-            continue
+    for a in fired(alerts):
+        step = a["fired_step"]
         value = a.get("value")
         xs.append(step)
         ys.append(acr_at.get(step) if acr_at.get(step) is not None else 1.0)

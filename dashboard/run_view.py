@@ -171,6 +171,7 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
     state["timeline"] = summary.get("mitigation_timeline") or []
     state["non_finite"] = figures.non_finite_scalar(points)
     state["has_scalars"] = figures.has_scalars(points)
+    state["marked"] = [a.get("alert_id") for a in figures.fired(alerts)]
     return (
         components.plain(header(run)),
         components.plain(banner(run, alerts, state, can_control)),
@@ -216,10 +217,11 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
         new_state["non_finite"] = note
     alerts = update["alerts"] or []
     timeline = update["timeline"] or []
-    # Markers for alerts that fired within the new steps (the trace after the series).
-    prev = state.get("last_step")
-    prev = -1 if prev is None else prev
-    fresh = [a for a in alerts if (a.get("fired_step") or a.get("pending_step") or -1) > prev]
+    # Markers for alerts that fired since the last tick (the trace after the series); a pending
+    # alert gets its marker once it fires.
+    marked = set(state.get("marked") or [])
+    fresh = [a for a in figures.fired(alerts) if a.get("alert_id") not in marked]
+    new_state["marked"] = [*marked, *(a.get("alert_id") for a in fresh)]
     ax, ay, at = figures.alert_markers(fresh, points)
     if ax:
         marker_trace = len(figures.ACR_SERIES)

@@ -93,6 +93,36 @@ def test_live_update_appends_only_new_steps(dashboard):
         assert done[-1] is True
 
 
+def test_a_pending_alert_gets_no_triangle_until_it_fires(dashboard):
+    """The chart's triangles mark where alerts fired, but a pending one had its own (a trial)."""
+    marks = len(figures.ACR_SERIES)  # the alert markers' trace
+
+    def marker_steps(out) -> list:
+        patch = out[run_view.OUTPUTS.index("acr_figure")]
+        ops = patch.to_plotly_json()["operations"] if isinstance(patch, Patch) else []
+        return [v for op in ops if op["location"] == ["data", marks, "x"]
+                for v in op["params"]["value"]]  # fmt: skip
+
+    collapsed = [[1, 1, 1, 1], [0, 0, 0, 0]]
+    with dashboard.api() as api:
+        run_id, attempt = sample_data.create_run(api, "pending-marker")
+        rule = {"name": "pm", "run_id": run_id, "metric": "acr", "op": ">", "threshold": 0.5,
+                "for_steps": 3}  # fmt: skip
+        with dashboard.api("control") as lead:
+            lead.post("/api/v1/alert-rules", json=rule).raise_for_status()
+        send = [{"step": s, "groups": collapsed} for s in (0, 1)]
+        sample_data.send_steps(api, run_id, attempt, send)
+        first = run_view.first_load(READ, run_id)
+        assert first[run_view.OUTPUTS.index("acr_figure")]["data"][marks]["x"] == []
+        state = first[run_view.OUTPUTS.index("state")]
+        sample_data.send_steps(api, run_id, attempt, [{"step": 2, "groups": collapsed}])
+        out = run_view.live_update(READ, run_id, state)
+        assert marker_steps(out) == [2]  # fired at step 2
+        sample_data.send_steps(api, run_id, attempt, [{"step": 3, "groups": collapsed}])
+        out = run_view.live_update(READ, run_id, out[run_view.OUTPUTS.index("state")])
+        assert marker_steps(out) == []  # drawn once
+
+
 def test_a_live_update_names_a_scalar_gone_non_finite(dashboard):
     with dashboard.api() as api:
         run_id, attempt = sample_data.create_run(api, "diverged")

@@ -91,12 +91,15 @@ def test_mitigation_bands_name_the_command_and_end_at_the_next_change():
 def test_alert_markers_sit_on_the_acr_line_with_a_tooltip():
     pts = [point(s, 0.4) for s in range(5)]
     alerts = [{"rule": "acr_stall", "fired_step": 3, "value": 0.41, "state": "firing",
-               "severity": "warning"}, {"rule": "never_fired", "state": "pending"}]  # fmt: skip
+               "severity": "warning"}, {"rule": "never_fired", "state": "pending"},
+              {"rule": "pending", "state": "pending", "pending_step": 1, "fired_step": None},
+              {"rule": "at_0", "state": "resolved", "pending_step": 0, "fired_step": 0},
+              ]  # fmt: skip
     xs, ys, texts = figures.alert_markers(alerts, pts)
-    assert (xs, ys) == ([3], [0.4])
+    assert (xs, ys) == ([3, 0], [0.4, 0.4])
     assert "acr_stall" in texts[0] and "0.41" in texts[0]
     fig = figures.acr_figure(pts, alerts=alerts)
-    assert fig["data"][-1]["x"] == [3]
+    assert fig["data"][-1]["x"] == [3, 0]
 
 
 def test_extend_patch_appends_each_series_to_its_trace():

@@ -5,12 +5,11 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from platformdirs import user_data_dir
 from pydantic import Field, ValidationError, field_validator
-from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -119,7 +118,7 @@ def load_settings(**values: object) -> Settings:
 _PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
 
 
-def _problem(error: ErrorDetails) -> str:
+def _problem(error: Any) -> str:
     """One bad value: its variable, its value (any URL password hidden) and what is wrong."""
     name = "VANTAGE_" + "_".join(map(str, error["loc"])).upper()
     value = _PASSWORD.sub(r"\1***@", repr(error.get("input")))

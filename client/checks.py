@@ -85,7 +85,10 @@ def _text(kind: str, text: str, limit: int, least: int = 1) -> str:
 
 def identifiers(kind: str, values: Iterable[Any], p: int) -> list[str]:
     """One group_id or prompt_id per group, as text of at most 128 characters (numbers are
-    converted); ValueError naming the first bad one, or a wrong count."""
+    converted); ValueError naming the first bad one, or a wrong count; TypeError for one string
+    (it would be read as one id per character)."""
+    if isinstance(values, str | bytes):
+        raise TypeError(f"{kind}s must be a list with one id per group, not the string {values!r}")
     ids = [str(v) for v in values]
     if len(ids) != p:
         raise ValueError(f"{len(ids)} {kind}s for {p} groups; send one per group")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["capture", "materialize", "plain_rewards"]
+__all__ = ["capture", "mask_row", "materialize", "plain_rewards"]
 
 
 def capture(value: Any, what: str) -> tuple[Any, int]:
@@ -38,6 +38,11 @@ def capture(value: Any, what: str) -> tuple[Any, int]:
             out.append(row.copy())
         elif isinstance(row, tuple):
             out.append(list(row))
+        elif isinstance(row, dict):
+            raise TypeError(
+                f"{what} must be [P, G] numbers; compact stats ({{n, mean, std, min, max}}) are "
+                "sent through the HTTP API's `stats` group form, not log_groups"
+            )
         elif hasattr(row, "tolist"):  # ragged input: a list of tensors or arrays
             r = row.detach().cpu().tolist() if hasattr(row, "detach") else row.tolist()
             if not isinstance(r, list):
@@ -64,11 +69,32 @@ def materialize(value: Any) -> tuple[list[list[Any]], bool]:
 
 def plain_rewards(row: list[Any]) -> list[Any]:
     """Make a row JSON-ready: numbers stay, bools and numpy/torch scalars become floats.
-    (orjson writes NaN and ±Infinity as null, which the server also classes non-finite.)"""
+    (orjson writes NaN and ±Infinity as null, which the server also classes non-finite.)
+    TypeError for a string, which the server refuses too ("1" is no reward)."""
     for v in row:
         t = type(v)
         if t is not float and t is not int and v is not None:
             break
     else:
         return row
-    return [v if v is None else float(v) for v in row]
+    return [_reward(v) for v in row]
+
+
+def _reward(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str | bytes):
+        raise TypeError(f"rewards are numbers or None, not the string {value!r}")
+    return float(value)
+
+
+def mask_row(row: list[Any]) -> list[int]:
+    """One group's mask as the server takes it: 1 keeps a completion, 0 drops it (bools too).
+    ValueError for another value: a loss weight of 0.5 is not a mask."""
+    out = []
+    for m in row:
+        if m in (0, 1) and not isinstance(m, str | bytes):  # 0.0, 1.0, True and False too
+            out.append(int(m))
+        else:
+            raise ValueError(f"mask values are 1 (keep) or 0 (drop), not {m!r}")
+    return out

@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 
 from . import checks
-from .inputs import capture, materialize, plain_rewards
+from .inputs import capture, mask_row, materialize, plain_rewards
 from .launch import derive_launch_id, torch_distributed
 from .schema import (
     MAX_COUNT,
@@ -64,6 +64,7 @@ from .spool import SPOOL_SUFFIX, Spool
 __all__ = ["Command", "Monitor", "derive_launch_id"]
 
 log = logging.getLogger("vantage.client")
+_DIGITS = re.compile(r"\d+")
 
 BATCH_GROUPS = 1_000
 BATCH_INTERVAL_S = 1.0
@@ -278,6 +279,7 @@ class Monitor:
         self._abandon = False
         self._progress = False
         self._refused: str | None = None  # run creation refused: stop talking to the server
+        self._key_refused: str | None = None  # the last batch's 401/403, until one is taken
         self._thread = threading.Thread(target=self._run, name="vantage-sender", daemon=True)
         self._thread.start()
         ref = weakref.ref(self)
@@ -292,6 +294,14 @@ class Monitor:
         queued = self._enqueued - self._dequeued
         if queued + n_groups > self._max_queue_groups:
             self._queue_dropped += n_groups
+            self._warn(
+                "queue_full",
+                "vantage: the queue holds %s groups (max_queue_groups); %s groups dropped "
+                "(%s so far): the sender cannot keep up, or its spool is full",
+                f"{queued:,}",
+                f"{n_groups:,}",
+                f"{self._queue_dropped:,}",
+            )
             return False
         self._queue.append(item)
         self._enqueued += n_groups
@@ -303,7 +313,7 @@ class Monitor:
         if self.strict:
             raise exc
         self.stats["rejected_calls"] += 1
-        kind = f"{what.split('(')[0]}:{type(exc).__name__}"
+        kind = _kind(what.split("(")[0], exc)
         self._warn(kind, "vantage: %s ignored (%s: %s)", what, type(exc).__name__, exc)
 
     def _warn(self, kind: str, message: str, *args: Any) -> None:
@@ -313,7 +323,7 @@ class Monitor:
         n = self._warnings[kind] = self._warnings.get(kind, 0) + 1
         if n <= 5 or n % 1000 == 0:
             quiet = "; from now on only every 1,000th of this kind is logged" if n == 5 else ""
-            log.warning(f"{message} [warning %s of kind %s{quiet}]", *args, f"{n:,}", kind)
+            log.warning(f"{message} [warning %s of this kind{quiet}]", *args, f"{n:,}")
 
     def log_groups(self, step: int, rewards: Any, *args: Any, **kwargs: Any) -> None:
         """Queue one reward list per group for ``step`` (see ``_log_groups``). Bad input is
@@ -467,7 +477,7 @@ class Monitor:
         self._pending_acks.append((str(command_id), body))
         self._wake.set()
 
-    def flush(self, timeout: float = 30.0) -> bool:
+    def flush(self, timeout: float | None = 30.0) -> bool:
         """Send everything queued so far (retrying at once, not after the current backoff) and
         wait until the server has it; True when it has. ``timeout``: seconds, as `close`'s."""
         end = time.monotonic() + _seconds(timeout)
@@ -481,18 +491,25 @@ class Monitor:
             time.sleep(0.01)
         return self._idle()
 
-    def close(self, timeout: float = 30.0, status: str | None = "finished") -> None:
+    def close(self, timeout: float | None = 30.0, status: str | None = "finished") -> None:
         """Wake the sender (cancelling any backoff wait), send the queue, replay the spool and
         return when the server has everything or ``timeout`` has passed; what is left stays in
         the spool. Rank 0 then marks the run ``status`` (``finished``/``failed``; None: neither).
-        ``timeout``: seconds; 0 or less (or NaN) spools at once, ``math.inf`` waits as long as it
-        takes."""
+        ``timeout``: seconds; 0 or less (or NaN) spools at once, None or ``math.inf`` waits as
+        long as it takes. A bad argument is logged (raised when ``strict``) and the monitor
+        closes all the same: the default timeout, the run left unmarked."""
         if self._closed:
             return
-        timeout = _seconds(timeout)
+        try:
+            timeout = _seconds(timeout)
+        except (TypeError, ValueError):
+            said = f"close(timeout=...) takes seconds or None, not {timeout!r}"
+            self._bad_close(TypeError(said), "closing with the default timeout of 30 s")
+            timeout = 30.0
         if status not in ("finished", "failed", None):  # the run would stay `running` silently
-            said = f"close(status=...) takes 'finished', 'failed' or None; got {status!r}"
-            self._reject("close", ValueError(said))  # raised when strict
+            said = f"close(status=...) takes 'finished', 'failed' or None, not {status!r}"
+            then = "closing without marking the run (it shows as stale once heartbeats stop)"
+            self._bad_close(ValueError(said), then)
             status = None
         self._closed = True
         self._deadline = time.monotonic() + timeout
@@ -528,6 +545,14 @@ class Monitor:
                 shlex.quote(self.server) if self.server and not self._unusable else "URL",
             )
 
+    def _bad_close(self, exc: Exception, then: str) -> None:
+        """A bad argument to close(): raised when ``strict``; else said, with what close does
+        instead (it still closes: the data is what matters at the end of a run)."""
+        if self.strict:
+            raise exc
+        self.stats["rejected_calls"] += 1
+        log.warning("vantage: %s; %s", exc, then)
+
     def _why_left(self) -> str:
         """Why groups stay in the spool at close, for the warning: the server refused the run
         (a wrong key, say), or it did not answer in time (with its last error), or no server."""
@@ -537,8 +562,11 @@ class Monitor:
             return self._unusable
         if self._refused is not None:
             return f"server {self.server} refused the run: {self._refused}"
-        why = f"server {self.server} not reachable in time"
-        return f"{why}; last error: {self.last_error}" if self.last_error else why
+        if self._key_refused is not None:
+            return f"server {self.server} refuses the API key: {self._key_refused}"
+        if not self.last_error:  # nothing failed: close's time ran out (a timeout of 0, say)
+            return f"server {self.server} had not confirmed them when close's timeout passed"
+        return f"server {self.server} not reachable in time; last error: {self.last_error}"
 
     def _at_exit(self) -> None:
         """Interpreter exit: close if the user did not, then stop a sender that is still busy
@@ -632,7 +660,7 @@ class Monitor:
                     chunks.extend(self._encode_item(item))
                 except Exception as exc:  # noqa: BLE001 - one bad call must not cost the others
                     self._warn(
-                        f"rewards:{type(exc).__name__}",
+                        _kind("rewards", exc),
                         "vantage: step %s: rewards could not be read (%s: %s); "
                         "dropped %d groups of this call, kept the rest",
                         step,
@@ -696,7 +724,7 @@ class Monitor:
                     f"group {i} has {len(g['rewards'])} rewards (at most {MAX_GROUP_SIZE:,})"
                 )
             if masks is not None:
-                g["mask"] = [int(bool(m)) for m in masks[i]]
+                g["mask"] = mask_row(masks[i])
                 if len(g["mask"]) != len(g["rewards"]):
                     n_mask, n_rewards = len(g["mask"]), len(g["rewards"])
                     raise ValueError(
@@ -762,6 +790,7 @@ class Monitor:
             )
             if outcome == "retry":
                 if reply is not None and reply.status in (401, 403):
+                    self._key_refused = reply.error
                     self._warn(
                         "key_refused",
                         "vantage: the server refuses the API key (%s); batches stay in the "
@@ -771,6 +800,7 @@ class Monitor:
                     )
                 return reply
             self._progress = True
+            self._key_refused = None
             if outcome == "unknown_run":
                 log.warning("vantage: %s; creating run %s again", reply.error, self.run_id)
                 self.attempt = None
@@ -948,8 +978,19 @@ class Monitor:
             self._spool.close(remove_if_clean=True)
 
 
-def _seconds(timeout: float) -> float:
+def _kind(where: str, exc: Exception) -> str:
+    """A warning's kind: where, and the error's type and message with its numbers aside, so
+    that a loop repeating one mistake is throttled and a different mistake is still said."""
+    return f"{where}:{type(exc).__name__}:{_DIGITS.sub('N', str(exc))[:80]}"
+
+
+def _seconds(timeout: float | None) -> float:
     """A wait in seconds that the clock and ``Thread.join`` can take: NaN and negatives are 0,
-    and infinity (wait as long as it takes) is a year (``join(inf)`` raises OverflowError)."""
+    and None or infinity (wait as long as it takes) a year (``join(inf)`` raises
+    OverflowError). TypeError or ValueError for what is no number (a string)."""
+    if timeout is None:
+        return 365 * 86_400.0
+    if isinstance(timeout, str | bytes):
+        raise TypeError(f"a timeout is a number of seconds, not {timeout!r}")
     timeout = float(timeout)
     return min(timeout, 365 * 86_400.0) if timeout > 0 else 0.0

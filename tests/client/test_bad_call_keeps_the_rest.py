@@ -4,6 +4,8 @@ that the server would refuse, as the server refuses a whole record (one rank's s
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 from client_helpers import queue_refused_record
@@ -186,8 +188,60 @@ def test_repeated_group_ids_in_one_call_are_refused():
 def test_close_with_a_status_it_cannot_send_says_so(caplog):
     mon = Monitor(None, run_name="status")
     mon.close(timeout=1, status="done")
-    assert "takes 'finished', 'failed' or None; got 'done'" in caplog.text
+    assert "takes 'finished', 'failed' or None, not 'done'" in caplog.text
     strict = Monitor(None, run_name="status", strict=True)
-    with pytest.raises(ValueError, match="got 'done'"):
+    with pytest.raises(ValueError, match="not 'done'"):
         strict.close(timeout=1, status="done")
     strict.close(timeout=1)
+
+
+def test_a_bad_close_argument_still_closes_and_sends_everything(tmp_path, caplog):
+    """close(timeout=None) raised TypeError after marking the monitor closed, so nothing was
+    ever sent; close(status="bogus") said "ignored" but closed (both found by a trial)."""
+    srv = start_server(f"sqlite:///{tmp_path}/k.db", tmp_path, "--insecure-no-auth")
+    try:
+        runs = []
+        for timeout, status in ((None, "finished"), ("x", "finished"), (20, "bogus")):
+            mon = Monitor(srv.url, None, run_name="close", spool_dir=str(tmp_path / "spool"))
+            for step in range(3):
+                mon.log_groups(step, [[1, 0]])
+            mon.close(timeout=timeout, status=status)
+            mon.close()  # a no-op now
+            run = httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}").json()
+            runs.append((run["last_step"], run["status"], mon.spooled_groups))
+        assert runs == [(2, "finished", 0), (2, "finished", 0), (2, "running", 0)]
+        assert "closing with the default timeout of 30 s" in caplog.text
+        assert "not 'bogus'; closing without marking the run" in caplog.text
+        assert "ignored" not in caplog.text
+    finally:
+        srv.stop()
+
+
+def test_input_the_server_would_refuse_is_refused_in_the_call(tmp_path):
+    """Found by a trial: a mask of 0.5 or 2 was sent as 1, rewards "1" as 1.0, and
+    prompt_ids="ab" as the ids 'a' and 'b'."""
+    mon = Monitor(None, run_name="strict", spool_dir=str(tmp_path / "spool"), strict=True)
+    cases = [
+        ({"mask": [[0.5, 1]]}, [[1, 0]], "mask values are 1 (keep) or 0 (drop), not 0.5"),
+        ({"mask": [[2, 0]]}, [[1, 0]], "not 2"),
+        ({}, [["1", "0"]], "rewards are numbers or None, not the string '1'"),
+        ({"prompt_ids": "ab"}, [[1, 0], [0, 1]], "not the string 'ab'"),
+        ({"group_ids": "ab"}, [[1, 0], [0, 1]], "one id per group"),
+        ({}, [{"n": 8, "mean": 0.5}], "compact stats"),
+    ]
+    for kwargs, rewards, says in cases:
+        with pytest.raises((TypeError, ValueError), match=re.escape(says)):
+            mon.log_groups(1, rewards, **kwargs)
+    mon.log_groups(1, [[1, 0]], mask=[[True, False]])
+    mon.log_groups(1, [[1, 0]], mask=[[1.0, 0.0]])
+    mon.close(timeout=0)
+    assert mon.spooled_groups == 2
+
+
+def test_a_full_queue_says_so(tmp_path, caplog):
+    mon = Monitor(None, run_name="full", spool_dir=str(tmp_path / "spool"), max_queue_groups=3)
+    mon.log_groups(1, [[1, 0]] * 4)  # more than the queue holds: dropped, and said
+    mon.log_groups(2, [[1, 0]] * 2)
+    mon.close(timeout=5)
+    assert mon.dropped_groups == 4 and mon.spooled_groups == 2
+    assert "groups dropped" in caplog.text and "max_queue_groups" in caplog.text

@@ -600,7 +600,7 @@ def test_close_says_the_run_was_refused_not_that_the_server_was_unreachable(tmp_
     assert mon.spooled_groups == 3
 
 
-def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path):
+def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path, caplog):
     """A 401 refuses the key, not the batch: the batch stays in the spool (flush() is False),
     and `vantage sync` with a good key uploads it. It was a dead letter that nothing resent,
     while flush() said True (found by a fresh-user trial)."""
@@ -620,6 +620,9 @@ def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path):
         assert not mon.flush(3)
         assert mon.dead_letter_batches == 0 and mon.spooled_groups == 2
         mon.close(timeout=2)
+        # the close warning names the refused key, not the network (a trial)
+        left = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
+        assert f"server {srv.url} refuses the API key: HTTP 401" in left, left
         synced = run_cli("sync", str(mon.spool_path), "--server", srv.url, "--api-key", good)
         assert json.loads(synced.stdout.strip().splitlines()[-1])["sent_groups"] == 2
         points = httpx.get(

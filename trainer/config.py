@@ -184,14 +184,16 @@ class TrainConfig:
 _RANGES = (
     *((name, 0, math.inf) for name in (
         "seed", "torch_threads", "sft_steps", "sft_warmup_steps", "steps", "warmup_steps",
-        "micro_batch_size", "eval_size", "eval_every", "checkpoint_every", "arith_max_operand",
+        "micro_batch_size", "eval_size", "eval_every", "checkpoint_every",
         "eps_low", "eps_high", "kl_beta", "weight_decay",
     )),
     *((name, 1, math.inf) for name in (
         "tiny_hidden_size", "tiny_layers", "tiny_heads", "tiny_intermediate_size",
-        "sft_batch_size", "prompts_per_step", "max_new_tokens", "num_iterations", "arith_terms",
+        "sft_batch_size", "prompts_per_step", "max_new_tokens", "num_iterations",
+        "arith_max_operand",
     )),
     ("tiny_max_positions", 2, math.inf),
+    ("arith_terms", 2, math.inf),  # a problem is a sum of at least two numbers
     ("top_p", 0, 1),
     ("vllm_gpu_memory_utilization", 0, 1),
     ("avspo_tau0", 0, 1),

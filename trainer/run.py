@@ -13,10 +13,13 @@ import json
 import logging
 import os
 import random
+import signal
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -197,64 +200,98 @@ def setup(
 
 
 def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
-    """Train until ``config.steps`` or a stop command; evaluate, checkpoint and close the Monitor.
-    Returns the summary (also written to ``output_dir/summary.json``)."""
-    from tqdm.auto import tqdm
-
+    """Train until ``config.steps``, a stop command or SIGTERM; evaluate, checkpoint and close
+    the Monitor (the run marked failed after SIGTERM). Returns the summary (also written to
+    ``output_dir/summary.json``)."""
     cfg, dist = trainer.config, trainer.dist
     trainer.hooks.extend(hooks)
     start_step, start_time = trainer.step, time.perf_counter()
     evals: list[tuple[int, float]] = []
     commands: list[dict[str, Any]] = []
     failed = True
-    try:
-        accuracy_start = trainer.evaluate()
-        evals.append((trainer.step, accuracy_start))
-        commands += trainer.apply_commands()  # commands waiting before the first step
-        bar = tqdm(
-            total=cfg.steps,
-            initial=trainer.step,
-            desc=cfg.run_name,
-            unit="step",
-            disable=not (cfg.progress and dist.is_main),
-            dynamic_ncols=True,
-        )
-        while trainer.step < cfg.steps and not trainer.stop_requested:
-            record = trainer.train_step()
-            if cfg.eval_every and trainer.step % cfg.eval_every == 0:
-                record["eval_accuracy"] = trainer.evaluate()
-                evals.append((trainer.step, record["eval_accuracy"]))
-                trainer.monitor.log_scalars(
-                    trainer.step, {"eval_accuracy": record["eval_accuracy"]}
-                )
-            for hook in trainer.hooks:
-                hook(trainer, record)
-            commands += trainer.apply_commands()
-            if cfg.checkpoint_every and trainer.step % cfg.checkpoint_every == 0:
-                trainer.save_checkpoint()
-            bar.update(1)
-            bar.set_postfix(
-                reward=f"{record['reward']:.3f}",
-                acr=_fmt(record["acr"]),
-                mode=trainer.mitigation.mode,
-                refresh=False,
-            )
-        bar.close()
-        if not evals or evals[-1][0] != trainer.step:
+    with _stop_on_sigterm(trainer):
+        try:
             evals.append((trainer.step, trainer.evaluate()))
-            trainer.monitor.log_scalars(trainer.step, {"eval_accuracy": evals[-1][1]})
-        checkpoint = Path(trainer.save_checkpoint())
-        failed = False
-    finally:
-        trainer.monitor.close(failed=failed)
-        if trainer.owns_process_group and torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
+            commands += trainer.apply_commands()  # commands waiting before the first step
+            commands += _train_steps(trainer, evals)
+            if not trainer.terminated and evals[-1][0] != trainer.step:
+                evals.append((trainer.step, trainer.evaluate()))
+                trainer.monitor.log_scalars(trainer.step, {"eval_accuracy": evals[-1][1]})
+            checkpoint = Path(trainer.save_checkpoint())
+            failed = trainer.terminated  # interrupted: marked failed (a relaunch resumes it)
+        finally:
+            trainer.monitor.close(failed=failed)
+            if trainer.owns_process_group and torch_dist.is_initialized():
+                torch_dist.destroy_process_group()
     summary = _summary(
         trainer, start_step, time.perf_counter() - start_time, evals, commands, checkpoint
     )
     if dist.is_main:
         (Path(cfg.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _train_steps(trainer: GRPOTrainer, evals: list[tuple[int, float]]) -> list[dict[str, Any]]:
+    """GRPO steps until ``config.steps``, a stop command or SIGTERM, each followed by its
+    evaluation (every ``eval_every``), hooks, commands and checkpoint; returns the commands
+    done. Appends to ``evals``."""
+    from tqdm.auto import tqdm
+
+    cfg, commands = trainer.config, []
+    bar = tqdm(
+        total=cfg.steps,
+        initial=trainer.step,
+        desc=cfg.run_name,
+        unit="step",
+        disable=not (cfg.progress and trainer.dist.is_main),
+        dynamic_ncols=True,
+    )
+    while trainer.step < cfg.steps and not trainer.stop_requested:
+        record = trainer.train_step()
+        if cfg.eval_every and trainer.step % cfg.eval_every == 0:
+            record["eval_accuracy"] = trainer.evaluate()
+            evals.append((trainer.step, record["eval_accuracy"]))
+            trainer.monitor.log_scalars(trainer.step, {"eval_accuracy": record["eval_accuracy"]})
+        for hook in trainer.hooks:
+            hook(trainer, record)
+        commands += trainer.apply_commands()
+        if cfg.checkpoint_every and trainer.step % cfg.checkpoint_every == 0:
+            trainer.save_checkpoint()
+        bar.update(1)
+        bar.set_postfix(
+            reward=f"{record['reward']:.3f}",
+            acr=_fmt(record["acr"]),
+            mode=trainer.mitigation.mode,
+            refresh=False,
+        )
+    bar.close()
+    return commands
+
+
+@contextmanager
+def _stop_on_sigterm(trainer: GRPOTrainer) -> Iterator[None]:
+    """While it is open, SIGTERM (a scheduler's preemption, ``kill``) stops training at the next
+    step boundary as a ``stop`` command does (rank 0 queues one, which every rank applies at
+    the same step): a checkpoint, the Monitor closed with the run marked failed, exit status
+    143. A second SIGTERM ends the process at once. Outside the main thread signals cannot be
+    caught, and SIGTERM keeps its default action."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigterm(_signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends at once
+        if not trainer.terminated:
+            trainer.terminated = True
+            log.warning("SIGTERM: stopping after step %d with a checkpoint", trainer.step + 1)
+            if trainer.dist.is_main:
+                trainer.submit_command("stop")
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def train(
@@ -297,6 +334,7 @@ def _summary(
         "start_step": start_step,
         "steps_completed": trainer.step,
         "stopped": trainer.stop_requested,
+        "terminated": trainer.terminated,
         "seconds": seconds,
         "sft": trainer.sft_stats,
         "accuracy_start": evals[0][1] if evals else None,
@@ -341,10 +379,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"vantage train: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        if "probability tensor contains" not in str(exc):  # torch's sampler met NaN or inf
+            raise
+        print(
+            "vantage train: the policy's weights diverged (its next-token probabilities are "
+            "NaN or infinite); lower lr or grad_clip and resume from the last checkpoint. The run "
+            "is marked failed.",
+            file=sys.stderr,
+        )
+        return 1
     if int(os.environ.get("RANK", "0")) == 0:
         brief = {k: v for k, v in summary.items() if k not in ("history", "commands")}
         print(json.dumps(brief))
-    return 0
+    return 128 + signal.SIGTERM if summary["terminated"] else 0
 
 
 if __name__ == "__main__":

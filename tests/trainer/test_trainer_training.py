@@ -259,3 +259,40 @@ def test_sft_warm_start_learns(tmp_path):
     trainer = setup(small_config(tmp_path / "run", sft_steps=150, eval_size=64))
     assert trainer.sft_stats["sft_loss"] < 0.7
     assert trainer.evaluate() >= 0.4
+
+
+def test_sigterm_stops_at_the_next_step_with_a_checkpoint(warm_policy, tmp_path):
+    """A scheduler's SIGTERM ended the trainer as kill -9 would: no checkpoint, the Monitor
+    never closed, the last step lost (a trial). It now stops at the step boundary."""
+    import os
+    import signal
+
+    monitors: list[RecordingMonitor] = []
+
+    def factory(**kwargs):
+        monitors.append(RecordingMonitor(**kwargs))
+        return monitors[-1]
+
+    def preempt(trainer, record):
+        if trainer.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    cfg = small_config(tmp_path, init_checkpoint=warm_policy, steps=6, run_name="preempted")
+    summary = train(cfg, [], monitor_factory=factory, hooks=[preempt])
+    assert summary["terminated"] and summary["steps_completed"] == 2
+    assert Path(summary["checkpoint"]).exists() and monitors[0].closed == "failed"
+    assert signal.getsignal(signal.SIGTERM) is before  # restored
+    resumed = train(small_config(tmp_path, init_checkpoint=warm_policy, steps=3), [])
+    assert resumed["start_step"] == 2 and not resumed["terminated"]
+
+
+def test_diverged_weights_end_with_one_line_not_a_traceback(tmp_path, capsys):
+    """lr=1e9 ended in torch's "probability tensor contains inf/nan" traceback (a trial)."""
+    import yaml
+    from vantage.trainer.run import main
+
+    path = tmp_path / "diverge.yaml"
+    path.write_text(yaml.safe_dump(small_config(tmp_path / "out", lr=1e9, steps=6)))
+    assert main([str(path), "--quiet"]) == 1
+    assert "the policy's weights diverged" in capsys.readouterr().err

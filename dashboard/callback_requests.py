@@ -15,10 +15,6 @@ from dash import Dash
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from vantage.client.schema import MAX_REQUEST_BYTES
-
-# Callback bodies carry the inputs' and states' values; the API's request limit bounds them too.
-MAX_BODY_BYTES = MAX_REQUEST_BYTES
 
 
 class _Prop(BaseModel):
@@ -42,8 +38,8 @@ class _Callback(BaseModel):
 
 class CallbackRequests:
     """ASGI middleware: checks each POST to ``dash_app``'s callback route against the app's
-    callbacks before Dash reads it; a bad one gets 400 (413 past MAX_BODY_BYTES) with a JSON
-    ``detail``."""
+    callbacks before Dash reads it; a bad one gets 400 with a JSON ``detail`` (the server's
+    ``BodyLimit``, outside it, answers a body past 8 MiB with 413)."""
 
     def __init__(self, app: ASGIApp, dash_app: Dash) -> None:
         self.app = app
@@ -54,9 +50,6 @@ class CallbackRequests:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != self.path:
             return await self.app(scope, receive, send)
         body = await _read(receive)
-        if body is None:
-            detail = f"a callback request is at most {MAX_BODY_BYTES:,} bytes"
-            return await JSONResponse({"detail": detail}, 413)(scope, receive, send)
         problem = self.problem(body)
         if problem:
             detail = f"not a callback request of this dashboard: {problem}"
@@ -86,18 +79,14 @@ class CallbackRequests:
         return None
 
 
-async def _read(receive: Receive) -> bytes | None:
-    """The whole request body, or None past MAX_BODY_BYTES."""
-    chunks, size, more = [], 0, True
+async def _read(receive: Receive) -> bytes:
+    """The whole request body (what a client that went away sent of it)."""
+    chunks, more = [], True
     while more:
         message = await receive()
         if message["type"] != "http.request":  # the client went away
             break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            return None
-        chunks.append(chunk)
+        chunks.append(message.get("body", b""))
         more = message.get("more_body", False)
     return b"".join(chunks)
 

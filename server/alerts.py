@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
-from sqlalchemy import and_, bindparam, false, insert, or_, select, update
+from sqlalchemy import and_, bindparam, false, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from .alert_metrics import SERIES_METRICS, Window, series_values, stale_value, step_value
@@ -334,7 +334,7 @@ def evaluate_locked(
         rows = evaluable_steps(session, run, candidates, now, settings.step_complete_after_s)
         mark_evaluated(rows)
         progress = dict(run.eval_progress or {})
-        rows = _in_order(progress, rows)
+        rows, replays = _in_order(progress, rows)
     if before_reads is not None:
         before_reads()
     if not rows and not stale and not _open_stale_episode(session, run.id):
@@ -349,11 +349,12 @@ def evaluate_locked(
     if rows:
         run.eval_progress = progress
     with session.no_autoflush:  # one flush at commit, not one per query
-        for row in rows:
+        rewinds = {i: _steps_between(session, run.id, rows[i], s) for i, s in replays.items()}
+        for i, row in enumerate(rows):
             for rule in step_rules:
                 if rule.split == row.split:
                     value = step_value(row, rule.metric, series[row.split])
-                    _evaluate_step(ctx, rule, row, value)
+                    _evaluate_step(ctx, rule, row, value, rewinds.get(i, 0))
     for rule in ctx.rules:
         if rule.metric == "stale":
             st = ctx.states.get(rule.id)
@@ -378,26 +379,58 @@ def _open_stale_episode(session: Session, run_id: str) -> bool:
     return session.scalar(q) is not None
 
 
-def _evaluate_step(ctx: _Context, rule: RuleRow, row: Step, value: float | None) -> None:
+def _evaluate_step(
+    ctx: _Context, rule: RuleRow, row: Step, value: float | None, rewind: int = 0
+) -> None:
+    """One step's value for one rule; ``rewind``: how many steps the rule already counted
+    that this step and the ones after it replace (a resumed run's newer attempt)."""
+    if rewind:
+        _rewind(ctx, ctx.state(rule), row.step, rewind)
     if value is None or row.n_valid < rule.min_valid_groups:
         return  # neither advances nor resets for_steps
     _advance(ctx, rule, ctx.state(rule), row.step, value)
 
 
-def _in_order(progress: dict[str, Any], rows: list[Step]) -> list[Step]:
-    """The rows the rules take, in step order. ``progress`` (`runs.eval_progress`) holds per
-    split the step the rules last took and its attempt (see `_walk`): a straggler — at or before
-    it, from the same or an older attempt — is flagged evaluated but changes no rule (a resumed
-    run's newer attempt replays its steps, and is taken)."""
+def _rewind(ctx: _Context, st: RuleState, step: int, replaced: int) -> None:
+    """A newer attempt replays steps from ``step`` on that the rule already took: its streaks
+    drop the ``replaced`` steps, so that a replayed step counts once toward ``for_steps`` (it
+    counted twice, and a resumed run's alert fired early: a trial). A pending episode whose
+    streak is gone starts again at ``step`` if the condition holds there."""
+    st.streak = max(0, st.streak - replaced)
+    st.clear_streak = max(0, st.clear_streak - replaced)
+    if st.episode_id is None or st.streak:
+        return
+    ep = ctx.episodes.get(st.episode_id) or ctx.session.get(AlertEpisode, st.episode_id)
+    if ep is not None and ep.state == "pending":
+        ep.pending_step = step
+
+
+def _in_order(progress: dict[str, Any], rows: list[Step]) -> tuple[list[Step], dict[int, int]]:
+    """The rows the rules take, in step order, and the replays among them: index → the step
+    the rules had taken last, for a row at or before it. ``progress`` (`runs.eval_progress`)
+    holds per split the step the rules last took and its attempt (see `_walk`): a straggler —
+    at or before it, from the same or an older attempt — is flagged evaluated but changes no
+    rule; a resumed run's newer attempt replays its steps, and is taken."""
     last = {split: entry[:2] for split, entry in progress.items()}
-    out = []
+    out, replays = [], {}
     for row in rows:
         seen = last.get(row.split)
-        if seen is not None and row.step <= seen[0] and row.attempt <= seen[1]:
-            continue
+        if seen is not None and row.step <= seen[0]:
+            if row.attempt <= seen[1]:
+                continue
+            replays[len(out)] = seen[0]
         last[row.split] = [row.step, row.attempt]
         out.append(row)
-    return out
+    return out, replays
+
+
+def _steps_between(session: Session, run_id: str, row: Step, last: int) -> int:
+    """How many of the run's steps of ``row``'s split lie from ``row.step`` to ``last``: the
+    steps a replay from ``row`` goes back over (at most those a rule counted)."""
+    q = select(func.count()).where(
+        Step.run_id == run_id, Step.split == row.split, Step.step.between(row.step, last)
+    )
+    return int(session.scalar(q) or 0)
 
 
 def _walk(

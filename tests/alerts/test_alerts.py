@@ -540,6 +540,36 @@ def test_resumed_run_replaying_steps_does_not_notify_again(api, receiver):
     assert messages
 
 
+def test_a_replayed_step_counts_once_toward_for_steps(api):
+    """A resumed launch re-sent steps 5-8 of an 8-step collapse: the rule counted them again
+    and fired at 6 with only 8 steps behind a `for_steps` of 10 (a trial). Each step counts
+    once; the streak goes on from the replay."""
+    run = new_run(api, launch_id="L1")
+    make_rule(api, name="ten", run_id=run["run_id"], metric="acr", op=">", threshold=0.5,
+              for_steps=10)  # fmt: skip
+    post_steps(api, run, [{"step": s, "groups": ALL_FAIL} for s in range(1, 9)])
+    resumed = new_run(api, run_id=run["run_id"], launch_id="L2")
+    post_steps(api, resumed, [{"step": s, "groups": ALL_FAIL} for s in range(5, 9)])
+    (ep,) = alerts_of(api, run["run_id"], "ten")
+    assert (ep["state"], ep["pending_step"], ep["fired_step"]) == ("pending", 1, None)
+    post_steps(api, resumed, [{"step": s, "groups": ALL_FAIL} for s in (9, 10)])
+    (ep,) = alerts_of(api, run["run_id"], "ten")
+    assert (ep["state"], ep["pending_step"], ep["fired_step"]) == ("firing", 1, 10)
+    # a replay whose steps no longer meet the condition ends the pending episode there, and
+    # one that meets it from an earlier step starts the streak again at that step
+    run2 = new_run(api, launch_id="M1")
+    make_rule(api, name="three", run_id=run2["run_id"], metric="acr", op=">", threshold=0.5,
+              for_steps=3)  # fmt: skip
+    post_steps(api, run2, [{"step": s, "groups": LIVE if s < 3 else ALL_FAIL} for s in range(1, 5)])
+    again = new_run(api, run_id=run2["run_id"], launch_id="M2")
+    post_steps(api, again, [{"step": 2, "groups": ALL_FAIL}])
+    (ep,) = alerts_of(api, run2["run_id"], "three")
+    assert (ep["state"], ep["pending_step"]) == ("pending", 2)
+    post_steps(api, again, [{"step": 3, "groups": ALL_FAIL}, {"step": 4, "groups": ALL_FAIL}])
+    (ep,) = alerts_of(api, run2["run_id"], "three")
+    assert (ep["state"], ep["pending_step"], ep["fired_step"]) == ("firing", 2, 4)
+
+
 def test_builtin_rules_fire_on_their_conditions(api):
     """acr_stall: ACR > 0.35 for 51 steps; non_finite_rewards: clears after 10 clean steps;
     reward_broken: most groups constant."""

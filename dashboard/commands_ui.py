@@ -1,8 +1,8 @@
 """The run page's command panel and command log.
 
-Each action button names a command; clicking it asks for confirmation (the browser's confirm
-dialog, saying what the trainer will do), then the command is created as the logged-in key and
-appears in the log, whose status the trainer moves from pending to delivered to applied."""
+Each action button names a command; clicking it asks for confirmation (`confirm_box`, saying
+what the trainer will do), then the command is created as the logged-in key and appears in the
+log, whose status the trainer moves from pending to delivered to applied."""
 
 from __future__ import annotations
 
@@ -53,8 +53,29 @@ def build_command(action: str, values: dict[str, Any]) -> tuple[str, dict[str, A
     return kind, {}
 
 
+def confirm_box() -> html.Div:
+    """The confirmation of a command, hidden until an action asks for it: its sentence
+    (`describe`), Send and Cancel. Part of the page, not the browser's confirm dialog, which
+    Dash's ConfirmDialog sometimes failed to open on the first click after a live update (a
+    trial), leaving "Stop run" looking dead."""
+    return html.Div(
+        html.Div(
+            [
+                html.P(id="cmd-confirm-message"),
+                html.Button("Send", id="cmd-confirm-send", className="confirm-send", n_clicks=0),
+                html.Button("Cancel", id="cmd-confirm-cancel", className="secondary", n_clicks=0),
+            ],
+            className="confirm-box",
+            role="dialog",
+        ),
+        id="cmd-confirm",
+        className="confirm-overlay",
+        hidden=True,
+    )
+
+
 def describe(kind: str, params: dict[str, Any]) -> str:
-    """One sentence for the confirmation dialog."""
+    """One sentence for the confirmation."""
     shown = ", ".join(f"{k}={v}" for k, v in params.items()) or "no parameters"
     what = {
         "set_mitigation": "switch the advantage estimator",

@@ -39,7 +39,7 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
             dcc.Store(id="run-pending-command"),
             dcc.Store(id="run-command-sent"),
             dcc.Interval(id="run-interval", interval=context.refresh_ms(), disabled=True),
-            dcc.ConfirmDialog(id="cmd-confirm"),
+            commands_ui.confirm_box(),
             html.Div(id="run-header"),
             html.Div(id="run-banner"),
             html.Div(id="run-kpis", className="kpis"),
@@ -156,12 +156,13 @@ def update_run(run_id, _n, state):
 
 
 @callback(
-    Output("cmd-confirm", "displayed"),
-    Output("cmd-confirm", "message"),
+    Output("cmd-confirm", "hidden"),
+    Output("cmd-confirm-message", "children"),
     Output("run-pending-command", "data"),
     Output("cmd-input-error", "children"),
     Input({"type": "cmd", "action": ALL}, "n_clicks"),
     Input({"type": "suggest", "command": ALL}, "n_clicks"),
+    Input("cmd-confirm-cancel", "n_clicks"),
     State("avspo-threshold", "value"),
     State("avspo-alpha", "value"),
     State("aapo-delta-low", "value"),
@@ -169,8 +170,10 @@ def update_run(run_id, _n, state):
     State("temperature-value", "value"),
     prevent_initial_call=True,
 )
-def ask_confirmation(_cmd, _suggest, threshold, alpha, d_low, d_high, temp):
+def ask_confirmation(_cmd, _suggest, _cancel, threshold, alpha, d_low, d_high, temp):
     trigger = ctx.triggered_id
+    if trigger == "cmd-confirm-cancel":
+        return True, no_update, None, ""
     if not trigger or not ctx.triggered or not ctx.triggered[0].get("value"):
         return no_update, no_update, no_update, no_update
     alert_id = None
@@ -189,16 +192,18 @@ def ask_confirmation(_cmd, _suggest, threshold, alpha, d_low, d_high, temp):
             }
             kind, params = commands_ui.build_command(trigger["action"], values)
     except (ValueError, KeyError, IndexError, TypeError) as exc:
-        return False, no_update, None, html.Span(str(exc), className="result-error")
+        return True, no_update, None, html.Span(str(exc), className="result-error")
     pending = {"type": kind, "params": params, "alert_id": alert_id}
-    return True, commands_ui.describe(kind, params), pending, ""
+    return False, commands_ui.describe(kind, params), pending, ""
 
 
 @callback(
     Output("cmd-result", "children"),
     Output("run-command-sent", "data"),
     Output("cmd-reason", "value"),
-    Input("cmd-confirm", "submit_n_clicks"),
+    Output("cmd-confirm", "hidden", allow_duplicate=True),
+    Output("run-pending-command", "data", allow_duplicate=True),
+    Input("cmd-confirm-send", "n_clicks"),
     State("run-pending-command", "data"),
     State("run-id", "data"),
     State("cmd-reason", "value"),
@@ -206,8 +211,8 @@ def ask_confirmation(_cmd, _suggest, threshold, alpha, d_low, d_high, temp):
 )
 @context.in_thread
 def send_command(_submit, pending, run_id, reason):
-    if not pending:
-        return no_update, no_update, no_update
+    if not pending:  # sent already (a second click on Send), or cancelled
+        return no_update, no_update, no_update, True, no_update
     info = context.current_key()
     try:
         cmd = data.issue_command(
@@ -220,10 +225,11 @@ def send_command(_submit, pending, run_id, reason):
         )
     except (PermissionError, ValueError, LookupError) as exc:
         error = html.Span(f"Not sent: {exc}", className="result-error", id="cmd-error")
-        return error, None, no_update  # the reason stays for another try
+        return error, None, no_update, True, None  # the reason stays for another try
     text = f"Sent {cmd['type']} (command {cmd['command_id'][:8]}): {cmd['status']}."
     # the reason went with this command; the next one gets its own
-    return html.Span(text, className="result-ok", id="cmd-sent"), cmd["command_id"], ""
+    sent = html.Span(text, className="result-ok", id="cmd-sent")
+    return sent, cmd["command_id"], "", True, None
 
 
 @callback(

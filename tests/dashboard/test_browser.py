@@ -70,7 +70,8 @@ def test_avspo_click_with_a_control_key_creates_the_command(control_page, server
     button.wait_for()
     assert button.is_enabled()
     page.fill("#cmd-reason", "collapse above 0.5")
-    button.click()  # the confirm dialog is accepted by the page's dialog handler
+    button.click()
+    page.click("#cmd-confirm-send")
     page.wait_for_selector("#cmd-sent")
     with server.api() as api:
         commands = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
@@ -95,6 +96,31 @@ def test_avspo_click_with_a_control_key_creates_the_command(control_page, server
         time.sleep(0.2)
     assert "applied" in row.inner_text()
     assert "collapse above 0.5" in row.inner_text()  # the reason stays beside the ack
+
+
+def test_each_click_asks_once_and_cancel_sends_nothing(control_page, server):
+    """Dash's ConfirmDialog sometimes stayed shut on the first click after live updates, and a
+    later click then opened two (a trial): the confirmation is now part of the page."""
+    run_id = server.runs["qwen-aapo"]
+    page = control_page
+    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.wait_for_function("document.querySelector('#kpi-acr') !== null")
+    time.sleep(3)  # a few live updates
+    with server.api() as api:
+        count = len(api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"])
+    checkpoint = page.locator("button.action", has_text="Save checkpoint")
+    for _ in range(2):
+        checkpoint.click()
+        page.wait_for_selector("#cmd-confirm:not([hidden])", timeout=3_000)
+        assert "save a checkpoint" in page.inner_text("#cmd-confirm-message")
+        page.click("#cmd-confirm-cancel")
+        page.wait_for_selector("#cmd-confirm[hidden]", state="attached")
+    checkpoint.click()
+    page.click("#cmd-confirm-send")
+    page.wait_for_selector("#cmd-sent")
+    with server.api() as api:
+        commands = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
+    assert len(commands) == count + 1 and commands[0]["type"] == "checkpoint"
 
 
 def test_a_read_only_key_sees_no_enabled_action(read_page, server):
@@ -190,6 +216,7 @@ def test_a_suggested_mitigation_is_one_click_away(control_page, server):
     assert "any_collapse" in page.inner_text("#run-alerts")
     button = page.locator("button.action", has_text="Apply AAPO")
     button.click()
+    page.click("#cmd-confirm-send")
     page.wait_for_selector("#cmd-sent")
     with server.api() as api:
         command = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"][0]

@@ -151,7 +151,8 @@ def update_run(run_id, _n, state):
     else:
         out = run_view.first_load(info, run_id, context.can(info, "control"))
     if out is None:  # deleted, or moved to a project the key may not see, since the page loaded
-        return (_missing(run_id), *([no_update] * 7), True)
+        blank = {"data": [], "layout": {"height": 360}}
+        return _missing(run_id), [], [], None, blank, blank, blank, [], True  # nothing stale left
     return out
 
 

@@ -134,6 +134,24 @@ def test_a_read_only_key_sees_no_enabled_action(read_page, server):
     assert "viewer (read)" in page.inner_text("#whoami")
 
 
+def test_a_run_deleted_while_its_page_is_open_leaves_nothing_stale(read_page, server, make_key):
+    """The heading said "Run not found" while the alerts banner, the KPIs and the charts stayed
+    below it (a trial)."""
+    make_key("deleter", "admin")
+    with server.api() as api:
+        run_id, attempt = sample_data.create_run(api, "to-delete")
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 10))
+    page = read_page
+    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.wait_for_selector("#kpi-acr")
+    with server.api("deleter") as admin:
+        assert admin.delete(f"/api/v1/runs/{run_id}").status_code == 204
+    page.wait_for_selector("#run-missing", timeout=10_000)
+    assert page.locator("#kpi-acr").count() == 0 and page.inner_text("#run-banner") == ""
+    traces = page.evaluate("document.querySelector('#run-acr-graph .js-plotly-plot').data.length")
+    assert traces == 0
+
+
 def test_a_finished_runs_actions_are_disabled_and_say_why(control_page, server):
     with server.api() as api:
         body = {"name": "finished-page", "config": {"temperature": 0.7, "aapo_delta_low": -0.1}}

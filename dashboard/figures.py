@@ -364,11 +364,22 @@ def acr_figure(
 
 
 def reward_figure(points: Sequence[Point], downsampled: bool = False) -> Figure:
-    """Reward mean with a ± std band (the std is the trainer's ``reward_std`` scalar)."""
+    """Reward mean with a ± std band (the std is the trainer's ``reward_std`` scalar; without
+    it the band has no legend entry, as it has nothing to show)."""
     title = "Reward mean ± std: watch for drops"
     layout = _base_layout(title + (" (downsampled)" if downsampled else ""), 320)
     layout["yaxis"] = {"title": {"text": "reward"}}
-    return {"data": _traces(series_xy(points, REWARD_SERIES), REWARD_SERIES), "layout": layout}
+    data = _traces(series_xy(points, REWARD_SERIES), REWARD_SERIES)
+    data[REWARD_BAND]["showlegend"] = has_reward_std(points)
+    return {"data": data, "layout": layout}
+
+
+REWARD_BAND = 1  # the trace of REWARD_SERIES that names the ± std band in the legend
+
+
+def has_reward_std(points: Iterable[Point]) -> bool:
+    """Whether any point carries the trainer's ``reward_std`` (the reward band's width)."""
+    return any(_reward_std(p) is not None for p in points)
 
 
 def non_finite_scalar(points: Iterable[Point]) -> str | None:
@@ -387,34 +398,58 @@ def scalars_title(non_finite: str | None) -> str:
     return f"{title} · non-finite: {non_finite}" if non_finite else title
 
 
-# The scalars chart's note while no scalar has been logged (a live update removes it).
+# The scalars chart's note while no scalar has been logged (a live update reloads the chart
+# when the first arrive).
 NO_SCALARS_NOTE = {
-    "text": "No loss, KL, entropy or temperature logged yet (Monitor.log_scalars sends them).",
+    "text": "No trainer scalars logged yet (Monitor.log_scalars sends loss, KL, ...).",
     "xref": "paper",
     "yref": "paper",
     "x": 0.5,
     "y": 0.5,
     "showarrow": False,
 }
+MAX_SCALAR_CHARTS = 4
+NOT_CHARTED = frozenset({"reward_std"})  # drawn as the reward chart's band
 
 
-def has_scalars(points: Iterable[Point]) -> bool:
-    """Whether any point carries one of the charted scalars."""
-    return any(s.value(p) is not None for p in points for s in SCALAR_SERIES)
+def scalar_names(points: Iterable[Point]) -> list[str]:
+    """Every scalar logged in ``points`` that the chart may draw: the well-known ones first
+    (loss, KL, entropy, temperature), then the others by name."""
+    seen = {name for p in points for name in (p.get("scalars") or {})} - NOT_CHARTED
+    known = [s.key for s in SCALAR_SERIES if s.key in seen]
+    return known + sorted(seen - set(known))
+
+
+def scalar_series(names: Sequence[str]) -> tuple[Series, ...]:
+    """The series of the first MAX_SCALAR_CHARTS of ``names`` (`scalar_names`)."""
+    known = {s.key: s for s in SCALAR_SERIES}
+    return tuple(
+        known.get(n) or Series(n, n, _scalar(n), _hover(n, "as the trainer logged it", ".4g"))
+        for n in names[:MAX_SCALAR_CHARTS]
+    )
 
 
 def scalars_figure(points: Sequence[Point]) -> Figure:
-    """Loss, KL, entropy and sampling temperature, one small chart each (or a note saying
-    that none was logged, rather than four empty charts)."""
-    data = _traces(series_xy(points, SCALAR_SERIES), SCALAR_SERIES)
+    """The run's logged scalars, one small chart each: up to MAX_SCALAR_CHARTS of them, the
+    well-known ones first (the title says how many more there are); a note instead of empty
+    charts while none was logged."""
+    names = scalar_names(points)
+    series = scalar_series(names)
+    title = scalars_title(non_finite_scalar(points))
+    if len(names) > len(series):
+        title += f" · {len(series)} of {len(names)} shown (all in the CSV export)"
+    base = _base_layout(title, 420)
+    if not series:
+        base.pop("xaxis")
+        base.update(xaxis={"visible": False}, yaxis={"visible": False})
+        return {"data": [], "layout": {**base, "annotations": [dict(NO_SCALARS_NOTE)]}}
+    rows, cols = (1, len(series)) if len(series) <= 2 else (2, 2)
+    data = _traces(series_xy(points, series), series)
     for i, trace in enumerate(data):
         trace["xaxis"], trace["yaxis"] = _axis_ref(i)
-    layout = json.loads(_grid_layout(2, 2, tuple(s.label for s in SCALAR_SERIES), False))
-    base = _base_layout(scalars_title(non_finite_scalar(points)), 420)
+    layout = json.loads(_grid_layout(rows, cols, tuple(s.label for s in series), False))
     base.pop("xaxis")
     layout.update(base, showlegend=False, hovermode="closest")
-    if not has_scalars(points):
-        layout["annotations"] = [*layout.get("annotations", []), dict(NO_SCALARS_NOTE)]
     return {"data": data, "layout": layout}
 
 

@@ -170,7 +170,8 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
     state["can_control"] = can_control
     state["timeline"] = summary.get("mitigation_timeline") or []
     state["non_finite"] = figures.non_finite_scalar(points)
-    state["has_scalars"] = figures.has_scalars(points)
+    state["scalars"] = figures.scalar_names(points)[: figures.MAX_SCALAR_CHARTS]  # charted
+    state["reward_std"] = figures.has_reward_std(points)
     state["marked"] = [a.get("alert_id") for a in figures.fired(alerts)]
     return (
         components.plain(header(run)),
@@ -185,6 +186,15 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
     )
 
 
+def _new_scalar_chart(state: dict, points: list[dict]) -> bool:
+    """Whether ``points`` bring a scalar that gets a chart of its own (the first scalars of a
+    run, say): the scalars figure is then drawn again."""
+    charted = state.get("scalars") or []
+    if len(charted) >= figures.MAX_SCALAR_CHARTS:
+        return False
+    return bool(set(figures.scalar_names(points)) - set(charted))
+
+
 def live_update(info, run_id: str, state: dict) -> tuple | None:
     """Outputs for one tick: Patches appending the new steps, or no_update where nothing
     changed; a full reload when a new attempt rewrote steps already shown."""
@@ -196,7 +206,7 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
     # A page left open for days would grow its figures without bound: past APPEND_LIMIT appended
     # steps, reload them downsampled.
     too_long = state.get("appended", 0) + len(points) > APPEND_LIMIT
-    if new_attempt or too_long:
+    if new_attempt or too_long or _new_scalar_chart(state, points):
         return first_load(info, run_id, state.get("can_control", False))
     finished = components.run_ended(run)
     if not points:
@@ -208,10 +218,10 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
     acr, reward, scalars = Patch(), Patch(), Patch()
     figures.extend_patch(acr, points, figures.ACR_SERIES)
     figures.extend_patch(reward, points, figures.REWARD_SERIES)
-    figures.extend_patch(scalars, points, figures.SCALAR_SERIES)
-    if state.get("has_scalars") is False and figures.has_scalars(points):  # the note is up
-        scalars["layout"]["annotations"].remove(figures.NO_SCALARS_NOTE)
-        new_state["has_scalars"] = True
+    figures.extend_patch(scalars, points, figures.scalar_series(state.get("scalars") or []))
+    if not state.get("reward_std") and figures.has_reward_std(points):  # the band shows now
+        reward["data"][figures.REWARD_BAND]["showlegend"] = True
+        new_state["reward_std"] = True
     if not state.get("non_finite") and (note := figures.non_finite_scalar(points)):
         scalars["layout"]["title"]["text"] = figures.scalars_title(note)
         new_state["non_finite"] = note

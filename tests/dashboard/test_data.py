@@ -149,14 +149,13 @@ def test_the_no_scalars_note_goes_when_scalars_arrive(dashboard):
             del record["scalars"]
         sample_data.send_steps(api, run_id, attempt, bare)
         state = run_view.first_load(READ, run_id)[run_view.OUTPUTS.index("state")]
-        assert state["has_scalars"] is False
+        assert state["scalars"] == []
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(2, 1))
         out = run_view.live_update(READ, run_id, state)
-        ops = out[run_view.OUTPUTS.index("scalars_figure")].to_plotly_json()["operations"]
-        (removed,) = [op for op in ops if op["location"] == ["layout", "annotations"]]
-        assert removed["operation"] == "Remove"
-        assert removed["params"]["value"] == figures.NO_SCALARS_NOTE
-        assert out[run_view.OUTPUTS.index("state")]["has_scalars"] is True
+        fig = out[run_view.OUTPUTS.index("scalars_figure")]  # drawn again, with its charts
+        assert figures.NO_SCALARS_NOTE not in fig["layout"].get("annotations", [])
+        assert [t["name"] for t in fig["data"]][:2] == ["loss", "KL"]
+        assert out[run_view.OUTPUTS.index("state")]["scalars"][:2] == ["loss", "kl"]
 
 
 def test_a_new_attempt_reloads_the_page_data(dashboard):

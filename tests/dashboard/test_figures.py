@@ -278,7 +278,24 @@ def test_the_mitigation_shown_is_what_the_trainer_reports_in_effect():
 
 
 def test_a_run_without_scalars_gets_a_note_not_four_empty_charts():
-    empty = figures.scalars_figure([point(0, scalars={}), point(1, scalars={"other": 1.0})])
-    assert figures.NO_SCALARS_NOTE in empty["layout"]["annotations"]
+    empty = figures.scalars_figure([point(0, scalars={}), point(1, scalars={"reward_std": 1.0})])
+    assert empty["data"] == [] and figures.NO_SCALARS_NOTE in empty["layout"]["annotations"]
     full = figures.scalars_figure([point(0, scalars={"loss": 0.3})])
-    assert figures.NO_SCALARS_NOTE not in full["layout"]["annotations"]
+    assert figures.NO_SCALARS_NOTE not in full["layout"].get("annotations", [])
+    go.Figure(empty)
+    go.Figure(full)
+
+
+def test_the_scalars_charted_are_those_the_run_logged():
+    """The chart had four fixed panels: entropy and temperature empty for a run that never
+    logged them, and grad_norm, which it did log, nowhere (a trial)."""
+    fig = figures.scalars_figure([point(0, scalars={"loss": 1.0, "kl": 0.1, "grad_norm": 2.0})])
+    assert [t["name"] for t in fig["data"]] == ["loss", "KL", "grad_norm"]
+    assert [a["text"] for a in fig["layout"]["annotations"]] == ["loss", "KL", "grad_norm"]
+    many = {name: 1.0 for name in ("zeta", "loss", "alpha", "entropy", "beta", "reward_std")}
+    fig = figures.scalars_figure([point(0, scalars=many)])
+    assert [t["name"] for t in fig["data"]] == ["loss", "entropy", "alpha", "beta"]
+    assert fig["layout"]["title"]["text"].endswith("· 4 of 5 shown (all in the CSV export)")
+    go.Figure(fig)
+    band = figures.reward_figure([point(0, scalars={"loss": 1.0})])["data"][figures.REWARD_BAND]
+    assert band["name"] == "reward ± std" and band["showlegend"] is False

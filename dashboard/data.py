@@ -104,7 +104,7 @@ def run_since(info, run_id: str, after_step: int | None) -> dict[str, Any] | Non
             return None
         from_step = None if after_step is None else after_step + 1
         points = q.run_metrics(s, run_id, from_step=from_step)["points"]
-        alerts = _alerts(s, run_id, state=None) if points else None
+        alerts = _alerts(s, run_id, state=None)  # for the banner, also without new steps
         timeline = q.mitigation_timeline(s, run_id) if points else None
     return {"run": run, "points": points, "alerts": alerts, "timeline": timeline}
 

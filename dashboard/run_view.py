@@ -82,6 +82,13 @@ def suggestions(run: dict, alerts: list[dict], state: dict) -> list[dict]:
     return out
 
 
+def banner_key(run: dict, alerts: list[dict], state: dict) -> str:
+    """What the banner shows, in short: its firing alerts and its offers (`suggestions`)."""
+    firing = sorted(str(a.get("alert_id")) for a in alerts if a.get("state") == "firing")
+    offers = [(s["type"], s["params"], s.get("alert_id")) for s in suggestions(run, alerts, state)]
+    return json.dumps([firing, offers, components.run_ended(run)], default=str)
+
+
 def banner(run: dict, alerts: list[dict], state: dict, can_control: bool) -> list:
     firing = [a for a in alerts if a.get("state") == "firing"]
     ended = components.run_ended(run)
@@ -171,6 +178,7 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
     state["timeline"] = summary.get("mitigation_timeline") or []
     state["non_finite"] = figures.non_finite_scalar(points)
     state["scalars"] = figures.scalar_names(points)[: figures.MAX_SCALAR_CHARTS]  # charted
+    state["banner_key"] = banner_key(run, alerts, state)
     state["reward_std"] = figures.has_reward_std(points)
     state["marked"] = [a.get("alert_id") for a in figures.fired(alerts)]
     return (
@@ -209,10 +217,19 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
     if new_attempt or too_long or _new_scalar_chart(state, points):
         return first_load(info, run_id, state.get("can_control", False))
     finished = components.run_ended(run)
+    alerts = update["alerts"] or []
     if not points:
-        # Nothing new: keep the figures, refresh the header (status may turn stale).
-        return (header(run), no_update, no_update, no_update, no_update, no_update, no_update,
-                no_update, finished)  # fmt: skip
+        # Nothing new: keep the figures, refresh the header (status may turn stale) and the
+        # banner when its alerts or offers changed (an offer taken, an alert of the periodic
+        # pass), not at every tick, which would replace a button under the user's click.
+        key = banner_key(run, alerts, state)
+        if key == state.get("banner_key"):
+            return (header(run), no_update, no_update, no_update, no_update, no_update,
+                    no_update, no_update, finished)  # fmt: skip
+        can_control = state.get("can_control", False)
+        return (header(run), banner(run, alerts, state, can_control), no_update,
+                {**state, "banner_key": key}, no_update, no_update, no_update, no_update,
+                finished)  # fmt: skip
     new_state = kpis.advance(state, points)
     new_state["appended"] = state.get("appended", 0) + len(points)
     acr, reward, scalars = Patch(), Patch(), Patch()
@@ -225,7 +242,6 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
     if not state.get("non_finite") and (note := figures.non_finite_scalar(points)):
         scalars["layout"]["title"]["text"] = figures.scalars_title(note)
         new_state["non_finite"] = note
-    alerts = update["alerts"] or []
     timeline = update["timeline"] or []
     # Markers for alerts that fired since the last tick (the trace after the series); a pending
     # alert gets its marker once it fires.
@@ -244,6 +260,7 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
         *figures.mitigation_bands(timeline, new_state["last_step"]),
     ]
     new_state["timeline"] = timeline
+    new_state["banner_key"] = banner_key(run, alerts, new_state)
     return (
         header(run),
         banner(run, alerts, new_state, state.get("can_control", False)),

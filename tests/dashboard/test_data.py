@@ -230,3 +230,28 @@ def test_alerts_of_an_ended_run_are_said_to_be_from_its_end():
         (chips,) = run_view.banner({"status": status}, [alert], {}, True)
         text = json.dumps(chips.to_plotly_json(), default=lambda c: c.to_plotly_json())
         assert words in text and f'"className": "{chip}"' in text, text
+
+
+def test_a_taken_offer_leaves_the_banner_without_new_steps(dashboard):
+    """The "Suggested: Apply" banner stayed after its command was sent, until a reload (a
+    trial): the banner follows its alerts and offers at each tick, new steps or not."""
+    collapsed = [[1, 1, 1, 1], [0, 0, 0, 0]]
+    with dashboard.api() as api:
+        run_id, attempt = sample_data.create_run(api, "offer-taken")
+        with dashboard.api("control") as lead:
+            lead.patch(f"/api/v1/runs/{run_id}", json={"mitigation_mode": "suggest"})
+            rule = {"name": "offer", "run_id": run_id, "metric": "acr", "op": ">",
+                    "threshold": 0.5, "mitigation": {"type": "set_mitigation",
+                                                     "params": {"mode": "avspo"}}}  # fmt: skip
+            lead.post("/api/v1/alert-rules", json=rule).raise_for_status()
+        sample_data.send_steps(api, run_id, attempt, [{"step": 0, "groups": collapsed}])
+    first = run_view.first_load(CONTROL, run_id, can_control=True)
+    state = first[run_view.OUTPUTS.index("state")]
+    assert "Suggested" in json.dumps(first[run_view.OUTPUTS.index("banner")], default=str)
+    quiet = run_view.live_update(CONTROL, run_id, state)
+    assert quiet[run_view.OUTPUTS.index("banner")] is no_update  # nothing changed
+    data.issue_command(CONTROL, run_id, "set_mitigation", {"mode": "avspo"}, "taken")
+    out = run_view.live_update(CONTROL, run_id, state)
+    banner = out[run_view.OUTPUTS.index("banner")]
+    assert banner is not no_update and "Suggested" not in json.dumps(banner, default=str)
+    assert "offer" in json.dumps(banner, default=str)  # the alert still fires

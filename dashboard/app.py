@@ -94,8 +94,10 @@ def _csv_routes(app: FastAPI) -> None:
         text = as_caller(request, lambda info: data.metrics_csv(info, run_id))
         return csv_response(text, f"{run_id}.csv")
 
-    def prompts_csv(request: Request, run_id: str, side: str | None = None) -> Response:
-        text = as_caller(request, lambda info: data.prompts_csv(info, run_id, side))
+    def prompts_csv(
+        request: Request, run_id: str, side: str | None = None, split: str | None = None
+    ) -> Response:
+        text = as_caller(request, lambda info: data.prompts_csv(info, run_id, side, split))
         return csv_response(text, f"{run_id}-prompts.csv")
 
     base = f"{auth.PREFIX}/export/{{run_id}}"

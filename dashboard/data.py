@@ -146,16 +146,19 @@ def issue_command(
     return cmd
 
 
-def prompts(info, run_id: str, side: str | None = None, min_steps: int = 1) -> list[dict] | None:
+def prompts(
+    info, run_id: str, side: str | None = None, min_steps: int = 1, split: str | None = None
+) -> list[dict] | None:
+    """The run's prompts by collapses (`queries.run_prompts`): of ``split``, or all splits."""
     q = _queries()
     with context.session() as s:
         if not context.can_see(info, q.get_run(s, run_id)):
             return None
-        return q.run_prompts(s, run_id, side=side or None, min_steps=min_steps)
+        return q.run_prompts(s, run_id, side or None, min_steps, split or None)
 
 
-def prompts_csv(info, run_id: str, side: str | None = None) -> str | None:
-    rows = prompts(info, run_id, side)
+def prompts_csv(info, run_id: str, side: str | None = None, split: str | None = None) -> str | None:
+    rows = prompts(info, run_id, side, split=split)
     return None if rows is None else _queries().to_csv(rows, PROMPT_COLUMNS)
 
 

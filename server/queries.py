@@ -424,11 +424,15 @@ class _PromptTally:
 
 
 def run_prompts(
-    session: Session, run_id: str, side: str | None = None, min_steps: int = 1
+    session: Session,
+    run_id: str,
+    side: str | None = None,
+    min_steps: int = 1,
+    split: str | None = None,
 ) -> list[dict[str, Any]]:
     """Prompts by how often their groups collapsed, over the newest-attempt view of each step
-    and the valid groups (collapsed, near-collapsed, live), as the ACR counts them. Reads the
-    run's blocks that carry prompt ids."""
+    and the valid groups (collapsed, near-collapsed, live), as the ACR counts them; of one
+    ``split``, or of all (None). Reads the run's blocks that carry prompt ids."""
     blocks = (
         select(GroupBlock.step, GroupBlock.n_groups, GroupBlock.prompt_ids, GroupBlock.data)
         .join(Run, Run.key == GroupBlock.run_key)
@@ -441,6 +445,8 @@ def run_prompts(
         )
         .where(Run.id == run_id, GroupBlock.prompt_ids.is_not(None))
     )
+    if split is not None:
+        blocks = blocks.where(GroupBlock.split == split)
     tally: dict[str, _PromptTally] = {}
     for step, n_groups, prompt_ids, data in session.execute(blocks):
         block = decode_block(n_groups, data)

@@ -483,6 +483,17 @@ def test_prompts_by_collapse(api):
     fails = api.get(f"/api/v1/runs/{run['run_id']}/prompts?side=all_fail").json()["prompts"]
     assert [p["prompt_id"] for p in fails] == ["hard"]
     assert "prompt_id" in api.get(f"/api/v1/runs/{run['run_id']}/prompts?format=csv").text
+    # one split, or all of them (eval groups were always mixed in: a trial)
+    evals = [{"prompt_id": "hard", "rewards": [1, 1]}, {"prompt_id": "held-out", "rewards": [0, 0]}]
+    post_steps(api, run, [{"step": 3, "split": "eval", "groups": evals}])
+    url = f"/api/v1/runs/{run['run_id']}/prompts"
+    every = {p["prompt_id"]: p for p in api.get(url).json()["prompts"]}
+    train = {p["prompt_id"]: p for p in api.get(url, params={"split": "train"}).json()["prompts"]}
+    evaluated = api.get(url, params={"split": "eval"}).json()["prompts"]
+    assert set(every) == {"easy", "hard", "ok", "held-out"} and set(train) == {"easy", "hard", "ok"}
+    assert every["hard"]["all_pass"] == 1 and train["hard"]["all_pass"] == 0
+    assert sorted(p["prompt_id"] for p in evaluated) == ["hard", "held-out"]
+    assert api.get(url, params={"split": "no such"}).status_code == 422
 
 
 def test_prompt_ids_that_look_like_formulas_are_defused_in_csv(api):

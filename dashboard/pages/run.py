@@ -4,6 +4,7 @@ commands with confirmation; prompts that keep collapsing; the run's config."""
 from __future__ import annotations
 
 import json
+from urllib.parse import urlencode
 
 import dash
 from dash import ALL, Input, Output, State, callback, ctx, dash_table, dcc, html, no_update
@@ -114,6 +115,15 @@ def _prompts_tab(run_id: str | None) -> html.Div:
                     {"label": "constant", "value": "constant"},
                 ],
                 value="",
+                inline=True,
+            ),
+            dcc.RadioItems(
+                id="prompts-split",
+                options=[
+                    {"label": "training prompts", "value": "train"},
+                    {"label": "every split (eval too)", "value": ""},
+                ],
+                value="train",
                 inline=True,
             ),
             html.A("Download CSV", id="prompts-csv", href="", download=""),
@@ -250,14 +260,16 @@ def refresh_command_log(run_id, _n, _sent):
     Output("prompts-csv", "href"),
     Input("run-tabs", "value"),
     Input("prompts-side", "value"),
+    Input("prompts-split", "value"),
     State("run-id", "data"),
 )
 @context.in_thread
-def show_prompts(tab, side, run_id):
-    href = f"/dashboard/export/{run_id}/prompts.csv" + (f"?side={side}" if side else "")
+def show_prompts(tab, side, split, run_id):
+    query = urlencode({k: v for k, v in (("side", side), ("split", split)) if v})
+    href = f"/dashboard/export/{run_id}/prompts.csv" + (f"?{query}" if query else "")
     if tab != "prompts":
         return no_update, href
-    rows = data.prompts(context.current_key(), run_id, side or None) or []
+    rows = data.prompts(context.current_key(), run_id, side or None, split=split or None) or []
     if not rows:
         return html.P("No prompt ids were sent with this run's groups.", className="muted"), href
     columns = [{"name": c.replace("_", " "), "id": c} for c in data.PROMPT_COLUMNS]

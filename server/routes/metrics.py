@@ -56,10 +56,12 @@ def prompts(
     side: Literal["all_pass", "all_fail", "constant"] | None = None,
     min_steps: Annotated[int, Query(ge=1)] = 1,
     format: Literal["json", "csv"] = "json",  # noqa: A002
+    split: Split | None = None,
 ) -> dict | PlainTextResponse:
-    """Prompts by how often their groups collapsed (needs prompt_ids from the client)."""
+    """Prompts by how often their groups collapsed (needs prompt_ids from the client), in one
+    ``split`` or, without it, in all."""
     load_run(session, run_id, key)
-    rows = run_prompts(session, run_id, side, min_steps)
+    rows = run_prompts(session, run_id, side, min_steps, split)
     if format == "csv":
         return PlainTextResponse(to_csv(rows, PROMPT_COLUMNS), media_type="text/csv")
     return {"run_id": run_id, "prompts": rows}

@@ -251,6 +251,11 @@ def test_prompts_tab_lists_prompts_that_keep_collapsing(control_page, server):
     assert "prompt-" in page.inner_text("#prompts-table")
     page.locator("#prompts-side").get_by_text("all-fail").click()
     page.wait_for_function(
+        "document.querySelector('#prompts-csv').getAttribute('href')"
+        ".endsWith('side=all_fail&split=train')"
+    )
+    page.locator("#prompts-split").get_by_text("every split").click()
+    page.wait_for_function(
         "document.querySelector('#prompts-csv').getAttribute('href').endsWith('side=all_fail')"
     )
 

@@ -67,6 +67,7 @@ log = logging.getLogger("vantage.client")
 _DIGITS = re.compile(r"\d+")
 
 BATCH_GROUPS = 1_000
+EXIT_SPOOL_S = 10.0  # at interpreter exit, how long the sender may take to spool the rest
 BATCH_INTERVAL_S = 1.0
 # A server that keeps failing is reported once it has failed for this long, then every
 # OUTAGE_REPEAT_S while it lasts (seconds).
@@ -569,11 +570,14 @@ class Monitor:
         return f"server {self.server} not reachable in time; last error: {self.last_error}"
 
     def _at_exit(self) -> None:
-        """Interpreter exit: close if the user did not, then stop a sender that is still busy
-        past its deadline before the interpreter tears down under it (what it has not spooled
-        by then is lost with the process)."""
+        """Interpreter exit: close if the user did not; give a sender still at work up to
+        EXIT_SPOOL_S to move what is left to the spool (local disk: past close's deadline it
+        makes no more requests), then stop it before the interpreter tears down under it (what
+        it has not spooled by then is lost with the process). A close(timeout=0) just before
+        exit lost a fifth of 12,000 groups, abandoned mid-spooling (a trial)."""
         if not self._closed:
             self.close(timeout=10.0)
+        self._thread.join(EXIT_SPOOL_S)
         if self._thread.is_alive():
             self._abandon = True
             self._wake.set()

@@ -44,7 +44,8 @@ def _shared_through_store(dist: Any) -> str | None:
 
 def derive_launch_id(explicit: str | None = None) -> str:
     """The launch id that every rank of one launch shares (DESIGN.md §5), in this order: the
-    argument, ``VANTAGE_LAUNCH_ID``, ``TORCHELASTIC_RUN_ID`` + ``TORCHELASTIC_RESTART_COUNT``, a
+    argument, ``VANTAGE_LAUNCH_ID``, ``TORCHELASTIC_RUN_ID`` (unless torchrun's default "none")
+    + ``TORCHELASTIC_RESTART_COUNT``, a
     UUID shared by the ranks of the ``torch.distributed`` process group (through its store; a
     broadcast from rank 0 where the store cannot, which every rank must then join), else a fresh
     UUID."""
@@ -54,7 +55,9 @@ def derive_launch_id(explicit: str | None = None) -> str:
     if env:
         return env
     elastic = os.environ.get("TORCHELASTIC_RUN_ID")
-    if elastic:
+    # plain `torchrun` (no --rdzv-id) names every launch "none": no launch id at all (each
+    # relaunch was the same launch, so a resumed job never became a new attempt: a trial)
+    if elastic and elastic != "none":
         return f"{elastic}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     dist = torch_distributed()
     if dist is not None:

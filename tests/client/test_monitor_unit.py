@@ -294,6 +294,9 @@ def test_launch_id_derivation(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     a, b = derive_launch_id(), derive_launch_id()
     assert a != b  # a fresh UUID each time without any hint
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # plain torchrun: every launch "none-0"
+    assert derive_launch_id() != derive_launch_id()
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
     assert derive_launch_id() == "job7-2"

@@ -314,6 +314,11 @@ def sync(
                 totals["errors"].append(
                     f"{path.name}: not a readable spool file ({exc}); left as it is"
                 )
+            except Exception as exc:  # noqa: BLE001 - a batch that cannot be read, say (a trial)
+                totals["errors"].append(
+                    f"{path.name}: could not be replayed ({type(exc).__name__}: {exc}); "
+                    "left as it is"
+                )
     totals["failed"] = bool(totals["errors"]) or totals["remaining_groups"] > 0
     return totals
 
@@ -322,10 +327,13 @@ def _sync_file(
     path: Path, transport: Any, timeout: float, totals: dict[str, Any], unreachable: str | None
 ) -> str | None:
     """Replay one spool file into the `sync` totals, unless an earlier file found the server
-    ``unreachable``; returns why the server is unreachable, if it now is. Raises
-    sqlite3.DatabaseError for a file that is not a readable spool."""
+    ``unreachable``; returns why the server is unreachable, if it now is. A file named in
+    ``errors`` is kept. Raises sqlite3.DatabaseError for a file that is not a readable spool,
+    and whatever reading a damaged batch raises."""
     from .sender import replay_spool  # noqa: PLC0415 (sender imports this module)
 
+    errors = len(totals["errors"])
+    done = False
     spool = Spool(path, max_bytes=1 << 62)
     try:
         if unreachable:
@@ -340,8 +348,11 @@ def _sync_file(
         totals["dead_letter_batches"] += spool.dead_letter_batches
         totals["remaining_groups"] += spool.pending_groups
         totals["dropped_groups"] += spool.dropped_groups
+        done = len(totals["errors"]) == errors
     finally:
-        spool.close(remove_if_clean=True)
+        # a file named in `errors` stays, as the answer says (an empty or foreign file was
+        # deleted after "no run description" or "not tried": a trial)
+        spool.close(remove_if_clean=done)
     return unreachable
 
 

@@ -527,6 +527,37 @@ def test_sync_skips_a_spool_file_it_cannot_read_and_uploads_the_others(
     assert (spool_dir / "aaaa.r0.vantage-spool").exists()  # left for a person to look at
 
 
+def test_sync_names_and_keeps_damaged_or_foreign_files_and_uploads_the_others(
+    server: Server, tmp_path: Path
+):
+    """A batch whose body was damaged crashed `vantage sync` with a traceback, and an empty or
+    foreign SQLite file was deleted after being named in `errors` (a trial)."""
+    import sqlite3
+
+    spool_dir = tmp_path / "spool"
+    runs = []
+    for name in ("damaged", "good"):
+        mon = Monitor(None, None, run_name=name, spool_dir=spool_dir)
+        mon.log_groups(0, step_rewards(0))
+        mon.close(timeout=5)
+        runs.append(mon.run_id)
+    (damaged,) = spool_dir.glob(f"{runs[0]}*{SPOOL_SUFFIX}")
+    (good,) = spool_dir.glob(f"{runs[1]}*{SPOOL_SUFFIX}")
+    with sqlite3.connect(damaged) as db:
+        db.execute("UPDATE batches SET body = X'00ff00ff'")
+    with sqlite3.connect(spool_dir / f"foreign{SPOOL_SUFFIX}") as db:
+        db.execute("CREATE TABLE t (x)")
+    (spool_dir / f"empty{SPOOL_SUFFIX}").write_bytes(b"")
+    result = sync(spool_dir, server.url, None)
+    assert result["files"] == 4 and result["sent_groups"] == 8 and result["failed"]
+    named = " ".join(result["errors"])
+    for path in (spool_dir / damaged.name, spool_dir / f"foreign{SPOOL_SUFFIX}",
+                 spool_dir / f"empty{SPOOL_SUFFIX}"):  # fmt: skip
+        assert path.name in named and path.exists(), (path.name, result["errors"])
+    assert "could not be replayed" in named
+    assert not (spool_dir / good.name).exists()  # uploaded and done
+
+
 def test_every_rank_reports_its_spool_empty_when_it_closes(server: Server, tmp_path: Path):
     """Rank 1 never sends the final status, but its last counts still reach the run's client
     health (the earlier heartbeat's 20 waiting groups stayed on the run page for good)."""

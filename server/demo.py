@@ -118,7 +118,12 @@ def _mean(values: list[float | None]) -> float | None:
     return round(fmean(kept), 4) if kept else None
 
 
-def _summarize(api: httpx.Client, run_id: str, dashboard_url: str) -> dict[str, Any]:
+def _summarize(
+    api: httpx.Client, run_id: str, dashboard_url: str, accuracy_start: float | None = None
+) -> dict[str, Any]:
+    """The demo's outcome from the API. ``accuracy_start``: the trainer's evaluation before its
+    first GRPO step, the accuracy before the alert when no later evaluation precedes it (one
+    taken after AVSPO was on was reported as "before": a trial)."""
     points = api.get(f"/api/v1/runs/{run_id}/metrics").json()["points"]
     alerts = api.get("/api/v1/alerts", params={"run_id": run_id}).json()["alerts"]
     commands = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
@@ -144,7 +149,7 @@ def _summarize(api: httpx.Client, run_id: str, dashboard_url: str) -> dict[str, 
         "acr_before": _mean([p["acr"] for p in before]),
         "acr_after": _mean([p["acr"] for p in after]),
         "acr_effective_after": _mean([p["acr_effective"] for p in after]),
-        "accuracy_before": acc_before[-1] if acc_before else (evals[0][1] if evals else None),
+        "accuracy_before": acc_before[-1] if acc_before else accuracy_start,
         "accuracy_after": evals[-1][1] if evals and applied_step is not None else None,
         "dashboard_url": dashboard_url,
     }
@@ -152,7 +157,8 @@ def _summarize(api: httpx.Client, run_id: str, dashboard_url: str) -> dict[str, 
 
 def _train(
     model: str, quick: bool, server: str, key: str, run_id: str, project: str, out_dir: Path
-) -> None:
+) -> dict[str, Any]:
+    """Train the demo's run; returns the trainer's summary."""
     from vantage.trainer.run import train
 
     config, quick_overrides, full_overrides = PROFILES[model]
@@ -166,7 +172,7 @@ def _train(
         f"output_dir={out_dir}",
         "checkpoint_every=0",
     ]
-    train(config, overrides)
+    return train(config, overrides)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -203,9 +209,11 @@ def run_demo(args: argparse.Namespace) -> int:
             )
             if not args.no_browser and os.environ.get("DISPLAY"):
                 webbrowser.open(dashboard_url)
-            _train(args.model, args.quick, base, trainer_key, run_id, project, work / "run")
+            trained = _train(
+                args.model, args.quick, base, trainer_key, run_id, project, work / "run"
+            )
             time.sleep(0.5)
-            summary = _summarize(api, run_id, dashboard_url)
+            summary = _summarize(api, run_id, dashboard_url, trained.get("accuracy_start"))
         _print_summary(summary)
         if args.quick:
             _say(

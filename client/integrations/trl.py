@@ -323,7 +323,21 @@ def attach(
     """Wire a constructed ``GRPOTrainer`` to ``monitor``: its reward functions are wrapped in
     place (weights and ``num_generations`` taken from the trainer) and a ``VantageCallback`` is
     added. Call it on every process (the gathering is collective); ``monitor`` may be None on
-    ranks other than 0. Returns the callback."""
+    ranks other than 0. Returns the callback.
+
+    Only rank 0's Monitor sends (groups are gathered there); a Monitor given on another rank
+    is not used, and a warning says so: a Monitor made on every rank registered a run of its
+    own on each that never got data and went stale (a trial)."""
+    dist = _dist()
+    if monitor is not None and dist is not None and dist.get_rank() != 0:
+        log.warning(
+            "vantage: attach() on rank %d was given a Monitor; only rank 0's sends (groups are "
+            "gathered there), so it is not used. Create the Monitor on rank 0 only and pass "
+            "None elsewhere: a Monitor of its own run (%s) stays empty",
+            dist.get_rank(),
+            monitor.run_id,
+        )
+        monitor = None
     weights = getattr(trainer, "reward_weights", None)
     weights = None if weights is None else [float(w) for w in weights]
     rewards = VantageRewards(

@@ -172,6 +172,8 @@ def test_two_processes_gather_groups_that_span_processes(server: Server, tmp_pat
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # rank 1's Monitor is not used, and it says so (each rank's own made an empty run: a trial)
+    assert "attach() on rank 1 was given a Monitor" in proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     assert result["world_size"] == 2 and result["attempt"] == 1
     assert result["logged_steps"] == [1, 2, 3, 4]

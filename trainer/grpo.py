@@ -84,7 +84,7 @@ class GRPOTrainer:
         self.seen_commands: set[str] = set()
         self.local_commands: list[Command] = []
         self.stop_requested = False
-        self.terminated = False  # SIGTERM arrived (run.fit stops at the next step boundary)
+        self.stop_signal: int | None = None  # SIGTERM or SIGINT arrived (run.fit stops)
         self.history: list[dict[str, Any]] = []
         self.hooks: list[StepHook] = []
         self.run_id: str | None = None

@@ -200,8 +200,8 @@ def setup(
 
 
 def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
-    """Train until ``config.steps``, a stop command or SIGTERM; evaluate, checkpoint and close
-    the Monitor (the run marked failed after SIGTERM). Returns the summary (also written to
+    """Train until ``config.steps``, a stop command, SIGTERM or Ctrl-C; evaluate, checkpoint and
+    close the Monitor (the run marked failed after a signal). Returns the summary (also written to
     ``output_dir/summary.json``)."""
     cfg, dist = trainer.config, trainer.dist
     trainer.hooks.extend(hooks)
@@ -209,16 +209,16 @@ def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     evals: list[tuple[int, float]] = []
     commands: list[dict[str, Any]] = []
     failed = True
-    with _stop_on_sigterm(trainer):
+    with _stop_on_signals(trainer):
         try:
             evals.append((trainer.step, trainer.evaluate()))
             commands += trainer.apply_commands()  # commands waiting before the first step
             commands += _train_steps(trainer, evals)
-            if not trainer.terminated and evals[-1][0] != trainer.step:
+            if trainer.stop_signal is None and evals[-1][0] != trainer.step:
                 evals.append((trainer.step, trainer.evaluate()))
                 trainer.monitor.log_scalars(trainer.step, {"eval_accuracy": evals[-1][1]})
             checkpoint = Path(trainer.save_checkpoint())
-            failed = trainer.terminated  # interrupted: marked failed (a relaunch resumes it)
+            failed = trainer.stop_signal is not None  # interrupted (a relaunch resumes it)
         finally:
             trainer.monitor.close(failed=failed)
             if trainer.owns_process_group and torch_dist.is_initialized():
@@ -232,7 +232,7 @@ def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
 
 
 def _train_steps(trainer: GRPOTrainer, evals: list[tuple[int, float]]) -> list[dict[str, Any]]:
-    """GRPO steps until ``config.steps``, a stop command or SIGTERM, each followed by its
+    """GRPO steps until ``config.steps``, a stop command or a signal, each followed by its
     evaluation (every ``eval_every``), hooks, commands and checkpoint; returns the commands
     done. Appends to ``evals``."""
     from tqdm.auto import tqdm
@@ -269,29 +269,35 @@ def _train_steps(trainer: GRPOTrainer, evals: list[tuple[int, float]]) -> list[d
 
 
 @contextmanager
-def _stop_on_sigterm(trainer: GRPOTrainer) -> Iterator[None]:
-    """While it is open, SIGTERM (a scheduler's preemption, ``kill``) stops training at the next
-    step boundary as a ``stop`` command does (rank 0 queues one, which every rank applies at
-    the same step): a checkpoint, the Monitor closed with the run marked failed, exit status
-    143. A second SIGTERM ends the process at once. Outside the main thread signals cannot be
-    caught, and SIGTERM keeps its default action."""
+def _stop_on_signals(trainer: GRPOTrainer) -> Iterator[None]:
+    """While it is open, SIGTERM (a scheduler's preemption, ``kill``) and SIGINT (Ctrl-C) stop
+    training at the next step boundary as a ``stop`` command does (rank 0 queues one, which
+    every rank applies at the same step): a checkpoint, the Monitor closed with the run marked
+    failed, exit status 128 + the signal (143, 130). A second one acts as it would have: SIGTERM
+    ends the process, Ctrl-C raises KeyboardInterrupt. Outside the main thread signals cannot
+    be caught, and keep their default action."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    second = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
 
-    def on_sigterm(_signum: int, _frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends at once
-        if not trainer.terminated:
-            trainer.terminated = True
-            log.warning("SIGTERM: stopping after step %d with a checkpoint", trainer.step + 1)
+    def on_signal(signum: int, _frame: Any) -> None:
+        for sig, action in second.items():
+            signal.signal(sig, action)
+        if trainer.stop_signal is None:
+            trainer.stop_signal = signum
+            name = signal.Signals(signum).name
+            log.warning("%s: stopping after step %d with a checkpoint (again to quit now)",
+                        name, trainer.step + 1)  # fmt: skip
             if trainer.dist.is_main:
                 trainer.submit_command("stop")
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    previous = {sig: signal.signal(sig, on_signal) for sig in second}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, action in previous.items():
+            signal.signal(sig, action)
 
 
 def train(
@@ -334,7 +340,8 @@ def _summary(
         "start_step": start_step,
         "steps_completed": trainer.step,
         "stopped": trainer.stop_requested,
-        "terminated": trainer.terminated,
+        "terminated": trainer.stop_signal is not None,
+        "signal": None if trainer.stop_signal is None else signal.Signals(trainer.stop_signal).name,
         "seconds": seconds,
         "sft": trainer.sft_stats,
         "accuracy_start": evals[0][1] if evals else None,
@@ -392,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         brief = {k: v for k, v in summary.items() if k not in ("history", "commands")}
         print(json.dumps(brief))
-    return 128 + signal.SIGTERM if summary["terminated"] else 0
+    return 128 + signal.Signals[summary["signal"]] if summary["signal"] else 0
 
 
 if __name__ == "__main__":

@@ -261,12 +261,15 @@ def test_sft_warm_start_learns(tmp_path):
     assert trainer.evaluate() >= 0.4
 
 
-def test_sigterm_stops_at_the_next_step_with_a_checkpoint(warm_policy, tmp_path):
-    """A scheduler's SIGTERM ended the trainer as kill -9 would: no checkpoint, the Monitor
-    never closed, the last step lost (a trial). It now stops at the step boundary."""
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_stops_at_the_next_step_with_a_checkpoint(warm_policy, tmp_path, name):
+    """A scheduler's SIGTERM ended the trainer as kill -9 would, and Ctrl-C with a traceback:
+    no checkpoint, the Monitor never closed, the last step lost (a trial). Either now stops at
+    the step boundary."""
     import os
     import signal
 
+    sig = signal.Signals[name]
     monitors: list[RecordingMonitor] = []
 
     def factory(**kwargs):
@@ -275,14 +278,15 @@ def test_sigterm_stops_at_the_next_step_with_a_checkpoint(warm_policy, tmp_path)
 
     def preempt(trainer, record):
         if trainer.step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), sig)
 
-    before = signal.getsignal(signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     cfg = small_config(tmp_path, init_checkpoint=warm_policy, steps=6, run_name="preempted")
     summary = train(cfg, [], monitor_factory=factory, hooks=[preempt])
-    assert summary["terminated"] and summary["steps_completed"] == 2
+    assert summary["terminated"] and summary["signal"] == name
+    assert summary["steps_completed"] == 2
     assert Path(summary["checkpoint"]).exists() and monitors[0].closed == "failed"
-    assert signal.getsignal(signal.SIGTERM) is before  # restored
+    assert {s: signal.getsignal(s) for s in before} == before  # restored
     resumed = train(small_config(tmp_path, init_checkpoint=warm_policy, steps=3), [])
     assert resumed["start_step"] == 2 and not resumed["terminated"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from vantage.client.schema import MITIGATION_DEFAULTS
+from vantage.client.schema import MAX_GROUP_SIZE, MITIGATION_DEFAULTS
 
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "CONFIG_DIR", "bundled_config"]
 
@@ -126,10 +126,6 @@ class TrainConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}; got {getattr(self, name)!r}")
-        if self.group_size < 2:
-            raise ValueError(
-                f"group_size must be at least 2 (GRPO compares within a group): {self.group_size}"
-            )
         for name, low, high in _RANGES:
             value = getattr(self, name)
             if not (low <= value <= high):  # also refuses NaN
@@ -194,6 +190,7 @@ _RANGES = (
     )),
     ("tiny_max_positions", 2, math.inf),
     ("arith_terms", 2, math.inf),  # a problem is a sum of at least two numbers
+    ("group_size", 2, MAX_GROUP_SIZE),  # the server's limit on one group's completions
     ("top_p", 0, 1),
     ("vllm_gpu_memory_utilization", 0, 1),
     ("avspo_tau0", 0, 1),

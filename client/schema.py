@@ -451,8 +451,8 @@ class RunCreate(_RewardBounds):
     launch_id: text(128, 1) | None = None
     """Names one launch of the job, shared by all its ranks: a known one gets its attempt back, a
     new one the next attempt."""
-    name: Name
-    """Display name (required, as DESIGN.md §4 has it)."""
+    name: Name | None = None
+    """Display name: required for a new run (DESIGN.md §4); a known run keeps its own."""
     project: text(200) | None = None
     """Groups runs; keys and alert rules can be limited to a project."""
     config: ConfigJSON = None

@@ -41,6 +41,11 @@ def _check_same_settings(run: Run, body: RunCreate) -> None:
             )
 
 
+class RunNameRequired(ValueError):
+    """A new run registered without a name (DESIGN.md §4 requires one; a known run keeps its
+    own, so registering a launch of it may leave the name out)."""
+
+
 def create_or_resume_run(
     session: Session, body: RunCreate, project: str | None, default_mode: str
 ) -> tuple[Run, int, bool]:
@@ -50,11 +55,14 @@ def create_or_resume_run(
     rank and retry); a new or absent launch_id on a known run is the next attempt. The caller
     holds the run's lock (`vantage.server.locks.run_lock`) and commits; two first registrations
     of a new run race on its primary key (IntegrityError), which the route retries once. Raises
-    RunSettingsConflict when a known run is sent other reward bounds or eps.
+    RunSettingsConflict when a known run is sent other reward bounds or eps, and RunNameRequired
+    for a new run without a name.
     """
     run_id = body.run_id or str(uuid.uuid4())
     run = session.get(Run, run_id)  # read under the run's lock, which the caller holds
     if run is None:
+        if body.name is None:
+            raise RunNameRequired("a new run needs a name")
         run = Run(
             id=run_id,
             name=body.name,

@@ -676,6 +676,7 @@ def test_every_route_refuses_a_body_over_8_mib(api):
     assert len(api.get("/api/v1/runs").json()["runs"]) == before
     r = api.post("/api/v1/runs", json={"config": {}})  # DESIGN.md §4: name is required
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "name"]
+    assert len(api.get("/api/v1/runs").json()["runs"]) == before
 
 
 def test_auth_matrix(server):
@@ -851,8 +852,8 @@ def test_registering_a_run_again_with_other_reward_bounds_is_409(api):
     assert r.status_code == 409 and "reward_max" in r.json()["detail"]
     same = {"run_id": run["run_id"], "name": "x", "launch_id": "second", "reward_max": 5.0}
     assert api.post("/api/v1/runs", json=same).json()["attempt"] == 2
-    again = {"run_id": run["run_id"], "name": "x"}
-    assert api.post("/api/v1/runs", json=again).json()["attempt"] == 3
+    # a known run keeps its name: a launch of it may leave the name out
+    assert api.post("/api/v1/runs", json={"run_id": run["run_id"]}).json()["attempt"] == 3
 
 
 def test_prompts_count_valid_groups_only(api):

@@ -15,7 +15,7 @@ from ..locks import run_lock
 from ..maintenance import delete_run_data
 from ..models import utcnow
 from ..queries import get_run, list_runs, run_dict
-from ..runs import RunSettingsConflict, create_or_resume_run
+from ..runs import RunNameRequired, RunSettingsConflict, create_or_resume_run
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 
@@ -44,6 +44,9 @@ def create_run(
             break
         except RunSettingsConflict as exc:
             raise HTTPException(409, str(exc)) from exc
+        except RunNameRequired as exc:
+            missing = {"type": "missing", "loc": ["body", "name"], "msg": f"Field required: {exc}"}
+            raise HTTPException(422, [missing]) from exc
         except IntegrityError:  # a concurrent rank registered the same run or launch first
             session.rollback()
             if attempt_no:

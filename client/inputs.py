@@ -35,6 +35,8 @@ def capture(value: Any, what: str) -> tuple[Any, int]:
     out = []
     for row in value:
         if isinstance(row, list):
+            if row and isinstance(row[0], list | tuple):
+                raise TypeError(f"{what} must be [P, G]: one list of numbers per group, not deeper")
             out.append(row.copy())
         elif isinstance(row, tuple):
             out.append(list(row))

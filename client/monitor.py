@@ -21,6 +21,7 @@ import atexit
 import logging
 import os
 import re
+import reprlib
 import shlex
 import tempfile
 import threading
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from . import checks
 from .inputs import capture, mask_row, materialize, plain_rewards
@@ -192,20 +194,26 @@ class Monitor:
                 raise
             log.warning("vantage: the run's config is not sent (config %s)", exc)
             config_json = {"vantage": f"config not sent (config {exc})"}
-        run = RunCreate(
-            run_id=self.run_id,
-            launch_id=self.launch_id,
-            name=run_name,
-            project=project,
-            config=config_json,
-            reward_min=reward_min,
-            reward_max=reward_max,
-            group_size=group_size,
-            trainer_eps=trainer_eps,
-            world_size=self.world_size,
-            heartbeat_s=heartbeat_s,
-            tags=list(tags),
-        )
+        if not isinstance(run_name, str):  # the server needs a new run's name
+            raise TypeError(f"Monitor: run_name must be text, not {run_name!r}")
+        try:
+            run = RunCreate(
+                run_id=self.run_id,
+                launch_id=self.launch_id,
+                name=run_name,
+                project=project,
+                config=config_json,
+                reward_min=reward_min,
+                reward_max=reward_max,
+                group_size=group_size,
+                trainer_eps=trainer_eps,
+                world_size=self.world_size,
+                heartbeat_s=heartbeat_s,
+                tags=list(tags),
+            )
+        except ValidationError as exc:  # one line per bad argument, not pydantic's model dump
+            bad = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ValueError(f"Monitor: {bad}") from None
         self._run_body = run.model_dump(exclude_none=True)
         checks.rank_in(self.rank, self.world_size)  # every record of this rank would be refused
 
@@ -315,7 +323,8 @@ class Monitor:
             raise exc
         self.stats["rejected_calls"] += 1
         kind = _kind(what.split("(")[0], exc)
-        self._warn(kind, "vantage: %s ignored (%s: %s)", what, type(exc).__name__, exc)
+        said = str(exc) if len(str(exc)) <= 300 else str(exc)[:300] + "…"  # 10**400 has 401 digits
+        self._warn(kind, "vantage: %s ignored (%s: %s)", what, type(exc).__name__, said)
 
     def _warn(self, kind: str, message: str, *args: Any) -> None:
         """Log a warning of ``kind``: the first 5 of each kind, then every 1,000th, so that a
@@ -331,7 +340,7 @@ class Monitor:
         logged and skipped (raised when ``strict``); the call never blocks."""
         try:
             self._log_groups(step, rewards, *args, **kwargs)
-        except (TypeError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a bad call never stops training
             self._reject(f"log_groups(step={step!r})", exc)
 
     def _log_groups(
@@ -381,7 +390,7 @@ class Monitor:
         is logged and skipped (raised when ``strict``)."""
         try:
             self._log_effective(step, *args, **kwargs)
-        except (TypeError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a bad call never stops training
             self._reject(f"log_effective(step={step!r})", exc)
 
     def _log_effective(
@@ -416,7 +425,7 @@ class Monitor:
         a value that is no number when the sender reads it."""
         try:
             self._log_scalars(step, scalars, *args, **kwargs)
-        except (TypeError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a bad call never stops training
             self._reject(f"log_scalars(step={step!r})", exc)
 
     def _log_scalars(
@@ -695,10 +704,10 @@ class Monitor:
                     except Exception:  # noqa: BLE001 - one bad scalar (10**400, a meta tensor) must not cost the batch
                         self._warn(
                             "scalar",
-                            "vantage: step %s: scalar %r is %r, not a number; skipped",
+                            "vantage: step %s: scalar %r is %s, not a number; skipped",
                             step,
                             name,
-                            value,
+                            reprlib.repr(value),  # 10**400 would print its 401 digits
                         )
             time.sleep(0)  # let a waiting training thread have the GIL
         self._spool.count_dropped(dropped)

@@ -160,6 +160,12 @@ def mount(app: FastAPI, settings: Any, session_factory) -> Dash:
         methods=["GET"],
         include_in_schema=False,
     )
+    app.add_api_route(  # browsers ask for it on every page (a console 404 otherwise)
+        "/favicon.ico",
+        lambda: RedirectResponse(f"{URL_BASE}_favicon.ico", status_code=301),
+        methods=["GET"],
+        include_in_schema=False,
+    )
     app.add_api_route(
         f"{auth.PREFIX}/login", auth.login_get, methods=["GET"], include_in_schema=False
     )

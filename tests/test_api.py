@@ -959,7 +959,7 @@ def test_unknown_api_routes_are_json_404_and_every_422_lists_its_errors(server, 
     run = new_run(api)
     assert api.post(f"/api/v1/runs/{run['run_id']}/metrics").status_code == 405
     # outside /api/ too (Dash's own catch-all answered any GET with its page and 200)
-    for method, path in [("GET", "/favicon.ico"), ("GET", "/nope"), ("POST", "/nope")]:
+    for method, path in [("GET", "/robots.txt"), ("GET", "/nope"), ("POST", "/nope")]:
         r = api.request(method, path)
         assert r.status_code == 404 and r.json()["detail"].startswith("not found: /"), r.text
     assert api.post("/healthz").status_code == api.post("/dashboard/logout").status_code == 405

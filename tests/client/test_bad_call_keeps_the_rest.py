@@ -33,7 +33,7 @@ def test_unreadable_rewards_drop_only_their_call(tmp_path):
         for step in (0, 1, 2, 3, 4, 7, 8):
             assert by_step[step]["n_groups"] == 2 and by_step[step]["acr"] == 0.5
         assert all(by_step.get(s, {"n_groups": 0})["n_groups"] == 0 for s in (5, 6))
-        assert mon.dropped_groups == 2
+        assert mon.dropped_groups == 1  # the strings; the deeper input is refused in the call
     finally:
         srv.stop()
 
@@ -245,3 +245,20 @@ def test_a_full_queue_says_so(tmp_path, caplog):
     mon.close(timeout=5)
     assert mon.dropped_groups == 4 and mon.spooled_groups == 2
     assert "groups dropped" in caplog.text and "max_queue_groups" in caplog.text
+
+
+def test_any_error_of_a_call_is_skipped_and_constructor_errors_are_one_line(tmp_path, caplog):
+    """A meta tensor's NotImplementedError escaped log_groups into the training loop; a bad
+    run_name raised pydantic's model dump; 10**400 printed its 401 digits (a trial)."""
+    torch = pytest.importorskip("torch")
+    mon = Monitor(None, run_name="odd", spool_dir=str(tmp_path / "spool"))
+    mon.log_groups(5, torch.zeros((2, 3), device="meta"))
+    mon.log_groups(1, [[[0, 1]]])
+    mon.log_scalars(1, {"big": 10**400})
+    mon.flush(2)
+    mon.close(timeout=0)
+    assert "Cannot copy out of meta tensor" in caplog.text and "not deeper" in caplog.text
+    assert "0" * 401 not in caplog.text and "scalar 'big' is 1000" in caplog.text
+    for name, says in ((None, "run_name must be text"), ("", "name: String should have")):
+        with pytest.raises((TypeError, ValueError), match=f"^Monitor: {says}"):
+            Monitor(None, run_name=name, spool_dir=str(tmp_path / "spool2"))

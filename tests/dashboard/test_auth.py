@@ -21,6 +21,12 @@ def logged_in(server, key_name: str):
         yield c
 
 
+def test_the_favicon_browsers_ask_for_is_found(server):
+    with client(server) as c:
+        r = c.get("/favicon.ico", follow_redirects=True)
+        assert r.status_code == 200 and r.content and r.url.path == "/dashboard/_favicon.ico"
+
+
 def test_dashboard_redirects_to_the_slash(server):
     with client(server) as c:
         r = c.get("/dashboard")

@@ -109,9 +109,11 @@ class BodyTooLarge(HTTPException):
 
 class BodyLimit:
     """ASGI middleware: no request body past MAX_REQUEST_BYTES (DESIGN.md §4), on every route.
-    A declared ``Content-Length`` over it is refused before anything is read; a body that grows
-    past it (chunked) raises BodyTooLarge from ``receive``, which a route answers as its 413 and
-    this middleware answers when a middleware was reading (nothing was stored either way)."""
+    A declared ``Content-Length`` over it is refused before anything is read, and one within it
+    passes untouched (the HTTP server delivers no more than declared: ingest's path, where the
+    client always declares it, pays nothing); a body sent in chunks raises BodyTooLarge from
+    ``receive`` once past the limit, which a route answers as its 413 and this middleware
+    answers when a middleware was reading (nothing was stored either way)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -120,8 +122,10 @@ class BodyLimit:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
         for k, v in scope["headers"]:
-            if k == b"content-length" and v.isdigit() and int(v) > MAX_REQUEST_BYTES:
-                return await _too_large(scope, receive, send)
+            if k == b"content-length" and v.isdigit():
+                if int(v) > MAX_REQUEST_BYTES:
+                    return await _too_large(scope, receive, send)
+                return await self.app(scope, receive, send)
         size, started = 0, False
 
         async def limited() -> dict:

@@ -604,7 +604,25 @@ def json_size_at_most(limit: int, what: str) -> Any:
     return check
 
 
-small_mitigation = json_size_at_most(MAX_MITIGATION_BYTES, "a mode and its settings")
+_mitigation_size = json_size_at_most(MAX_MITIGATION_BYTES, "a mode and its settings")
+MAX_MODE_CHARS = 64
+
+
+def small_mitigation(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A record's mitigation as DESIGN.md §4 has it, ``{mode, ...settings}``: ``mode`` a
+    non-empty string of at most 64 characters (any name: a trainer may report a mitigation of
+    its own), at most 4 KiB as JSON. Returns the value; raises ValueError naming the problem."""
+    if value is None:
+        return None
+    mode = value.get("mode")
+    if not isinstance(mode, str) or not 0 < len(mode) <= MAX_MODE_CHARS:
+        raise ValueError(
+            f"needs mode, the name of the mitigation in effect (a string of 1 to "
+            f"{MAX_MODE_CHARS} characters, e.g. 'avspo' or 'none'); got {mode!r:.80}"
+        )
+    return _mitigation_size(value)
+
+
 small_config = json_size_at_most(MAX_CONFIG_BYTES, "the run's hyperparameters")
 MitigationJSON = Annotated[StorableJSON, AfterValidator(small_mitigation)]
 ConfigJSON = Annotated[StorableJSON, AfterValidator(small_config)]

@@ -826,12 +826,20 @@ def test_unstorable_values_in_records_heartbeats_and_acks_are_422(api):
     run = new_run(api)
     rid = run["run_id"]
     huge = 10**30
-    steps = {"attempt": 1, "records": [{"step": 1, "groups": [[1, 0]], "mitigation": {"x": huge}}]}
+    record = {"step": 1, "groups": [[1, 0]], "mitigation": {"mode": "a", "x": huge}}
+    steps = {"attempt": 1, "records": [record]}
     assert api.post(f"/api/v1/runs/{rid}/steps", json=steps).status_code == 422
     # a mitigation is a mode and its settings; a 100 KB one was stored with every step (a trial)
-    wordy = {"step": 1, "groups": [[1, 0]], "mitigation": {"mode": "m" * 5000}}
+    wordy = {"step": 1, "groups": [[1, 0]], "mitigation": {"mode": "avspo", "note": "m" * 5000}}
     r = api.post(f"/api/v1/runs/{rid}/steps", json={"attempt": 1, "records": [wordy]})
     assert r.status_code == 422 and "at most 4,096" in r.text, r.text
+    # {mode, ...} (DESIGN.md §4): without a mode it was shown as "none" on the dashboard
+    for bad in ({"alpha": 0.5}, {"mode": ""}, {"mode": 3}, {"mode": "m" * 65}):
+        record = {"step": 1, "groups": [[1, 0]], "mitigation": bad}
+        r = api.post(f"/api/v1/runs/{rid}/steps", json={"attempt": 1, "records": [record]})
+        assert r.status_code == 422 and "needs mode" in r.text, (bad, r.text)
+    own = {"step": 1, "groups": [[1, 0]], "mitigation": {"mode": "my-own-clip", "c": 1}}
+    assert api.post(f"/api/v1/runs/{rid}/steps", json={"attempt": 1, "records": [own]}).is_success
     beat = {"attempt": 1, "dropped_groups": huge}
     assert api.post(f"/api/v1/runs/{rid}/heartbeat", json=beat).status_code == 422
     cmd = api.post(f"/api/v1/runs/{rid}/commands", json={"type": "stop"}).json()

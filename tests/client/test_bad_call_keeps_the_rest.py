@@ -65,6 +65,7 @@ def _bad_calls(mon: Monitor) -> None:
     mon.log_effective(5, n_valid=2**40, n_zero_advantage=0)
     mon.log_effective(5, n_valid=1, n_zero_advantage=0, mitigation={"mode": "avspo", "k": 2**70})
     mon.log_effective(5, n_valid=1, n_zero_advantage=0, mitigation={"mode": "x" * 5000})
+    mon.log_effective(5, n_valid=1, n_zero_advantage=0, mitigation={"threshold": "fixed"})
 
 
 def test_values_the_server_would_refuse_cost_only_their_call(tmp_path):
@@ -133,14 +134,14 @@ def test_a_config_nan_reaches_the_server_as_its_string(tmp_path):
     try:
         config = {"lr": float("nan"), "betas": (0.9, float("inf")), "name": "x", (1, 2): {3: 4}}
         mon = Monitor(srv.url, None, config=config, spool_dir=str(tmp_path / "spool"))
-        mitigation = {"tau": float("-inf"), 7: "k"}
+        mitigation = {"mode": "avspo", "tau": float("-inf"), 7: "k"}
         mon.log_effective(0, n_valid=1, n_zero_advantage=0, mitigation=mitigation)
         mon.close(timeout=20)
         run = httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}").json()
         assert run["config"] == {
             "lr": "NaN", "betas": [0.9, "Infinity"], "name": "x", "(1, 2)": {"3": 4}
         }  # fmt: skip
-        assert run["mitigation_reported"] == {"tau": "-Infinity", "7": "k"}
+        assert run["mitigation_reported"] == {"mode": "avspo", "tau": "-Infinity", "7": "k"}
         # a config the server refuses (over 64 KiB) is left out with a warning, not the run
         wide = Monitor(srv.url, None, config={"data": list(range(30_000))},
                        spool_dir=str(tmp_path / "spool3"))  # fmt: skip

@@ -146,13 +146,13 @@ def ack_command(
     step: int | None,
     detail: str | None,
 ) -> dict[str, Any]:
-    """Record the trainer's ack. An ack is final: the same ack again (a retry) answers the
-    command as it is; the other status raises AckConflict (409). Raises LookupError if the
-    command is unknown."""
+    """Record the trainer's ack. An ack is final: the same ack again (a retry: same status and
+    step) answers the command as it is; another status or step raises AckConflict (409).
+    Raises LookupError if the command is unknown."""
     c = session.get(Command, command_id)
     if c is None or c.run_id != run_id:
         raise LookupError(f"command {command_id} not found for run {run_id}")
-    if c.status in ("applied", "rejected") and c.status != status:
+    if c.status in ("applied", "rejected") and (c.status, c.acked_step) != (status, step):
         raise AckConflict(
             f"command {command_id} was already acked '{c.status}' (step {c.acked_step}); "
             "an ack is final"

@@ -530,9 +530,14 @@ def test_commands_delivered_to_rank0_until_acked(api):
     ack = api.post(f"/api/v1/runs/{rid}/commands/{cid}/ack", json={"status": "applied", "step": 2})
     assert ack.status_code == 200 and ack.json()["status"] == "applied"
     again = api.post(
+        f"/api/v1/runs/{rid}/commands/{cid}/ack", json={"status": "applied", "step": 2}
+    )
+    assert again.status_code == 200 and again.json()["acked_step"] == 2  # a retry
+    # another step is another ack, not a retry: it answered 200 and kept the first step
+    later = api.post(
         f"/api/v1/runs/{rid}/commands/{cid}/ack", json={"status": "applied", "step": 3}
     )
-    assert again.status_code == 200 and again.json()["acked_step"] == 2  # a retry: the first
+    assert later.status_code == 409 and "(step 2)" in later.text, later.text
     other = api.post(f"/api/v1/runs/{rid}/commands/{cid}/ack", json={"status": "rejected"})
     assert other.status_code == 409 and "already acked 'applied'" in other.text
     assert post_steps(api, run, [{"step": 2, "groups": [[0, 1]]}])["commands"] == []

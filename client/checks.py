@@ -11,6 +11,7 @@ ValueError or TypeError naming the value, so that the call alone is skipped (or 
 from __future__ import annotations
 
 import re
+import reprlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -108,10 +109,18 @@ def scalar_name(name: Any) -> str:
 def scalar_value(name: str, value: Any) -> float:
     """A scalar's value as a float (a tensor is read, so only ``strict`` calls this in the
     call); TypeError naming the scalar when it is no number."""
+    refuse_text(name, value)
     try:
         return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"scalar {name!r} is {value!r}, not a number") from None
+
+
+def refuse_text(name: str, value: Any) -> None:
+    """TypeError naming the scalar when its value is text: ``float("1.5")`` would read it, but a
+    scalar is a number the training loop computed, and text there is a mistake (a trial)."""
+    if isinstance(value, str | bytes | bytearray):
+        raise TypeError(f"scalar {name!r} is the text {reprlib.repr(value)}, not a number")
 
 
 def scalars_map(scalars: Any) -> dict[Any, Any]:

@@ -436,9 +436,10 @@ class Monitor:
         step, split, rank = self._where(step, split, rank)
         named = {}
         for name, value in checks.scalars_map(scalars).items():
-            try:
+            try:  # a bad name or a text value costs its scalar alone
                 text = checks.scalar_name(name)
-            except ValueError as exc:
+                checks.refuse_text(text, value)
+            except (ValueError, TypeError) as exc:
                 self._reject(f"log_scalars(step={step}) scalar", exc)
                 continue
             named[text] = checks.scalar_value(text, value) if self.strict else value

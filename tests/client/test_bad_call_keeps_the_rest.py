@@ -77,9 +77,10 @@ def test_values_the_server_would_refuse_cost_only_their_call(tmp_path):
             mon.log_scalars(step, {"loss": 1.0, "kl": 0.5} if step != 5 else {"loss": 1.0})
         _bad_calls(mon)
         mon.log_scalars(5, {"kl": 0.5, "x" * 129: 2.0})  # the bad name alone is skipped
+        mon.log_scalars(5, {"kl": 0.5, "lr": "1e-6"})  # and a text value alone (was stored)
         mon.close(timeout=20)
         assert mon.dead_letter_batches == 0
-        assert mon.stats["rejected_calls"] == 11
+        assert mon.stats["rejected_calls"] == 13
         points = httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}/metrics").json()["points"]
         assert [p["step"] for p in points] == list(range(8))
         for p in points:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from vantage.client.schema import MAX_GROUP_SIZE, MITIGATION_DEFAULTS
+from vantage.client.schema import MAX_GROUP_SIZE, MAX_GROUPS_PER_REQUEST, MITIGATION_DEFAULTS
 
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "CONFIG_DIR", "bundled_config"]
 
@@ -185,9 +185,11 @@ _RANGES = (
     )),
     *((name, 1, math.inf) for name in (
         "tiny_hidden_size", "tiny_layers", "tiny_heads", "tiny_intermediate_size",
-        "sft_batch_size", "prompts_per_step", "max_new_tokens", "num_iterations",
-        "arith_max_operand",
+        "sft_batch_size", "max_new_tokens", "num_iterations", "arith_max_operand",
     )),
+    # a rank's groups of one step fit one request to the server (P·G rollouts are generated
+    # at once: 1e9 was taken, then failed in generation after the warm start)
+    ("prompts_per_step", 1, MAX_GROUPS_PER_REQUEST),
     ("tiny_max_positions", 2, math.inf),
     ("arith_terms", 2, math.inf),  # a problem is a sum of at least two numbers
     ("group_size", 2, MAX_GROUP_SIZE),  # the server's limit on one group's completions
@@ -253,6 +255,22 @@ def _number(value: Any) -> float:
     return float(value)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
+    keeps the last silently, so `steps: 100` further down a file undid an edit above it)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key=value`` strings (values parsed as YAML scalars) onto a dict of fields."""
     out = dict(values)
@@ -265,7 +283,7 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
             raise ValueError(
                 f"unknown config field {key!r}; see vantage.trainer.config.TrainConfig"
             )
-        out[key] = yaml.safe_load(raw) if raw.strip() else None
+        out[key] = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else None
     return out
 
 
@@ -299,7 +317,7 @@ def load_config(
         if not path.is_file():
             raise ValueError(f"{path} is not a file (give a YAML config file)")
         try:
-            values = yaml.safe_load(path.read_text()) or {}
+            values = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
         except yaml.YAMLError as exc:
             where = getattr(exc, "problem_mark", None)
             at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""

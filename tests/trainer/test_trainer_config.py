@@ -74,7 +74,8 @@ def test_api_key_is_not_in_the_run_config():
         ("lr=-1", "lr must be above 0"),
         ("lr=.nan", "lr must be above 0"),
         ("max_new_tokens=0", "max_new_tokens must be at least 1"),
-        ("prompts_per_step=-3", "prompts_per_step must be at least 1"),
+        ("prompts_per_step=-3", "prompts_per_step must be from 1 to 10000"),
+        ("prompts_per_step=20000", "prompts_per_step must be from 1 to 10000; got 20000"),
         ("top_p=1.5", "top_p must be from 0 to 1"),
         ("progress=maybe", "progress must be true or false"),
         ("run_name=[1]", "run_name must be a string"),
@@ -122,6 +123,10 @@ def test_unreadable_config_files_get_one_line(tmp_path):
         load_config(bad)
     with pytest.raises(ValueError, match="is not a file"):
         load_config(tmp_path)
+    # PyYAML keeps the last of two equal keys: an edit above it was undone silently
+    bad.write_text("steps: 3\ngroup_size: 4\nsteps: 100\n")
+    with pytest.raises(ValueError, match=r"key 'steps' is given twice \(line 3, column 1\)"):
+        load_config(bad)
 
 
 def test_vantage_train_says_a_user_mistake_in_one_line(tmp_path, capsys):

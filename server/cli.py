@@ -382,8 +382,8 @@ def _positive_days(text: str) -> float:
         days = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"DAYS must be a number, not {text!r}") from None
-    if math.isnan(days):
-        raise argparse.ArgumentTypeError(f"DAYS must be a number, not {text!r}")
+    if not math.isfinite(days):  # inf (or 1e400) pruned nothing and said "inf days"
+        raise argparse.ArgumentTypeError(f"DAYS must be a finite number, not {text!r}")
     if not days > 0:  # 0 would strip the groups of runs that are still sending
         raise argparse.ArgumentTypeError("DAYS must be above 0")
     return days

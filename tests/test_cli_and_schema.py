@@ -209,9 +209,11 @@ def test_runs_prune_keeps_step_metrics(tmp_path):
             post_steps(c, run, [{"step": 1, "groups": [{"prompt_id": "q", "rewards": [1, 1]}]}])
             assert run_cli("runs", "prune", "--older-than", "0", check=False).returncode == 2
             time.sleep(1.0)  # older than 1e-5 days (0.86 s)
-            for span in ("1e6", "1e400"):  # reaching back before year 1: nothing to prune
-                out = run_cli("runs", "prune", "--older-than", span, "--database-url", url)
-                assert "deleted 0 stored groups" in out.stderr
+            out = run_cli("runs", "prune", "--older-than", "1e6", "--database-url", url)
+            assert "deleted 0 stored groups" in out.stderr  # reaching back before year 1
+            for span in ("1e400", "inf", "nan"):  # "deleted 0 ... idle for more than inf days"
+                out = run_cli("runs", "prune", "--older-than", span, check=False)
+                assert out.returncode == 2 and "DAYS must be a finite number" in out.stderr
             out = run_cli("runs", "prune", "--older-than", "0.00001", "--database-url", url)
             assert "deleted 1 stored groups" in out.stderr
             assert c.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"][0]["acr"] == 1.0

@@ -257,13 +257,13 @@ def _train_steps(trainer: GRPOTrainer, evals: list[tuple[int, float]]) -> list[d
         commands += trainer.apply_commands()
         if cfg.checkpoint_every and trainer.step % cfg.checkpoint_every == 0:
             trainer.save_checkpoint()
-        bar.update(1)
-        bar.set_postfix(
+        bar.set_postfix(  # drawn by update: the bar showed the step before's numbers
             reward=f"{record['reward']:.3f}",
             acr=_fmt(record["acr"]),
             mode=trainer.mitigation.mode,
             refresh=False,
         )
+        bar.update(1)
     bar.close()
     return commands
 

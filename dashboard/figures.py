@@ -26,19 +26,22 @@ from . import explain
 Point = dict[str, Any]
 Figure = dict[str, Any]
 
+# The all-pass/all-fail split and the runs of a comparison use Okabe and Ito's colour-blind safe
+# palette (https://jfly.uni-koeln.de/color/): red against green could not be told apart with
+# red-green colour blindness, the commonest kind.
 COLORS = {
     "acr": "#1f2937",
     "acr_eps": "#6b7280",
-    "acr_effective": "#d97706",
-    "expected_acr": "#2563eb",
-    "all_fail": "rgba(220, 38, 38, 0.28)",
-    "all_pass": "rgba(22, 163, 74, 0.28)",
+    "acr_effective": "#cc79a7",
+    "expected_acr": "#009e73",
+    "all_fail": "rgba(213, 94, 0, 0.30)",
+    "all_pass": "rgba(86, 180, 233, 0.40)",
     "constant": "rgba(107, 114, 128, 0.35)",
     "reward": "#7c3aed",
     "band": "rgba(124, 58, 237, 0.15)",
     "alert": "#dc2626",
 }
-RUN_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"]
+RUN_COLORS = ["#0072b2", "#d55e00", "#009e73", "#e69f00", "#cc79a7", "#56b4e9", "#000000"]
 MITIGATION_COLORS = {"avspo": "rgba(37, 99, 235, 0.10)", "aapo": "rgba(217, 119, 6, 0.12)"}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dash
 from dash import Input, Output, callback, dcc, html
-from vantage.dashboard import components, context, data, explain, figures
+from vantage.dashboard import components, context, data, explain, figures, url_state
 
 dash.register_page(__name__, path="/compare", name="Compare", title="Vantage · compare", order=2)
 
@@ -50,12 +50,16 @@ def layout(runs: str | None = None, **_query) -> html.Div:
                 value=chosen,
                 placeholder="choose runs to compare",
             ),
+            _ADDRESS_STORE,
             html.Div(
                 dcc.Graph(id="compare-graph", config={"displaylogo": False}), className="card"
             ),
             html.Div(id="compare-table", className="card"),
         ]
     )
+
+
+_ADDRESS_STORE = url_state.keep_in_address("compare-address", {"runs": "compare-runs"})
 
 
 @callback(

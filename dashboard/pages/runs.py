@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import dash
 from dash import Input, Output, callback, dcc, html
-from vantage.dashboard import components, context, data
+from vantage.dashboard import components, context, data, url_state
 
 dash.register_page(__name__, path="/", name="Runs", title="Vantage · runs", order=0)
 
 RUNS_REFRESH_MS = 5000
+_ADDRESS = {"project": "runs-project", "tag": "runs-tag"}
 
 
-def layout(**_query) -> html.Div:
+def layout(project: str | None = None, tag: str | None = None, **_query) -> html.Div:
+    """The runs page, filtered by ``?project=`` and ``?tag=`` when they name one the key sees."""
+    projects, tags = data.filter_options(context.current_key())
     return html.Div(
         [
             html.H2("Runs"),
@@ -24,15 +27,31 @@ def layout(**_query) -> html.Div:
             components.primer(),
             html.Div(
                 [
-                    dcc.Dropdown(id="runs-project", placeholder="all projects", clearable=True),
-                    dcc.Dropdown(id="runs-tag", placeholder="all tags", clearable=True),
+                    dcc.Dropdown(
+                        id="runs-project",
+                        options=projects,
+                        value=project if project in projects else None,
+                        placeholder="all projects",
+                        clearable=True,
+                    ),
+                    dcc.Dropdown(
+                        id="runs-tag",
+                        options=tags,
+                        value=tag if tag in tags else None,
+                        placeholder="all tags",
+                        clearable=True,
+                    ),
                 ],
                 className="filters card",
             ),
+            _ADDRESS_STORE,
             html.Div(html.Div(id="runs-body"), className="card"),
             dcc.Interval(id="runs-interval", interval=RUNS_REFRESH_MS),
         ]
     )
+
+
+_ADDRESS_STORE = url_state.keep_in_address("runs-address", _ADDRESS)
 
 
 @callback(

@@ -187,6 +187,36 @@ def test_compare_page_overlays_chosen_runs(login_as, server):
         page.close()
 
 
+def test_filters_are_kept_in_the_address(login_as, server):
+    """A filtered runs list or a comparison can be bookmarked and shared: the page reads its
+    filters from the address and writes them back as they change (they were lost on reload)."""
+    rows = "document.querySelectorAll('#runs-table tbody tr[data-run-id=\"{}\"]').length"
+    avspo, grpo = (rows.format(server.runs[n]) for n in ("qwen-avspo", "qwen-grpo"))
+    page = login_as("read", "/dashboard/?tag=avspo")
+    try:
+        page.wait_for_function(f"{avspo} == 1 && {grpo} == 0")  # other tests' runs: no avspo tag
+        page.evaluate("window.dash_clientside.set_props('runs-project', {value: 'demo'})")
+        page.wait_for_function("location.search == '?tag=avspo&project=demo'")
+        page.evaluate("window.dash_clientside.set_props('runs-tag', {value: null})")
+        page.wait_for_function("location.search == '?project=demo'")
+        page.wait_for_function(f"{avspo} == 1 && {grpo} == 1")
+        page.reload()
+        page.wait_for_function(f"{avspo} == 1 && {grpo} == 1")
+        assert page.evaluate("location.search") == "?project=demo"
+
+        first, second = server.runs["qwen-grpo"], server.runs["qwen-aapo"]
+        page.goto(f"{server.url}/dashboard/compare?runs={first}")
+        page.wait_for_selector("#compare-tbl")
+        page.evaluate(
+            f"window.dash_clientside.set_props('compare-runs', {{value: ['{first}', '{second}']}})"
+        )
+        page.wait_for_function(f"location.search == '?runs={first}%2C{second}'")
+        page.reload()
+        page.wait_for_function("document.querySelectorAll('#compare-tbl tbody tr').length == 2")
+    finally:
+        page.close()
+
+
 def test_pages_load_without_script_errors(login_as, server):
     """Straight to each page, as a bookmark does, with no JavaScript error on the way."""
     page = login_as("read")

@@ -1,0 +1,40 @@
+"""A page's filters kept in its address (``?project=…&tag=…``), so that a filtered view can be
+bookmarked, reloaded and sent to a colleague. The page reads them in its ``layout``; this keeps
+the address current as they change, in the browser, with ``history.replaceState``: Dash's
+router does not see the change, so the page is not rendered again."""
+
+from __future__ import annotations
+
+import json
+
+from dash import Input, Output, clientside_callback, dcc
+
+_SYNC = """
+function(...values) {
+    const names = %s;
+    const params = new URLSearchParams(window.location.search);
+    names.forEach((name, i) => {
+        const v = values[i];
+        const empty = v === null || v === undefined || v === "" || (Array.isArray(v) && !v.length);
+        if (empty) { params.delete(name); }
+        else { params.set(name, Array.isArray(v) ? v.join(",") : String(v)); }
+    });
+    const query = params.toString();
+    const address = window.location.pathname + (query ? "?" + query : "") + window.location.hash;
+    window.history.replaceState(window.history.state, "", address);
+    return window.dash_clientside.no_update;
+}
+"""
+
+
+def keep_in_address(store_id: str, params: dict[str, str]) -> dcc.Store:
+    """Register the browser-side callback that writes each component's ``value`` (``params``:
+    query parameter → component id; a list value is joined with commas, an empty one removes
+    its parameter) into the address; returns the Store the page must include (the callback's
+    output, never written)."""
+    clientside_callback(
+        _SYNC % json.dumps(list(params)),
+        Output(store_id, "data"),
+        *(Input(component, "value") for component in params.values()),
+    )
+    return dcc.Store(id=store_id)

@@ -712,6 +712,12 @@ class Monitor:
                         )
             time.sleep(0)  # let a waiting training thread have the GIL
         self._spool.count_dropped(dropped)
+        # a step whose only call was dropped above would arrive as an empty point (n_groups 0)
+        records = {
+            where: (header, chunks)
+            for where, (header, chunks) in records.items()
+            if chunks or header.get("scalars") or "effective" in header
+        }
         for body, n_groups in _pack_or_drop(records, self._spool):
             if not self._spool.append(body, n_groups):
                 log.warning(

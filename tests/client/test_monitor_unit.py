@@ -434,3 +434,13 @@ def test_scalars_and_masks_that_cannot_be_sent_are_named(tmp_path: Path, caplog)
     (rec,) = spooled_records(mon.spool_path)
     assert rec["scalars"] == {"loss": 0.5, "gn": "NaN"}  # kept, as JSON can carry it
     assert [g["rewards"] for g in rec["groups"]] == [[0.0, 1.0, 1.0]]
+
+
+def test_a_step_whose_only_call_was_dropped_sends_nothing(tmp_path: Path):
+    """It reached the server as an empty point (n_groups 0) in the step's chart."""
+    mon = offline(tmp_path)
+    mon.log_groups(3, [[1.0, 0.0]], mask=[[1]])  # dropped in the background
+    mon.log_scalars(3, {"loss": "x"})  # refused in the call
+    mon.log_groups(4, [[0.0, 1.0]])
+    mon.close(timeout=2)
+    assert [r["step"] for r in spooled_records(mon.spool_path)] == [4]

@@ -82,14 +82,19 @@ def suggestions(run: dict, alerts: list[dict], state: dict) -> list[dict]:
     return out
 
 
-def banner_key(run: dict, alerts: list[dict], state: dict) -> str:
+def banner_key(run: dict, alerts: list[dict], offers: list[dict]) -> str:
     """What the banner shows, in short: its firing alerts and its offers (`suggestions`)."""
     firing = sorted(str(a.get("alert_id")) for a in alerts if a.get("state") == "firing")
-    offers = [(s["type"], s["params"], s.get("alert_id")) for s in suggestions(run, alerts, state)]
-    return json.dumps([firing, offers, components.run_ended(run)], default=str)
+    said = [(s["type"], s["params"], s.get("alert_id")) for s in offers]
+    return json.dumps([firing, said, components.run_ended(run)], default=str)
 
 
-def banner(run: dict, alerts: list[dict], state: dict, can_control: bool) -> list:
+def banner(
+    run: dict, alerts: list[dict], state: dict, can_control: bool, offers: list[dict] | None = None
+) -> list:
+    """The run's banner: its firing alerts, then its offers (``offers``: `suggestions` of the
+    run, computed here when not given)."""
+    offers = suggestions(run, alerts, state) if offers is None else offers
     firing = [a for a in alerts if a.get("state") == "firing"]
     ended = components.run_ended(run)
     parts: list[Any] = []
@@ -108,7 +113,7 @@ def banner(run: dict, alerts: list[dict], state: dict, can_control: bool) -> lis
                 id="run-alerts",
             )
         )
-    for s in suggestions(run, alerts, state):
+    for s in offers:
         params = s["params"] or {}
         mode = params.get("mode", s["type"])
         # what it would do: the mode, or the command and its values (set_sampling temperature=1.3)
@@ -178,12 +183,13 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
     state["timeline"] = summary.get("mitigation_timeline") or []
     state["non_finite"] = figures.non_finite_scalar(points)
     state["scalars"] = figures.scalar_names(points)[: figures.MAX_SCALAR_CHARTS]  # charted
-    state["banner_key"] = banner_key(run, alerts, state)
+    offers = suggestions(run, alerts, state)
+    state["banner_key"] = banner_key(run, alerts, offers)
     state["reward_std"] = figures.has_reward_std(points)
     state["marked"] = [a.get("alert_id") for a in figures.fired(alerts)]
     return (
         components.plain(header(run)),
-        components.plain(banner(run, alerts, state, can_control)),
+        components.plain(banner(run, alerts, state, can_control, offers)),
         components.plain(components.kpi_cards(kpis.cards(state, run))),
         state,
         figures.acr_figure(points, state["timeline"], alerts, downsampled),
@@ -222,12 +228,13 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
         # Nothing new: keep the figures, refresh the header (status may turn stale) and the
         # banner when its alerts or offers changed (an offer taken, an alert of the periodic
         # pass), not at every tick, which would replace a button under the user's click.
-        key = banner_key(run, alerts, state)
+        offers = suggestions(run, alerts, state)
+        key = banner_key(run, alerts, offers)
         if key == state.get("banner_key"):
             return (header(run), no_update, no_update, no_update, no_update, no_update,
                     no_update, no_update, finished)  # fmt: skip
         can_control = state.get("can_control", False)
-        return (header(run), banner(run, alerts, state, can_control), no_update,
+        return (header(run), banner(run, alerts, state, can_control, offers), no_update,
                 {**state, "banner_key": key}, no_update, no_update, no_update, no_update,
                 finished)  # fmt: skip
     new_state = kpis.advance(state, points)
@@ -260,10 +267,11 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
         *figures.mitigation_bands(timeline, new_state["last_step"]),
     ]
     new_state["timeline"] = timeline
-    new_state["banner_key"] = banner_key(run, alerts, new_state)
+    offers = suggestions(run, alerts, new_state)
+    new_state["banner_key"] = banner_key(run, alerts, offers)
     return (
         header(run),
-        banner(run, alerts, new_state, state.get("can_control", False)),
+        banner(run, alerts, new_state, state.get("can_control", False), offers),
         components.kpi_cards(kpis.cards(new_state, run)),
         new_state,
         acr,

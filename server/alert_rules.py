@@ -23,7 +23,7 @@ from vantage.client.schema import Name, Split, Text, text, validate_command_para
 
 from .alert_metrics import check_metric
 from .alert_models import AlertRule, Silence
-from .models import Run, as_utc, iso, utcnow
+from .models import Run, as_utc, iso, run_not_found, utcnow
 from .notify import RefusedTarget, check_target
 
 Op = Literal[">", ">=", "<", "<="]
@@ -182,7 +182,7 @@ def _apply(session: Session, rule: AlertRule, fields: dict[str, Any], allow: str
     if "notify" in fields and fields["notify"] is not None:
         fields["notify"] = check_notify(fields["notify"], allow)
     if fields.get("run_id") is not None and session.get(Run, fields["run_id"]) is None:
-        raise LookupError(f"run {fields['run_id']} not found")
+        raise LookupError(run_not_found(fields["run_id"]))
     for name, value in fields.items():
         if name == "mitigation" and value is not None:
             value = {"type": value["type"], "params": value.get("params") or {}}

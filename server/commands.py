@@ -13,7 +13,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from vantage.client.schema import CommandCreate
 
-from .models import Command, Run, as_utc, iso, utcnow
+from .models import Command, Run, as_utc, iso, run_not_found, utcnow
 
 OPEN_STATES = ("pending", "delivered")
 DEFAULT_TTL_S = 3600.0
@@ -66,7 +66,7 @@ def create_command(
     """Queue a command for a run (the caller commits). Raises ValueError on bad params or an
     unknown run."""
     if session.get(Run, run_id) is None:
-        raise LookupError(f"run {run_id} not found")
+        raise LookupError(run_not_found(run_id))
     body = CommandCreate(type=type, params=params or {}, reason=reason)  # validates params
     now = utcnow()
     cmd = Command(

@@ -10,7 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from .keys import ALL_ACCESS, KeyInfo, authenticate
-from .models import Run
+from .models import Run, run_not_found
 from .settings import Settings
 
 
@@ -101,5 +101,5 @@ RunT = TypeVar("RunT", bound=Any)  # an ORM Run, or the plain run that `run_lock
 def authorized(run: RunT | None, run_id: str, key: KeyInfo) -> RunT:
     """``run`` if it exists and the key may see it, else 404."""
     if run is None or not key.allows_project(run.project):
-        raise HTTPException(404, f"run {run_id} not found")
+        raise HTTPException(404, run_not_found(run_id))
     return run

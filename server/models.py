@@ -73,6 +73,13 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None]
 
 
+def run_not_found(run_id: str) -> str:
+    """The message for a run that does not exist (or the key may not see): its id, cut to 80
+    characters, as a path or body may carry any text and the answer need not repeat it."""
+    shown = run_id if len(run_id) <= 80 else run_id[:80] + "…"
+    return f"run {shown} not found"
+
+
 class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (Index("ix_runs_key", "key", unique=True),)

@@ -1101,3 +1101,16 @@ def test_command_params_the_trainer_would_refuse_or_ignore_get_422(api, kind, pa
     ok = api.post(f"/api/v1/runs/{run['run_id']}/commands",
                   json={"type": "set_mitigation", "params": good})  # fmt: skip
     assert ok.status_code == 201
+
+
+def test_a_long_unknown_run_id_is_not_repeated_whole(api):
+    """A 404 names the run by its first 80 characters (a 5,000-character id was echoed whole)."""
+    long_id = "r" * 5000
+    steps = {"attempt": 1, "records": [{"step": 1, "groups": [[1, 0]]}]}
+    for r in (
+        api.get(f"/api/v1/runs/{long_id}/metrics"),
+        api.post(f"/api/v1/runs/{long_id}/steps", json=steps),
+        api.post(f"/api/v1/runs/{long_id}/commands", json={"type": "stop"}),
+    ):
+        assert r.status_code == 404, r.text
+        assert r.json()["detail"] == f"run {'r' * 80}… not found"

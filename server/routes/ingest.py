@@ -30,6 +30,7 @@ from ..ingest import (
     write_step_rows,
 )
 from ..locks import run_lock, save_run_state
+from ..models import run_not_found
 from ..telemetry import count_ingest
 from . import json_response, parse_body, raw_body_openapi, read_body
 
@@ -95,7 +96,7 @@ def _ingest_once(state, run_id, batch, key, evaluate: bool) -> dict:  # noqa: AN
     with state.session_factory() as session:
         info = run_info(session, run_id)
         if info is None or not key.allows_project(info.project):
-            raise HTTPException(404, f"run {run_id} not found")
+            raise HTTPException(404, run_not_found(run_id))
         result = IngestResult()
         try:
             classified = classify_batch(info, batch, result)

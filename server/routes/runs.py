@@ -13,7 +13,7 @@ from ..deps import AdminKey, ControlKey, IngestKey, ReadKey, SessionDep, Setting
 from ..ingest import forget_run
 from ..locks import run_lock
 from ..maintenance import delete_run_data
-from ..models import utcnow
+from ..models import run_not_found, utcnow
 from ..queries import get_run, list_runs, run_dict
 from ..runs import RunNameRequired, RunSettingsConflict, create_or_resume_run
 
@@ -39,7 +39,7 @@ def create_run(
                     session, body, project, settings.default_mitigation_mode
                 )
                 if not key.allows_project(run.project):
-                    raise HTTPException(404, f"run {run.id} not found")
+                    raise HTTPException(404, run_not_found(run.id))
                 session.commit()
             break
         except RunSettingsConflict as exc:

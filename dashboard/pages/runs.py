@@ -27,20 +27,8 @@ def layout(project: str | None = None, tag: str | None = None, **_query) -> html
             components.primer(),
             html.Div(
                 [
-                    dcc.Dropdown(
-                        id="runs-project",
-                        options=projects,
-                        value=project if project in projects else None,
-                        placeholder="all projects",
-                        clearable=True,
-                    ),
-                    dcc.Dropdown(
-                        id="runs-tag",
-                        options=tags,
-                        value=tag if tag in tags else None,
-                        placeholder="all tags",
-                        clearable=True,
-                    ),
+                    _filter("runs-project", projects, project, "all projects"),
+                    _filter("runs-tag", tags, tag, "all tags"),
                 ],
                 className="filters card",
             ),
@@ -52,6 +40,14 @@ def layout(project: str | None = None, tag: str | None = None, **_query) -> html
 
 
 _ADDRESS_STORE = url_state.keep_in_address("runs-address", _ADDRESS)
+
+
+def _filter(component_id: str, options: list[str], asked: str | None, everything: str):
+    """A filter's dropdown, set to ``asked`` (from the address) when it is one of ``options``."""
+    value = asked if asked in options else None
+    return dcc.Dropdown(
+        id=component_id, options=options, value=value, placeholder=everything, clearable=True
+    )
 
 
 @callback(

@@ -546,12 +546,19 @@ class Monitor:
             left = 0
         if left:
             why = self._why_left()
+            # the sender goes on after a short timeout: the file may be sent, and gone, by then
+            meanwhile = (
+                "the sender goes on sending while this process lives; "
+                if self._thread.is_alive()
+                else ""
+            )
             log.warning(
-                "vantage: %d group(s) are still in the spool %s (%s); upload them later with: "
-                "vantage sync %s --server %s --api-key KEY",
+                "vantage: %d group(s) are still in the spool %s (%s); %swhat is left when the "
+                "process ends can be uploaded with: vantage sync %s --server %s --api-key KEY",
                 left,
                 self.spool_path,
                 why,
+                meanwhile,
                 shlex.quote(str(self.spool_path)),  # this run's file, not the shared folder
                 shlex.quote(self.server) if self.server and not self._unusable else "URL",
             )
@@ -961,7 +968,10 @@ class Monitor:
             if self._abandon:
                 break
             if closing:
-                offline = self._transport is None or self._refused is not None
+                # a refused run or key does not heal within close's timeout (a revoked key kept
+                # close() waiting for all of it): what is left stays in the spool for sync
+                refused = self._refused is not None or self._key_refused is not None
+                offline = self._transport is None or refused
                 done = not self._queue and (offline or self._spool.empty)
                 if done or now >= self._deadline:
                     break

@@ -650,7 +650,9 @@ def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path, capl
         mon.log_groups(3, [[1, 1]])
         assert not mon.flush(3)
         assert mon.dead_letter_batches == 0 and mon.spooled_groups == 2
-        mon.close(timeout=2)
+        t0 = time.monotonic()
+        mon.close(timeout=60)
+        assert time.monotonic() - t0 < 15  # it waited all 60 s for a key that stays revoked
         # the close warning names the refused key, not the network (a trial)
         left = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
         assert f"server {srv.url} refuses the API key: HTTP 401" in left, left
@@ -700,3 +702,19 @@ def test_close_with_no_time_then_exit_spools_everything(tmp_path: Path):
         assert spool.pending_groups == 12_000 and spool.dropped_groups == 0
     finally:
         spool.close()
+
+
+def test_close_without_waiting_says_the_sender_goes_on(server: Server, tmp_path: Path, caplog):
+    """close(timeout=0) returns at once, but the sender goes on sending while the process lives,
+    so the spool file that the warning names may be sent and gone by the time a user runs the
+    sync it suggests (a trial): the warning says so."""
+    mon = monitor(server.url, tmp_path)
+    for step in range(3):
+        mon.log_groups(step, step_rewards(step))
+    mon.close(timeout=0)
+    message = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
+    assert "the sender goes on sending while this process lives" in message, message
+    deadline = time.monotonic() + 20
+    while len(server.metrics(mon.run_id)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p["step"] for p in server.metrics(mon.run_id)] == [0, 1, 2]

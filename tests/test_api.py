@@ -591,6 +591,9 @@ def test_a_superseded_attempt_cannot_end_the_run(api):
     assert new_run(api, run_id=rid, launch_id="L2")["attempt"] == 2
     old = api.post(f"/api/v1/runs/{rid}/finish", json={"status": "failed", "attempt": 1})
     assert old.status_code == 409 and "superseded by attempt 2" in old.text
+    # an attempt the run never had is refused as steps and heartbeat refuse it (it ended the run)
+    unknown = api.post(f"/api/v1/runs/{rid}/finish", json={"status": "failed", "attempt": 7})
+    assert unknown.status_code == 409 and "attempt 7 is unknown" in unknown.text
     assert api.get(f"/api/v1/runs/{rid}").json()["status"] == "running"
     new = api.post(f"/api/v1/runs/{rid}/finish", json={"status": "finished", "attempt": 2})
     assert new.json()["status"] == "finished"

@@ -114,6 +114,8 @@ def finish(run_id: str, body: Finish, key: IngestKey, session: SessionDep) -> di
     answers the run as it is (a retry); the other status is a 409, as a run ends once (a
     relaunch makes it running again)."""
     run = load_run(session, run_id, key)
+    if body.attempt is not None and body.attempt > run.attempt:  # as steps and heartbeat say
+        raise HTTPException(409, f"attempt {body.attempt} is unknown for run {run_id}")
     if body.attempt is not None and body.attempt < run.attempt:
         raise HTTPException(
             409,

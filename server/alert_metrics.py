@@ -24,6 +24,7 @@ from vantage.client.acr import (
     WINDOW_METRIC_FIELDS,
     sample_std,
 )
+from vantage.client.schema import MAX_ID_CHARS
 
 from .locks import RunState
 from .models import Run, Step, as_utc
@@ -45,6 +46,11 @@ def check_metric(metric: str) -> str:
     if metric in STEP_METRICS or metric in WINDOW_METRICS or metric in SPECIAL_METRICS:
         return metric
     if metric.startswith(SCALAR_PREFIX) and len(metric) > len(SCALAR_PREFIX):
+        name = metric[len(SCALAR_PREFIX) :]
+        if len(name) > MAX_ID_CHARS:  # no record may carry it: the rule could never fire
+            raise ValueError(
+                f"scalar names have at most {MAX_ID_CHARS} characters; this one has {len(name)}"
+            )
         return metric
     raise ValueError(
         f"unknown metric '{metric}': use a step metric ({', '.join(sorted(STEP_METRICS))}), a "

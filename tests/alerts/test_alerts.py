@@ -114,6 +114,7 @@ def test_rule_crud_defaults_and_scopes(server, api):
         {"for_steps": 0},
         {"mitigation": {"type": "set_mitigation", "params": {"mode": "magic"}}},
         {"split": "../"},  # no record could carry it
+        {"metric": "scalars." + "x" * 129},  # nor this scalar name (over 128 characters)
         {"name": "   "},  # no name a person could tell from another
     ):
         r = api.post(

@@ -386,12 +386,14 @@ def has_reward_std(points: Iterable[Point]) -> bool:
 
 
 def non_finite_scalar(points: Iterable[Point]) -> str | None:
-    """The first non-finite trainer scalar of ``points``, as "loss NaN at step 812"; None if
-    there is none. A loss gone NaN is the usual sign of a diverged run."""
+    """The non-finite trainer scalars of the first step that has any, as "loss NaN at step
+    812" or "loss NaN, kl Infinity and 2 more at step 812"; None if there is none. A loss gone
+    NaN is the usual sign of a diverged run."""
     for p in points:
-        for name, v in (p.get("scalars") or {}).items():
-            if isinstance(v, str):
-                return f"{name} {v} at step {p['step']}"
+        bad = [f"{name} {v}" for name, v in (p.get("scalars") or {}).items() if isinstance(v, str)]
+        if bad:
+            more = f" and {len(bad) - 2} more" if len(bad) > 2 else ""
+            return f"{', '.join(bad[:2])}{more} at step {p['step']}"
     return None
 
 
@@ -477,12 +479,15 @@ def mitigation_modes(run: dict) -> tuple[str | None, str | None]:
 
 
 def _legend_mitigation(run: dict) -> str | None:
-    """What the legend says of a run's mitigation: the applied mode, and one that is requested
-    but not applied yet after an arrow (it has not changed the curve yet)."""
+    """What the legend says of a run's mitigation: the mode in effect (what the trainer last
+    reported, else the applied command's), and a requested one that differs after an arrow
+    (not applied yet, or applied in an attempt that a resume without it replaced)."""
     applied, requested = mitigation_modes(run)
-    if requested and requested != applied:
-        return f"{applied or 'none'} → {requested}"
-    return applied if applied and applied != "none" else None
+    reported = (run.get("mitigation_reported") or {}).get("mode")
+    current = reported or applied
+    if requested and requested != current:
+        return f"{current or 'none'} → {requested}"
+    return current if current and current != "none" else None
 
 
 def compare_figure(runs: Sequence[dict], metrics: dict[str, Sequence[Point]]) -> Figure:

@@ -126,6 +126,13 @@ def test_compare_figure_overlays_acr_and_reward_per_run():
     assert figures.compare_figure([pending], {})["data"][0]["name"] == "grpo (none → aapo)"
     switching = {**runs[1], "mitigation_requested": {"mode": "none", "status": "delivered"}}
     assert figures.compare_figure([switching], {})["data"][0]["name"] == "avspo (avspo → none)"
+    # a resumed attempt that runs without the applied mitigation says so (it showed "avspo")
+    resumed = {
+        **runs[1],
+        "mitigation_requested": {"mode": "avspo", "status": "applied"},
+        "mitigation_reported": {"mode": "none"},
+    }
+    assert figures.compare_figure([resumed], {})["data"][0]["name"] == "avspo (none → avspo)"
     assert fig["data"][1]["yaxis"] == "y2"  # reward on the lower chart
     # a name is text, not Plotly's HTML, in the legend and the hover; a one-step run is a dot
     tagged = {"run_id": "c" * 8, "name": "<b>x</b> %{y}"}
@@ -259,7 +266,11 @@ def test_a_non_finite_scalar_is_a_gap_named_in_the_title():
     fig = figures.scalars_figure(points)
     go.Figure(fig)
     assert fig["data"][0]["y"] == [0.5, None, None]
-    assert fig["layout"]["title"]["text"].endswith("· non-finite: loss NaN at step 1")
+    # every non-finite scalar of the step is counted (the others went unsaid: a trial)
+    said = "· non-finite: loss NaN, reward_std Infinity at step 1"
+    assert fig["layout"]["title"]["text"].endswith(said)
+    many = point(1, scalars={"a": "NaN", "b": "NaN", "c": "Infinity", "d": 1.0})
+    assert figures.non_finite_scalar([many]) == "a NaN, b NaN and 1 more at step 1"
     go.Figure(figures.reward_figure(points, False))  # reward ± std skips the non-finite std
     assert "non-finite" not in figures.scalars_figure(points[:1])["layout"]["title"]["text"]
 

@@ -7,6 +7,7 @@ from datetime import timedelta
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from .alert_models import AlertEpisode, WebhookMessage
 from .models import GroupBlock, Run, utcnow
 
 
@@ -26,6 +27,14 @@ def prune_groups(session: Session, older_than_days: float) -> int:
 
 def delete_run_data(session: Session, run: Run) -> None:
     """Delete a run with everything it owns. Group blocks carry no foreign key (it slowed
-    ingest), so they go explicitly; the other tables cascade from the run row."""
+    ingest), so they go explicitly, as do its alerts' unsent webhook messages (a failing target
+    was retried for a day about a run that no longer exists); the other tables cascade from the
+    run row."""
     session.execute(delete(GroupBlock).where(GroupBlock.run_key == run.key))
+    episodes = select(AlertEpisode.id).where(AlertEpisode.run_id == run.id)
+    session.execute(
+        delete(WebhookMessage).where(
+            WebhookMessage.status == "pending", WebhookMessage.episode_id.in_(episodes)
+        )
+    )
     session.delete(run)

@@ -8,6 +8,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from vantage.client.acr import ACRSettings
 from vantage.server import alerts, ingest
+from vantage.server.alert_models import WebhookMessage
 from vantage.server.models import GroupBlock, Run, Step
 
 
@@ -57,3 +58,31 @@ def test_deleting_a_run_deletes_its_group_blocks(app_client):
         assert session.scalar(select(GroupBlock.run_key).where(GroupBlock.run_key == key)) is None
     app_client.post("/api/v1/runs", json={"run_id": run_id, "name": "again"})
     assert _steps(app_client, run_id, 1)["accepted"] == 2
+
+
+def test_deleting_a_run_drops_its_unsent_webhook_messages(app_client):
+    """A message to a failing target was retried for a day about a run that no longer existed
+    (a trial): deleting the run drops its alerts' pending messages, and only those."""
+    run_id = app_client.post("/api/v1/runs", json={"name": "gone"}).json()["run_id"]
+    other = app_client.post("/api/v1/runs", json={"name": "kept"}).json()["run_id"]
+    rule = {
+        "name": "all-pass",
+        "metric": "acr",
+        "op": ">",
+        "threshold": 0.5,
+        "notify": ["http://127.0.0.1:9/hook"],
+    }  # fmt: skip (nothing listens on port 9)
+    assert app_client.post("/api/v1/alert-rules", json=rule).status_code == 201
+    for rid in (run_id, other):
+        records = [{"step": 1, "groups": [[1, 1]]}]
+        r = app_client.post(f"/api/v1/runs/{rid}/steps", json={"attempt": 1, "records": records})
+        assert r.status_code == 200, r.text
+
+    def pending() -> int:
+        with app_client.app.state.session_factory() as session:
+            q = select(WebhookMessage.id).where(WebhookMessage.status == "pending")
+            return len(session.scalars(q).all())
+
+    assert pending() == 2
+    assert app_client.delete(f"/api/v1/runs/{run_id}").status_code == 204
+    assert pending() == 1

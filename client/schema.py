@@ -88,6 +88,10 @@ PromptId = Annotated[
 Text = Annotated[str, AfterValidator(_no_nul)]
 
 
+def _blank_is_none(value: Any) -> Any:
+    return None if isinstance(value, str) and not value.strip() else value
+
+
 def text(max_length: int, min_length: int = 0) -> Any:
     """`Text` of ``min_length`` to ``max_length`` characters. The length is checked on the
     string itself, so that the error says "String should have at most N characters" (a length
@@ -453,8 +457,9 @@ class RunCreate(_RewardBounds):
     new one the next attempt."""
     name: Name | None = None
     """Display name: required for a new run (DESIGN.md §4); a known run keeps its own."""
-    project: text(200) | None = None
-    """Groups runs; keys and alert rules can be limited to a project."""
+    project: Annotated[text(200) | None, BeforeValidator(_blank_is_none)] = None
+    """Groups runs; keys and alert rules can be limited to a project. A blank one is none (an
+    empty `$PROJECT` made a project "" of its own, apart from runs without one)."""
     config: ConfigJSON = None
     """Free-form JSON: the run's hyperparameters, at most 64 KiB as JSON."""
     group_size: Annotated[int, Strict(), Field(ge=1, le=MAX_GROUP_SIZE)] | None = None

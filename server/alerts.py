@@ -655,8 +655,10 @@ def webhook_body(
 def _slack(text: str) -> str:
     """``text`` as plain text in a Slack message: ``&``, ``<`` and ``>`` escaped, as Slack's
     message formatting asks, so that a run named ``<!channel>`` pings no one and
-    ``<http://x|y>`` is no disguised link (the other fields carry the names as they are)."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    ``<http://x|y>`` is no disguised link (the other fields carry the names as they are); line
+    breaks and other control characters become spaces, so the summary stays one line."""
+    one_line = "".join(c if c.isprintable() else " " for c in text)
+    return one_line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def alert_dict(

@@ -398,7 +398,11 @@ def _db_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vantage", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="vantage",
+        description="Vantage: watch GRPO runs for advantage collapse and act on it. "
+        "`vantage demo` shows it all; `vantage COMMAND --help` tells more.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="serve the API and dashboard")

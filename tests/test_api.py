@@ -1117,3 +1117,10 @@ def test_a_long_unknown_run_id_is_not_repeated_whole(api):
     ):
         assert r.status_code == 404, r.text
         assert r.json()["detail"] == f"run {'r' * 80}… not found"
+
+
+def test_a_blank_project_is_no_project(api):
+    """An empty `$PROJECT` made a project "" of its own, apart from runs without one (a trial)."""
+    for blank in ("", "   "):
+        run = api.post("/api/v1/runs", json={"name": "b", "project": blank}).json()
+        assert run["project"] is None, run

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .grpo import GRPOTrainer
 
 __all__ = [
+    "WeightsDiverged",
     "latest_checkpoint",
     "load_checkpoint",
     "load_reference",
@@ -37,6 +38,18 @@ __all__ = [
 ]
 
 CHECKPOINT = "checkpoint"
+
+
+class WeightsDiverged(RuntimeError):
+    """The policy's weights are no longer finite numbers (too high an lr, say): saving them
+    would replace the last good checkpoint with one no resume can use."""
+
+
+def _check_finite(policy: torch.nn.Module) -> None:
+    """Raise WeightsDiverged naming the first parameter that holds NaN or an infinity."""
+    for name, p in policy.named_parameters():
+        if not torch.isfinite(p).all():
+            raise WeightsDiverged(f"parameter {name} holds NaN or infinite values")
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
@@ -58,7 +71,9 @@ def _rng_state(trainer: GRPOTrainer) -> dict[str, Any]:
 
 def save_checkpoint(trainer: GRPOTrainer) -> Path:
     """Write the checkpoint atomically (a temporary folder renamed into place); every rank calls
-    this together. Returns the checkpoint folder."""
+    this together. Returns the checkpoint folder. Raises WeightsDiverged, writing nothing, when
+    the weights are not finite (every rank holds the same weights, so every rank raises)."""
+    _check_finite(trainer.policy)
     out = Path(trainer.output_dir)
     final, tmp = out / CHECKPOINT, out / f"{CHECKPOINT}.tmp"
     dist = trainer.dist

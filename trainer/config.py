@@ -191,6 +191,9 @@ _RANGES = (
     # at once: 1e9 was taken, then failed in generation after the warm start)
     ("prompts_per_step", 1, MAX_GROUPS_PER_REQUEST),
     ("tiny_max_positions", 2, math.inf),
+    # within float32's range (3.4e38), where AdamW computes: lr=1e300 overflowed inside it
+    ("lr", 0, 1e30),
+    ("sft_lr", 0, 1e30),
     ("arith_terms", 2, math.inf),  # a problem is a sum of at least two numbers
     ("group_size", 2, MAX_GROUP_SIZE),  # the server's limit on one group's completions
     ("top_p", 0, 1),

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from .checkpoint import latest_checkpoint, load_checkpoint
+from .checkpoint import WeightsDiverged, latest_checkpoint, load_checkpoint
 from .config import TrainConfig, load_config
 from .data import load_task
 from .grpo import GRPOTrainer, StepHook
@@ -88,6 +88,43 @@ def _check_resumable(cfg: TrainConfig, saved: dict[str, Any] | None, output_dir:
             f"{output_dir} holds the checkpoint of another config ({'; '.join(diffs)}); give "
             "this run an output_dir of its own, or set resume: false to start over there"
         )
+
+
+# Settings the trainer carries in its checkpoint, which commands may have changed mid-run: a
+# resume keeps the carried value, unless this launch's config changed the field since the
+# checkpoint's launch (`--set lr=...` after a divergence was ignored: a trial).
+CARRIED_FIELDS = {
+    "mitigation": "mode", "avspo_threshold": "threshold", "avspo_alpha": "alpha",
+    "avspo_eta": "eta", "aapo_delta_low": "delta_low", "aapo_delta_high": "delta_high",
+}  # fmt: skip
+
+
+def _apply_changed_settings(trainer: GRPOTrainer, saved: dict[str, Any] | None) -> list[str]:
+    """After a resume, apply the fields of ``trainer.config`` that differ from the config the
+    checkpoint was saved with (``saved``): lr, temperature and the mitigation's settings.
+    Returns what changed, as "lr 0.0001 → 1e-05"."""
+    if not saved:
+        return []
+    cfg, changed = trainer.config, []
+    for name in ("lr", "temperature", *CARRIED_FIELDS):
+        if name in saved and saved[name] != getattr(cfg, name):
+            changed.append(f"{name} {saved[name]!r} → {getattr(cfg, name)!r}")
+            if name == "lr":
+                _set_peak_lr(trainer.scheduler, cfg.lr)
+            elif name == "temperature":
+                trainer.temperature = cfg.temperature
+            else:
+                setattr(trainer.mitigation, CARRIED_FIELDS[name], getattr(cfg, name))
+    return changed
+
+
+def _set_peak_lr(scheduler: torch.optim.lr_scheduler.LambdaLR, lr: float) -> None:
+    """Make ``lr`` the schedule's peak from its current step on (the optimizer's lr is then
+    ``lr`` times the schedule's factor at that step)."""
+    scheduler.base_lrs = [lr for _ in scheduler.base_lrs]
+    groups = scheduler.optimizer.param_groups
+    for group, factor in zip(groups, scheduler.lr_lambdas, strict=True):
+        group["initial_lr"], group["lr"] = lr, lr * factor(scheduler.last_epoch)
 
 
 def _broadcast_parameters(model: torch.nn.Module, dist: Distributed) -> None:
@@ -193,6 +230,11 @@ def setup(
     if checkpoint is not None:
         load_checkpoint(trainer, checkpoint)
         trainer.run_id = run_id
+        changed = _apply_changed_settings(trainer, state.get("config"))
+        if changed and dist.is_main:
+            log.warning(
+                "resuming with settings changed since the checkpoint: %s", "; ".join(changed)
+            )
     else:
         from_files = cfg.model_source != "tiny" or bool(cfg.init_checkpoint)
         trainer.record_reference(loaded_from_files=from_files and not sft_stats)
@@ -387,12 +429,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"vantage train: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
-        if "probability tensor contains" not in str(exc):  # torch's sampler met NaN or inf
+        # torch's sampler met NaN or inf, or a checkpoint would have saved such weights
+        if not isinstance(exc, WeightsDiverged) and "probability tensor contains" not in str(exc):
             raise
         print(
-            "vantage train: the policy's weights diverged (its next-token probabilities are "
-            "NaN or infinite); lower lr or grad_clip and resume from the last checkpoint. The run "
-            "is marked failed.",
+            "vantage train: the policy's weights diverged (NaN or infinite) and the run is "
+            "marked failed. No checkpoint holds such weights, but the last one may already be "
+            "far off: relaunch with a lower lr or grad_clip (a resume takes the new values), or "
+            "with resume: false to start over.",
             file=sys.stderr,
         )
         return 1

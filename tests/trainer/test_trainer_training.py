@@ -297,6 +297,43 @@ def test_diverged_weights_end_with_one_line_not_a_traceback(tmp_path, capsys):
     from vantage.trainer.run import main
 
     path = tmp_path / "diverge.yaml"
-    path.write_text(yaml.safe_dump(small_config(tmp_path / "out", lr=1e9, steps=6)))
+    config = small_config(tmp_path / "out", lr=1e9, steps=6, checkpoint_every=1)
+    path.write_text(yaml.safe_dump(config))
     assert main([str(path), "--quiet"]) == 1
     assert "the policy's weights diverged" in capsys.readouterr().err
+    # no checkpoint holds the diverged weights (one did, so a resume diverged again at once) ...
+    from safetensors.torch import load_file
+
+    for weights in (tmp_path / "out" / "checkpoint" / "policy").glob("*.safetensors"):
+        assert all(torch.isfinite(t).all() for t in load_file(weights).values()), weights
+
+
+def test_a_checkpoint_never_saves_weights_that_diverged(tmp_path):
+    """lr=1e30 left a checkpoint of NaN weights in place of the last good one, so every resume
+    diverged at once (a trial): such weights are refused and the last checkpoint stays."""
+    from safetensors.torch import load_file
+    from vantage.trainer.checkpoint import WeightsDiverged
+
+    trainer = setup(small_config(tmp_path))
+    good = Path(trainer.save_checkpoint())
+    with torch.no_grad():
+        next(trainer.policy.parameters())[0].fill_(float("nan"))
+    trainer.step += 1
+    with pytest.raises(WeightsDiverged, match="NaN or infinite"):
+        trainer.save_checkpoint()
+    for weights in (good / "policy").glob("*.safetensors"):
+        assert all(torch.isfinite(t).all() for t in load_file(weights).values())
+
+
+def test_a_resume_takes_the_settings_changed_since_the_checkpoint(tmp_path, caplog):
+    """`--set lr=...` on a resume was ignored: the checkpoint's optimizer and mitigation won
+    (a trial). A field the new launch changed applies; one it left alone keeps what the run
+    carried (a command's temperature)."""
+    first = train(small_config(tmp_path, steps=2, lr=1e-3, temperature=1.0), [])
+    assert first["history"][-1]["lr"] == pytest.approx(1e-3)
+    later = small_config(tmp_path, steps=4, lr=2e-4, mitigation="avspo", temperature=1.0)
+    resumed = train(later, [])
+    assert resumed["start_step"] == 2
+    assert [r["lr"] for r in resumed["history"]] == pytest.approx([2e-4, 2e-4])
+    assert resumed["mitigation"] == "avspo"
+    assert "lr 0.001 → 0.0002; mitigation 'none' → 'avspo'" in caplog.text

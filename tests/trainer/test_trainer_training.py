@@ -337,3 +337,33 @@ def test_a_resume_takes_the_settings_changed_since_the_checkpoint(tmp_path, capl
     assert [r["lr"] for r in resumed["history"]] == pytest.approx([2e-4, 2e-4])
     assert resumed["mitigation"] == "avspo"
     assert "lr 0.001 → 0.0002; mitigation 'none' → 'avspo'" in caplog.text
+
+
+@pytest.mark.parametrize(("name", "status"), [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_during_the_warm_start_ends_with_one_line(tmp_path, name, status):
+    """SIGTERM in the SFT warm start killed the trainer without a word, Ctrl-C printed a
+    KeyboardInterrupt traceback (a trial): both end with one line and 128 + the signal."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    config = small_config(tmp_path / "out", sft_steps=1_000_000)
+    path = tmp_path / "warm.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vantage.trainer.run", str(path), "--quiet"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "out" / "config.json").exists():  # set-up has begun
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(1.0)  # into the warm start
+    proc.send_signal(getattr(signal, name))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == status, err
+    assert f"{name} before the first GRPO step" in err and "Traceback" not in err, err

@@ -10,7 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from vantage.client.schema import MAX_GROUP_SIZE, MAX_GROUPS_PER_REQUEST, MITIGATION_DEFAULTS
+from vantage.client.schema import (
+    MAX_GROUP_SIZE,
+    MAX_GROUPS_PER_REQUEST,
+    MITIGATION_DEFAULTS,
+    MITIGATION_NUMBERS,
+)
 
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "CONFIG_DIR", "bundled_config"]
 
@@ -179,13 +184,14 @@ class TrainConfig:
 # (field, lowest, highest) of the numbers that have a range (inclusive).
 _RANGES = (
     *((name, 0, math.inf) for name in (
-        "seed", "torch_threads", "sft_steps", "sft_warmup_steps", "steps", "warmup_steps",
-        "micro_batch_size", "eval_size", "eval_every", "checkpoint_every",
+        "torch_threads", "sft_steps", "sft_warmup_steps", "steps", "warmup_steps",
+        "micro_batch_size", "eval_every", "checkpoint_every",
         "eps_low", "eps_high", "kl_beta", "weight_decay",
     )),
     *((name, 1, math.inf) for name in (
         "tiny_hidden_size", "tiny_layers", "tiny_heads", "tiny_intermediate_size",
         "sft_batch_size", "max_new_tokens", "num_iterations", "arith_max_operand",
+        "eval_size",  # the accuracy at the start and the end is always measured (0 said 0.0)
     )),
     # a rank's groups of one step fit one request to the server (P·G rollouts are generated
     # at once: 1e9 was taken, then failed in generation after the warm start)
@@ -198,7 +204,12 @@ _RANGES = (
     ("group_size", 2, MAX_GROUP_SIZE),  # the server's limit on one group's completions
     ("top_p", 0, 1),
     ("vllm_gpu_memory_utilization", 0, 1),
-    ("avspo_tau0", 0, 1),
+    ("seed", 0, 2**32 - 1),  # numpy's seeds; 2**64 overflowed inside torch
+    # what the server takes in a set_mitigation (the dashboard's forms start at these values)
+    *((field, *MITIGATION_NUMBERS[param][:2]) for field, param in (
+        ("avspo_alpha", "alpha"), ("avspo_eta", "eta"), ("avspo_tau0", "tau"),
+        ("aapo_delta_low", "delta_low"), ("aapo_delta_high", "delta_high"),
+    )),
 )  # fmt: skip
 # Numbers that must be above 0.
 _POSITIVE = ("temperature", "top_p", "lr", "sft_lr", "grad_clip", "sft_grad_clip", "avspo_alpha")

@@ -75,6 +75,12 @@ def test_api_key_is_not_in_the_run_config():
         ("lr=1e300", "lr must be from 0 to 1e+30; got 1e+300"),
         ("lr=.nan", "lr must be from 0 to 1e+30; got nan"),
         ("max_new_tokens=0", "max_new_tokens must be at least 1"),
+        ("eval_size=0", "eval_size must be at least 1"),
+        # what the server's set_mitigation refuses (the trainer took them and reported them)
+        ("avspo_eta=-5", "avspo_eta must be from 0.0 to 1.0; got -5.0"),
+        ("avspo_alpha=1000", "avspo_alpha must be from 0.0 to 100.0"),
+        ("aapo_delta_high=11", "aapo_delta_high must be from -10.0 to 10.0"),
+        ("seed=18446744073709551616", "seed must be from 0 to 4294967295"),
         ("prompts_per_step=-3", "prompts_per_step must be from 1 to 10000"),
         ("prompts_per_step=20000", "prompts_per_step must be from 1 to 10000; got 20000"),
         ("top_p=1.5", "top_p must be from 0 to 1"),

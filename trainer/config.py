@@ -147,6 +147,13 @@ class TrainConfig:
             raise ValueError(f"arith_operators must be some of '+-*'; got {self.arith_operators!r}")
         if self.aapo_delta_low > self.aapo_delta_high:
             raise ValueError("aapo_delta_low must not exceed aapo_delta_high")
+        try:  # as the tasks fill it: "{foo}" raised KeyError when the data loaded
+            self.prompt_template.format(question="1+1=", expression="1+1")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(
+                f"prompt_template {self.prompt_template!r} cannot be filled ({exc!r}); it may "
+                "use {question} (and, for arithmetic, {expression}); write {{ and }} for braces"
+            ) from None
         if self.temperature > 10:  # the range set_sampling takes: (0, 10]
             raise ValueError(f"temperature must be at most 10; got {self.temperature!r}")
         self._validate_shapes()
@@ -285,6 +292,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _override_value(raw: str) -> Any:
+    """An override's value read as a YAML scalar (``3``, ``true``, ``[0.9, 0.99]``), or the
+    text itself when it is no YAML (``{question} =`` raised the parser's traceback)."""
+    if not raw.strip():
+        return None
+    try:
+        return yaml.load(raw, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError:
+        return raw
+
+
 def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key=value`` strings (values parsed as YAML scalars) onto a dict of fields."""
     out = dict(values)
@@ -297,7 +315,7 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
             raise ValueError(
                 f"unknown config field {key!r}; see vantage.trainer.config.TrainConfig"
             )
-        out[key] = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else None
+        out[key] = _override_value(raw)
     return out
 
 

@@ -153,8 +153,14 @@ def setup(
         state = torch.load(checkpoint / "state.pt", weights_only=False)
         _check_resumable(cfg, state.get("config"), output_dir)
     if dist.is_main:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+        try:  # before any model loads: an unusable folder is said at once, in one line
+            output_dir.mkdir(parents=True, exist_ok=True)
+            config_json = json.dumps(cfg.to_dict(), indent=2, default=str)
+            (output_dir / "config.json").write_text(config_json)
+        except OSError as exc:
+            raise ValueError(
+                f"output_dir {output_dir} cannot be written: {exc.strerror or exc}"
+            ) from None
 
     sft_stats: dict[str, Any] = {}
     if checkpoint is not None:

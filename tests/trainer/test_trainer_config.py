@@ -76,6 +76,8 @@ def test_api_key_is_not_in_the_run_config():
         ("lr=.nan", "lr must be from 0 to 1e+30; got nan"),
         ("max_new_tokens=0", "max_new_tokens must be at least 1"),
         ("eval_size=0", "eval_size must be at least 1"),
+        ("prompt_template=Q {foo}", "prompt_template 'Q {foo}' cannot be filled (KeyError('foo'))"),
+        ("steps={a", "steps must be an integer; got '{a'"),  # no YAML: taken as its text
         # what the server's set_mitigation refuses (the trainer took them and reported them)
         ("avspo_eta=-5", "avspo_eta must be from 0.0 to 1.0; got -5.0"),
         ("avspo_alpha=1000", "avspo_alpha must be from 0.0 to 100.0"),
@@ -151,3 +153,19 @@ def test_vantage_train_says_a_user_mistake_in_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("vantage train: ") and len(err.splitlines()) == 1, err
     assert "sees no CUDA device" in err or torch.cuda.is_available()
+
+
+def test_an_override_that_is_no_yaml_is_its_text(tmp_path):
+    """`--set 'prompt_template={question} ='` raised the YAML parser's traceback (a trial)."""
+    assert load_config("arith-tiny", ["prompt_template={question} ="]).prompt_template == (
+        "{question} ="
+    )
+
+
+def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_model_loads(tmp_path):
+    from vantage.trainer.run import setup
+
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    with pytest.raises(ValueError, match="output_dir .*a-file cannot be written: File exists"):
+        setup("arith-tiny", [f"output_dir={taken}"])

@@ -265,7 +265,7 @@ def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
             if trainer.stop_signal is None and evals[-1][0] != trainer.step:
                 evals.append((trainer.step, trainer.evaluate()))
                 trainer.monitor.log_scalars(trainer.step, {"eval_accuracy": evals[-1][1]})
-            checkpoint = Path(trainer.save_checkpoint())
+            checkpoint = _checkpoint(trainer)
             failed = trainer.stop_signal is not None  # interrupted (a relaunch resumes it)
         finally:
             trainer.monitor.close(failed=failed)
@@ -275,7 +275,10 @@ def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
         trainer, start_step, time.perf_counter() - start_time, evals, commands, checkpoint
     )
     if dist.is_main:
-        (Path(cfg.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
+        try:
+            (Path(cfg.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
+        except OSError as exc:  # the summary is returned (and printed) all the same
+            log.error("could not write summary.json in %s (%s)", cfg.output_dir, exc)
     return summary
 
 
@@ -304,7 +307,7 @@ def _train_steps(trainer: GRPOTrainer, evals: list[tuple[int, float]]) -> list[d
             hook(trainer, record)
         commands += trainer.apply_commands()
         if cfg.checkpoint_every and trainer.step % cfg.checkpoint_every == 0:
-            trainer.save_checkpoint()
+            _checkpoint(trainer)
         bar.set_postfix(  # drawn by update: the bar showed the step before's numbers
             reward=f"{record['reward']:.3f}",
             acr=_fmt(record["acr"]),
@@ -314,6 +317,21 @@ def _train_steps(trainer: GRPOTrainer, evals: list[tuple[int, float]]) -> list[d
         bar.update(1)
     bar.close()
     return commands
+
+
+def _checkpoint(trainer: GRPOTrainer) -> Path | None:
+    """Save a checkpoint; a folder that cannot be written is logged and training goes on (an
+    output_dir replaced mid-run ended the run with a traceback: a trial). None when not saved."""
+    try:
+        return Path(trainer.save_checkpoint())
+    except OSError as exc:
+        log.error(
+            "could not write the checkpoint of step %d (%s); training goes on, and the last "
+            "checkpoint written stays",
+            trainer.step,
+            exc,
+        )
+        return None
 
 
 @contextmanager
@@ -404,7 +422,7 @@ def _summary(
     seconds: float,
     evals: list[tuple[int, float]],
     commands: list[dict[str, Any]],
-    checkpoint: Path,
+    checkpoint: Path | None,
 ) -> dict[str, Any]:
     new = [r for r in trainer.history if r["step"] > start_step]
     acrs = [r["acr"] for r in new if r["acr"] is not None]
@@ -413,7 +431,7 @@ def _summary(
     return {
         "run_id": trainer.run_id,
         "output_dir": str(trainer.config.output_dir),
-        "checkpoint": str(checkpoint),
+        "checkpoint": None if checkpoint is None else str(checkpoint),
         "start_step": start_step,
         "steps_completed": trainer.step,
         "stopped": trainer.stop_requested,

@@ -367,3 +367,20 @@ def test_a_signal_during_the_warm_start_ends_with_one_line(tmp_path, name, statu
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == status, err
     assert f"{name} before the first GRPO step" in err and "Traceback" not in err, err
+
+
+def test_a_checkpoint_that_cannot_be_written_does_not_end_training(tmp_path, caplog):
+    """An output_dir replaced by a file mid-run ended training with NotADirectoryError at the
+    next checkpoint (a trial): the failure is logged and the steps go on."""
+    import shutil
+
+    out = tmp_path / "out"
+
+    def break_folder(trainer, record):
+        if trainer.step == 1:
+            shutil.rmtree(out)
+            out.write_text("not a folder any more")
+
+    summary = train(small_config(out, steps=3, checkpoint_every=1), [], hooks=[break_folder])
+    assert summary["steps_completed"] == 3 and summary["checkpoint"] is None
+    assert "could not write the checkpoint of step 1" in caplog.text

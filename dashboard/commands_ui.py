@@ -10,7 +10,11 @@ import math
 from typing import Any
 
 from dash import dcc, html
-from vantage.client.schema import AVSPO_THRESHOLDS, MITIGATION_DEFAULTS
+from vantage.client.schema import (
+    AVSPO_THRESHOLDS,
+    MITIGATION_DEFAULTS,
+    validate_command_params,
+)
 
 from . import explain
 
@@ -26,7 +30,15 @@ ACTIONS = {
 
 
 def build_command(action: str, values: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(type, params) of an action from the panel's inputs; raises ValueError on bad input."""
+    """(type, params) of an action from the panel's inputs, checked as the server checks a
+    command (before the confirmation: a temperature of -1 was confirmed, then refused with
+    pydantic's dump); raises ValueError saying what is wrong."""
+    kind, params = _command(action, values)
+    validate_command_params(kind, params)
+    return kind, params
+
+
+def _command(action: str, values: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     kind = ACTIONS[action][1]
     if action == "avspo":
         alpha = values.get("avspo_alpha")
@@ -47,8 +59,10 @@ def build_command(action: str, values: dict[str, Any]) -> tuple[str, dict[str, A
         return kind, {"mode": "none"}
     if action == "temperature":
         t = values.get("temperature")
-        if t is None:
+        if t is None or t == "":
             raise ValueError("enter a temperature, a number in (0, 10]")
+        if not 0 < float(t) <= 10:
+            raise ValueError(f"the temperature must be above 0 and at most 10; got {t}")
         return kind, {"temperature": float(t)}
     return kind, {}
 

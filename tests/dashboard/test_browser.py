@@ -123,6 +123,28 @@ def test_each_click_asks_once_and_cancel_sends_nothing(control_page, server):
     assert len(commands) == count + 1 and commands[0]["type"] == "checkpoint"
 
 
+def test_a_temperature_that_cannot_work_is_said_before_any_confirmation(control_page, server):
+    """-1 was confirmed and then refused with pydantic's dump; an empty box said nothing (a
+    trial). Both are said under the form, and nothing is asked or sent."""
+    run_id = server.runs["qwen-grpo"]
+    page = control_page
+    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    button = page.locator("button.action", has_text="Set temperature")
+    button.wait_for()
+    with server.api() as api:
+        count = len(api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"])
+    for typed, said in (("-1", "must be above 0 and at most 10"), ("", "enter a temperature")):
+        page.fill("#temperature-value", typed)
+        page.press("#temperature-value", "Tab")  # the box reports its value when left
+        button.click()
+        page.wait_for_function(
+            f"document.querySelector('#cmd-input-error').innerText.includes('{said}')"
+        )
+        assert page.locator("#cmd-confirm").get_attribute("hidden") is not None
+    with server.api() as api:
+        assert len(api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]) == count
+
+
 def test_a_read_only_key_sees_no_enabled_action(read_page, server):
     run_id = server.runs["qwen-grpo"]
     page = read_page

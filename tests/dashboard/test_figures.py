@@ -223,6 +223,13 @@ def test_command_forms():
     assert commands_ui.build_command("stop", values) == ("stop", {})
     with pytest.raises(ValueError, match="temperature"):
         commands_ui.build_command("temperature", {})
+    # refused before the confirmation, in words (a temperature of -1 was confirmed, then
+    # answered with pydantic's dump; an empty box said nothing)
+    for t in (-1, 0, 11, ""):
+        with pytest.raises(ValueError, match="temperature"):
+            commands_ui.build_command("temperature", {"temperature": t})
+    with pytest.raises(ValueError, match="alpha must be a number above 0 and at most 100"):
+        commands_ui.build_command("avspo", {**values, "avspo_alpha": 1000})
     assert "STOP" in commands_ui.describe("stop", {})
 
 

@@ -106,13 +106,16 @@ class TrainConfig:
     progress: bool = True  # tqdm bar with step, reward, ACR and ETA (rank 0)
 
     # ---- monitoring (no server → training runs unmonitored)
-    server: str | None = None  # Vantage server URL; env VANTAGE_SERVER when unset
+    server: str | None = None  # Vantage server URL; env VANTAGE_SERVER when unset; "none": none
     api_key: str | None = None  # ingest key; env VANTAGE_API_KEY when unset
     project: str | None = None  # server project
     run_id: str | None = None  # resume monitoring of this run (a checkpoint remembers it)
 
     def __post_init__(self) -> None:
-        self.server = self.server or os.environ.get("VANTAGE_SERVER") or None
+        if isinstance(self.server, str) and self.server.strip().lower() == "none":
+            self.server = "none"  # unmonitored even when VANTAGE_SERVER is set
+        else:
+            self.server = self.server or os.environ.get("VANTAGE_SERVER") or None
         self.api_key = self.api_key or os.environ.get("VANTAGE_API_KEY") or None
         self.validate()
 

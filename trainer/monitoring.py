@@ -182,7 +182,7 @@ def make_monitor(
     is configured, else none. Keywords the factory does not accept are left out; a failure to
     construct is logged and training runs unmonitored."""
     if factory is None:
-        if not server:
+        if not server or server == "none":
             log.info("no Vantage server (server: or VANTAGE_SERVER): training runs unmonitored")
             return MonitorAdapter(None)
         try:

@@ -64,6 +64,18 @@ def test_api_key_is_not_in_the_run_config():
     assert "api_key" not in TrainConfig(api_key="vtg_secret").to_dict()
 
 
+def test_server_off_trains_unmonitored_even_with_vantage_server_set(monkeypatch):
+    """`--set server=` fell back to VANTAGE_SERVER, and `none` was a bad URL (a trial)."""
+    from vantage.trainer.monitoring import make_monitor
+
+    monkeypatch.setenv("VANTAGE_SERVER", "http://127.0.0.1:9")
+    assert load_config("arith-tiny").server == "http://127.0.0.1:9"
+    for off in ("none", "None"):  # (YAML reads `off` as false)
+        cfg = load_config("arith-tiny", [f"server={off}"])
+        assert cfg.server == "none"
+        assert make_monitor(None, cfg.server, {}).monitor is None
+
+
 @pytest.mark.parametrize(
     ("override", "says"),
     [

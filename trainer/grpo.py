@@ -335,10 +335,16 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ commands
 
-    def submit_command(self, type: str, params: dict[str, Any] | None = None) -> None:  # noqa: A002
-        """Queue a command locally (tests, the demo, notebooks); applied at the next boundary like a
-        server command, but not acked to the server. Call it on rank 0."""
-        cid = f"local-{len(self.local_commands)}-{time.monotonic_ns()}"
+    def submit_command(
+        self,
+        type: str,  # noqa: A002
+        params: dict[str, Any] | None = None,
+        source: str = "local",
+    ) -> None:
+        """Queue a command locally (tests, the demo, notebooks, a signal: ``source`` names it in
+        the log); applied at the next boundary like a server command, but not acked to the
+        server. Call it on rank 0."""
+        cid = f"{source}-{len(self.local_commands)}-{time.monotonic_ns()}"
         self.local_commands.append(Command(cid, type, dict(params or {}), local=True))
 
     def apply_commands(self) -> list[dict[str, Any]]:
@@ -358,7 +364,15 @@ class GRPOTrainer:
                 status = "applied"
             except (ValueError, TypeError, KeyError, RuntimeError, OSError) as exc:
                 status, detail = "rejected", str(exc)
-            log.info("command %s %s at step %d: %s", command.type, status, self.step, detail)
+            source = command.command_id.split("-", 1)[0] if command.local else "the server"
+            log.info(
+                "command %s from %s %s at step %d: %s",
+                command.type,
+                source,
+                status,
+                self.step,
+                detail,
+            )
             if self.dist.is_main:
                 self.monitor.ack(command, status, self.step, detail)
             done.append(

@@ -141,6 +141,10 @@ def setup(
     """A trainer ready for :func:`fit`: resumed from ``output_dir`` when a checkpoint is there,
     else freshly loaded, warm-started (``sft_steps``) and with the step-0 reference recorded."""
     cfg = load_config(config, list(overrides))
+    if not cfg.progress:  # transformers' own bars (loading and writing weights) too
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     owns_group = _init_distributed()
     dist = Distributed()
     if cfg.torch_threads > 0:
@@ -148,6 +152,9 @@ def setup(
     device = _device(cfg)
     output_dir = Path(cfg.output_dir)
     checkpoint = latest_checkpoint(output_dir) if cfg.resume else None
+    if not cfg.resume and latest_checkpoint(output_dir) is not None and dist.is_main:
+        log.warning("resume: false: training starts over, and replaces the checkpoint in %s",
+                    output_dir)  # fmt: skip
     state: dict[str, Any] = {}
     if checkpoint is not None:
         state = torch.load(checkpoint / "state.pt", weights_only=False)
@@ -254,6 +261,9 @@ def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     cfg, dist = trainer.config, trainer.dist
     trainer.hooks.extend(hooks)
     start_step, start_time = trainer.step, time.perf_counter()
+    if trainer.step >= cfg.steps and dist.is_main:
+        log.warning("the checkpoint is at step %d of steps=%d: nothing left to train (raise "
+                    "steps to go on)", trainer.step, cfg.steps)  # fmt: skip
     evals: list[tuple[int, float]] = []
     commands: list[dict[str, Any]] = []
     failed = True
@@ -356,7 +366,7 @@ def _stop_on_signals(trainer: GRPOTrainer) -> Iterator[None]:
             log.warning("%s: stopping after step %d with a checkpoint (again to quit now)",
                         name, trainer.step + 1)  # fmt: skip
             if trainer.dist.is_main:
-                trainer.submit_command("stop")
+                trainer.submit_command("stop", source=name)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in second}
     try:
@@ -440,7 +450,9 @@ def _summary(
         "seconds": seconds,
         "sft": trainer.sft_stats,
         "accuracy_start": evals[0][1] if evals else None,
-        "accuracy_final": evals[-1][1] if evals else None,
+        # measured at the last step, or none (a signal's stop skips the final evaluation, and
+        # the evaluation before the first step was reported as the final one: a trial)
+        "accuracy_final": evals[-1][1] if evals and evals[-1][0] == trainer.step else None,
         "evals": evals,
         "acr_mean": _mean(acrs),
         "acr_max": max(acrs) if acrs else None,

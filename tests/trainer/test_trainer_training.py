@@ -285,6 +285,7 @@ def test_a_signal_stops_at_the_next_step_with_a_checkpoint(warm_policy, tmp_path
     summary = train(cfg, [], monitor_factory=factory, hooks=[preempt])
     assert summary["terminated"] and summary["signal"] == name
     assert summary["steps_completed"] == 2
+    assert summary["accuracy_final"] is None  # not measured (it said the start's accuracy)
     assert Path(summary["checkpoint"]).exists() and monitors[0].closed == "failed"
     assert {s: signal.getsignal(s) for s in before} == before  # restored
     resumed = train(small_config(tmp_path, init_checkpoint=warm_policy, steps=3), [])

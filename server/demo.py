@@ -184,6 +184,8 @@ def run_demo(args: argparse.Namespace) -> int:
     free = args.port and bind_problem("127.0.0.1", args.port) is None
     port = args.port if free else free_port()
     base = f"http://127.0.0.1:{port}"
+    if args.port and not free:  # it moved silently (a trial)
+        _say(f"port {args.port} is taken: serving on {port} instead")
     _say(f"database: {safe_url(database_url)}")
     if not upgrade_or_explain(database_url):
         return 1

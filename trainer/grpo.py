@@ -116,7 +116,7 @@ class GRPOTrainer:
 
         advantages = self.advantages(rewards, acr, problems)
         effective = effective_stats(advantages)
-        self.monitor.log_effective(step, *effective, mitigation=self.mitigation.reported())
+        self.monitor.log_effective(step, *effective, mitigation=self.reported_mitigation())
         t_advantage = time.perf_counter()
 
         losses = self.optimize(rollouts, advantages.values)
@@ -334,6 +334,14 @@ class GRPOTrainer:
         return total_correct / total if total else 0.0
 
     # ------------------------------------------------------------------ commands
+
+    def reported_mitigation(self) -> dict[str, Any]:
+        """The mitigation in effect as each step reports it: its mode and settings, and for
+        AVSPO's adaptive threshold the current τ (a τ set by command went unreported)."""
+        reported = self.mitigation.reported()
+        if self.mitigation.mode == "avspo" and self.mitigation.threshold == "adaptive":
+            reported["tau"] = self.avspo_state.tau
+        return reported
 
     def submit_command(
         self,

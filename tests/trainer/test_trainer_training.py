@@ -385,3 +385,17 @@ def test_a_checkpoint_that_cannot_be_written_does_not_end_training(tmp_path, cap
     summary = train(small_config(out, steps=3, checkpoint_every=1), [], hooks=[break_folder])
     assert summary["steps_completed"] == 3 and summary["checkpoint"] is None
     assert "could not write the checkpoint of step 1" in caplog.text
+
+
+def test_the_adaptive_threshold_reports_its_tau(tmp_path):
+    """A τ set by command was applied but missing from the mitigation each step reports."""
+    monitors = []
+
+    def factory(**kwargs):
+        monitors.append(RecordingMonitor(**kwargs))
+        return monitors[-1]
+
+    cfg = small_config(tmp_path, steps=2, mitigation="avspo", avspo_threshold="adaptive")
+    train(cfg, [], monitor_factory=factory)
+    reported = [m for _, m in monitors[0].mitigations]
+    assert all(m["mode"] == "avspo" and 0 <= m["tau"] <= 1 for m in reported), reported

@@ -94,7 +94,13 @@ def create_or_resume_run(
             run.last_seen_at = utcnow()
             return run, known, False
     attempt = _new_attempt(session, run, body.launch_id)
+    # a new attempt describes what runs now: its world size, group size and config (the page
+    # showed the first launch's config and group size after a relaunch changed them: a trial)
     if body.world_size:
         run.world_size = body.world_size
+    if body.group_size is not None:
+        run.group_size = body.group_size
+    if body.config is not None:
+        run.config = body.config
     session.flush()
     return run, attempt, False

@@ -1124,3 +1124,17 @@ def test_a_blank_project_is_no_project(api):
     for blank in ("", "   "):
         run = api.post("/api/v1/runs", json={"name": "b", "project": blank}).json()
         assert run["project"] is None, run
+
+
+def test_a_new_attempt_brings_its_group_size_and_config(api):
+    """A relaunch with another group size or lr kept showing the first launch's (a trial); a
+    rank of a known launch registering again changes nothing."""
+    first = {"group_size": 4, "config": {"lr": 1e-4}}
+    rid = new_run(api, launch_id="L1", **first)["run_id"]
+    second = new_run(api, run_id=rid, launch_id="L2", group_size=8, config={"lr": 1e-5})
+    assert second["attempt"] == 2
+    assert (second["group_size"], second["config"]) == (8, {"lr": 1e-5})
+    rank = new_run(api, run_id=rid, launch_id="L1", group_size=2, config={"lr": 1.0})
+    assert rank["attempt"] == 1
+    run = api.get(f"/api/v1/runs/{rid}").json()
+    assert (run["group_size"], run["config"]) == (8, {"lr": 1e-5})

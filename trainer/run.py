@@ -276,14 +276,13 @@ def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
                 evals.append((trainer.step, trainer.evaluate()))
                 trainer.monitor.log_scalars(trainer.step, {"eval_accuracy": evals[-1][1]})
             checkpoint = _checkpoint(trainer)
+            elapsed = time.perf_counter() - start_time  # not the Monitor's wait at close
             failed = trainer.stop_signal is not None  # interrupted (a relaunch resumes it)
         finally:
             trainer.monitor.close(failed=failed)
             if trainer.owns_process_group and torch_dist.is_initialized():
                 torch_dist.destroy_process_group()
-    summary = _summary(
-        trainer, start_step, time.perf_counter() - start_time, evals, commands, checkpoint
-    )
+    summary = _summary(trainer, start_step, elapsed, evals, commands, checkpoint)
     if dist.is_main:
         try:
             (Path(cfg.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -76,8 +76,8 @@ _reward_std = _scalar("reward_std")
 def _reward_edge(sign: int) -> Callable[[Point], Any]:
     def edge(p: Point) -> Any:
         mean, std = p.get("reward_mean"), _reward_std(p)
-        if mean is None or std is None:
-            return None
+        if mean is None or std is None:  # no band here: it narrows to the mean (a null in one
+            return mean  # edge only, filled to the other edge, drew a triangle: a trial)
         return mean + sign * std
 
     return edge
@@ -104,21 +104,36 @@ ACR_SERIES: tuple[Series, ...] = (
         "all-fail share",
         _share("acr_all_fail"),
         _hover("all-fail share", "every completion wrong: prompts too hard"),
-        {"stackgroup": "sides", "line": {"width": 0}, "fillcolor": COLORS["all_fail"]},
+        {
+            "stackgroup": "sides",
+            "stackgaps": "interpolate",
+            "line": {"width": 0},
+            "fillcolor": COLORS["all_fail"],
+        },
     ),
     Series(
         "acr_all_pass",
         "all-pass share",
         _share("acr_all_pass"),
         _hover("all-pass share", "every completion right: prompts too easy"),
-        {"stackgroup": "sides", "line": {"width": 0}, "fillcolor": COLORS["all_pass"]},
+        {
+            "stackgroup": "sides",
+            "stackgaps": "interpolate",
+            "line": {"width": 0},
+            "fillcolor": COLORS["all_pass"],
+        },
     ),
     Series(
         "acr_constant",
         "constant-reward share",
         _share("acr_constant"),
         _hover("constant share", "same non-pass/fail reward: check the reward function"),
-        {"stackgroup": "sides", "line": {"width": 0}, "fillcolor": COLORS["constant"]},
+        {
+            "stackgroup": "sides",
+            "stackgaps": "interpolate",
+            "line": {"width": 0},
+            "fillcolor": COLORS["constant"],
+        },
     ),
     Series(
         "expected_acr",
@@ -156,14 +171,19 @@ REWARD_SERIES: tuple[Series, ...] = (
         "mean − std",
         _reward_edge(-1),
         _hover("mean − std", "spread of rewards"),
-        {"line": {"width": 0}, "showlegend": False},
+        {"line": {"width": 0}, "showlegend": False, "connectgaps": True},
     ),
     Series(
         "reward_high",
         "reward ± std",
         _reward_edge(+1),
         _hover("mean + std", "spread of rewards"),
-        {"line": {"width": 0}, "fill": "tonexty", "fillcolor": COLORS["band"]},
+        {
+            "line": {"width": 0},
+            "fill": "tonexty",
+            "fillcolor": COLORS["band"],
+            "connectgaps": True,
+        },
     ),
     Series(
         "reward_mean",
@@ -235,7 +255,7 @@ def mitigation_bands(timeline: Iterable[dict], last_step: int | None) -> list[di
         end = changes[i + 1][0] if i + 1 < len(changes) else last_step
         if end is None or end < start:
             end = start
-        who = item.get("issued_by") or "?"
+        who = _text(item.get("issued_by") or "?")  # "alert:<rule name>": a name is text
         cid = str(item.get("command_id", ""))[:8]
         bands.append(
             {
@@ -429,9 +449,16 @@ def scalar_series(names: Sequence[str]) -> tuple[Series, ...]:
     """The series of the first MAX_SCALAR_CHARTS of ``names`` (`scalar_names`)."""
     known = {s.key: s for s in SCALAR_SERIES}
     return tuple(
-        known.get(n) or Series(n, n, _scalar(n), _hover(n, "as the trainer logged it", ".4g"))
+        known.get(n)
+        or Series(n, _text(n), _scalar(n), _hover(_text(n), "as the trainer logged it", ".4g"))
         for n in names[:MAX_SCALAR_CHARTS]
     )
+
+
+def _text(name: str) -> str:
+    """A logged name as Plotly shows text: its HTML escaped (a scalar named `<a href=…>` was a
+    link in the chart: a trial) and `%` kept from starting a hover template's `%{...}`."""
+    return html.escape(name, quote=False).replace("%", "&#37;")
 
 
 def scalars_figure(points: Sequence[Point]) -> Figure:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import plotly.graph_objects as go
@@ -317,3 +318,27 @@ def test_the_scalars_charted_are_those_the_run_logged():
     go.Figure(fig)
     band = figures.reward_figure([point(0, scalars={"loss": 1.0})])["data"][figures.REWARD_BAND]
     assert band["name"] == "reward ± std" and band["showlegend"] is False
+
+
+def test_the_reward_band_narrows_where_no_std_was_logged():
+    """A step without reward_std was a null in both edges, filled to each other: a triangle
+    across the chart (a trial). The band narrows to the mean there and keeps its shape."""
+    points = [point(s, reward_mean=0.625, scalars={"reward_std": 0.1}) for s in range(6)]
+    points[2]["scalars"] = {"loss": 1.0}
+    low, high, mean = figures.reward_figure(points, False)["data"]
+    assert low["y"] == pytest.approx([0.525, 0.525, 0.625, 0.525, 0.525, 0.525])
+    assert high["y"] == pytest.approx([0.725, 0.725, 0.625, 0.725, 0.725, 0.725])
+    assert low["connectgaps"] and high["connectgaps"]
+
+
+def test_logged_names_are_text_in_charts():
+    """A scalar named `<a href=…>` was a clickable link in the scalars chart, an alert rule's
+    name HTML in the mitigation label (a trial)."""
+    evil = '<a href="https://evil.example/">loss</a> %{y}'
+    fig = figures.scalars_figure([point(0, scalars={evil: 1.0})])
+    assert fig["data"][0]["name"] == '&lt;a href="https://evil.example/"&gt;loss&lt;/a&gt; &#37;{y}'
+    assert "<a" not in json.dumps(fig)
+    item = {"step": 1, "type": "set_mitigation", "params": {"mode": "avspo"}}
+    timeline = [{**item, "status": "applied", "issued_by": "alert:<b>x</b>", "command_id": "c"}]
+    (band,) = figures.mitigation_bands(timeline, 5)
+    assert "alert:&lt;b&gt;x&lt;/b&gt;" in band["label"]["text"]

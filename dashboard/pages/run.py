@@ -29,7 +29,15 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
     info = context.current_key()
     run = data.visible_run(info, run_id) if run_id else None
     if run is None:
-        return _missing(run_id or "")
+        return html.Div(
+            [
+                _missing(run_id or ""),
+                # asks until the run is visible, then loads its page
+                dcc.Store(id="run-wait-id", data=run_id or ""),
+                dcc.Interval(id="run-wait", interval=context.refresh_ms()),
+                dcc.Location(id="run-wait-reload", refresh=True),
+            ]
+        )
     can_control = context.can(info, "control")
     ended = run["status"] if components.run_ended(run) else None
     settings = commands_ui.current_settings(run, data.commands(info, run_id) or [])
@@ -85,12 +93,30 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
     )
 
 
+@callback(
+    Output("run-wait-reload", "href"),
+    Input("run-wait", "n_intervals"),
+    State("run-wait-id", "data"),
+    prevent_initial_call=True,
+)
+@context.in_thread
+def reload_when_visible(_n, run_id):
+    """The page of a run that was not there yet (the demo prints its link before the run
+    registers): loaded once the run is visible to the key."""
+    if run_id and data.visible_run(context.current_key(), run_id) is not None:
+        return components.run_href(run_id)
+    return no_update
+
+
 def _missing(run_id: str) -> html.Div:
     """The page of a run that does not exist or that the key may not see (no controls)."""
     return html.Div(
         [
             html.H2("Run not found"),
-            html.P(f"No run {components.shown_id(run_id)} visible to this key."),
+            html.P(
+                f"No run {components.shown_id(run_id)} visible to this key yet. This page "
+                "shows it as soon as it appears (the demo's run registers after its warm start)."
+            ),
             dcc.Link("All runs", href=components.URL_BASE),
         ],
         id="run-missing",
@@ -162,7 +188,9 @@ def update_run(run_id, _n, state):
         out = run_view.first_load(info, run_id, context.can(info, "control"))
     if out is None:  # deleted, or moved to a project the key may not see, since the page loaded
         blank = {"data": [], "layout": {"height": 360}}
-        return _missing(run_id), [], [], None, blank, blank, blank, [], True  # nothing stale left
+        # nothing stale left; the page keeps asking, so a run that registers later appears (the
+        # demo's link said "not found" through the warm start and never recovered: a trial)
+        return _missing(run_id), [], [], None, blank, blank, blank, [], False
     return out
 
 

@@ -174,6 +174,23 @@ def test_a_run_deleted_while_its_page_is_open_leaves_nothing_stale(read_page, se
     assert traces == 0
 
 
+def test_a_run_page_opened_before_its_run_exists_shows_it_when_it_registers(read_page, server):
+    """The demo prints its run's link before the warm start; the page said "Run not found" and
+    never recovered without a reload (a trial)."""
+    import uuid
+
+    run_id = str(uuid.uuid4())
+    page = read_page
+    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.wait_for_selector("#run-missing")
+    with server.api() as api:
+        body = {"run_id": run_id, "name": "late-run", "project": "demo"}
+        run = api.post("/api/v1/runs", json=body).json()
+        sample_data.send_steps(api, run_id, run["attempt"], sample_data.step_records(0, 5))
+    page.wait_for_selector("#kpi-acr", timeout=15_000)
+    assert page.locator("#run-missing").count() == 0
+
+
 def test_a_finished_runs_actions_are_disabled_and_say_why(control_page, server):
     with server.api() as api:
         body = {"name": "finished-page", "config": {"temperature": 0.7, "aapo_delta_low": -0.1}}

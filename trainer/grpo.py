@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -335,6 +336,18 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ commands
 
+    def _share_stop_signal(self) -> None:
+        """A signal may reach one rank only (a scheduler signalling one process): every rank
+        learns of it here, at the step boundary, and rank 0 queues the stop all ranks apply
+        (rank 1 alone said it would stop, and training went on: a trial)."""
+        term, interrupt = self.dist.sum(
+            [float(self.stop_signal == signal.SIGTERM), float(self.stop_signal == signal.SIGINT)]
+        )
+        if self.stop_signal is None and (term or interrupt):
+            self.stop_signal = signal.SIGTERM if term else signal.SIGINT
+            if self.dist.is_main:  # its own signal queued the stop already
+                self.submit_command("stop", source=signal.Signals(self.stop_signal).name)
+
     def reported_mitigation(self) -> dict[str, Any]:
         """The mitigation in effect as each step reports it: its mode and settings, and for
         AVSPO's adaptive threshold the current τ (a τ set by command went unreported)."""
@@ -359,6 +372,8 @@ class GRPOTrainer:
         """At a step boundary: rank 0 polls, every rank applies the same commands in order, rank 0
         acks each with the step just completed. Returns what was done (for logs and tests)."""
         commands: list[Command] = []
+        if self.dist.enabled:
+            self._share_stop_signal()
         if self.dist.is_main:
             commands = self.monitor.poll_commands() + self.local_commands
             self.local_commands = []

@@ -162,11 +162,20 @@ class MonitorAdapter:
             return
         self._call("ack", command.command_id, status, step, detail)
 
-    def close(self, failed: bool = False) -> None:
+    def close(self, failed: bool = False, timeout: float | None = None) -> None:
+        """Close the Monitor, marking the run failed or finished; ``timeout``: seconds it may
+        wait for the server (None: the Monitor's default)."""
         if self.monitor is None:
             return
+        status = "failed" if failed else "finished"
         try:
-            self.monitor.close(status="failed" if failed else "finished")
+            if timeout is None:
+                self.monitor.close(status=status)
+            else:
+                try:
+                    self.monitor.close(status=status, timeout=timeout)
+                except TypeError:  # a Monitor of its own that takes no timeout
+                    self.monitor.close(status=status)
         except TypeError:
             self._call("close")
         except Exception as exc:

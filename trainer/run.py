@@ -40,6 +40,7 @@ __all__ = ["train", "setup", "fit", "main"]
 log = logging.getLogger("vantage.trainer")
 
 MonitorFactory = Callable[..., Any]
+SIGNAL_CLOSE_S = 5.0  # how long a run stopped by a signal waits for the server at close
 
 
 def _init_distributed() -> bool:
@@ -279,7 +280,11 @@ def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
             elapsed = time.perf_counter() - start_time  # not the Monitor's wait at close
             failed = trainer.stop_signal is not None  # interrupted (a relaunch resumes it)
         finally:
-            trainer.monitor.close(failed=failed)
+            # after a signal the scheduler's grace (often 30 s) is short: what the server has
+            # not taken within SIGNAL_CLOSE_S stays in the spool (a preempted job waited 30 s
+            # for a server that was down, and torchrun killed its workers: a trial)
+            wait = SIGNAL_CLOSE_S if trainer.stop_signal is not None else None
+            trainer.monitor.close(failed=failed, timeout=wait)
             if trainer.owns_process_group and torch_dist.is_initialized():
                 torch_dist.destroy_process_group()
     summary = _summary(trainer, start_step, elapsed, evals, commands, checkpoint)

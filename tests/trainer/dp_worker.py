@@ -4,6 +4,7 @@ saw. Arguments: OUT_DIR POLICY [SERVER_URL]. Without a server each rank records 
 streams to the real server and rank 0 issues the command over HTTP after step 2."""
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,11 +44,22 @@ def issue_command_over_http(trainer, record):
         trainer.monitor.monitor.flush(timeout=5)
 
 
+def signal_rank1(trainer, record):
+    """A scheduler's SIGTERM that reaches rank 1 only, during step 2."""
+    import os
+    import signal
+
+    if record["step"] == 2 and trainer.dist.rank == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 received = []
 config = small_config(out / "run", init_checkpoint=policy, steps=4, server=server)
 trainer = setup(config, [], None if server else factory)
 rank = trainer.dist.rank
 hooks = []
+if os.environ.get("VANTAGE_TEST_SIGNAL_RANK1"):
+    hooks.append(signal_rank1)
 if server and rank == 0:
     trainer.monitor.monitor.on_command(received.append)
     hooks.append(issue_command_over_http)
@@ -65,6 +77,8 @@ if monitors:
             "checksum_after": checksum_after,
             "run_id": summary["run_id"],
             "initialized_after": dist.is_initialized(),
+            "steps_completed": summary["steps_completed"],
+            "signal": summary["signal"],
         }
     )
 )

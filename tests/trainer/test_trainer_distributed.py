@@ -12,10 +12,10 @@ import pytest
 from vantage.client.acr import summarize_rewards
 
 
-def torchrun(tmp_path, *args):
+def torchrun(tmp_path, *args, env: dict | None = None):
     """Run dp_worker.py on 2 CPU processes (gloo); returns each rank's dump."""
     worker = Path(__file__).parent / "dp_worker.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     # --standalone: torchrun binds its rendezvous store to a port of its own choosing. A port
     # picked here and freed could be taken by another process before torchrun bound it, and
     # the workers then waited for a store that never answered (seen once in CI).
@@ -79,3 +79,12 @@ def test_two_ranks_against_a_real_server(warm_policy, tmp_path, server_url):
         assert p["n_valid"] == 8
         assert p["acr"] == pytest.approx(ranks[0]["history"][p["step"] - 1]["acr"])
     assert [(c["status"], c["acked_step"]) for c in commands] == [("applied", 2)]
+
+
+def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint(warm_policy, tmp_path):
+    """A SIGTERM that reached rank 1 only said it would stop, and training went on without a
+    checkpoint (a trial): every rank now stops at the same step boundary."""
+    ranks = torchrun(tmp_path, warm_policy, env={"VANTAGE_TEST_SIGNAL_RANK1": "1"})
+    assert [r["steps_completed"] for r in ranks] == [2, 2]
+    assert [r["signal"] for r in ranks] == ["SIGTERM", "SIGTERM"]
+    assert (tmp_path / "run" / "checkpoint" / "state.pt").exists()

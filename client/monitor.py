@@ -102,6 +102,12 @@ def _safe(text: str, limit: int = 40) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:limit]
 
 
+def _run_id_of(launch_id: str, run_name: Any, project: Any) -> str:
+    """The run id every rank of a launch derives alike: a UUID (version 5) of the launch id,
+    the run's name and its project."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"vantage:{project}/{run_name}/{launch_id}"))
+
+
 def _pack_or_drop(records: dict[Any, Any], spool: Any) -> list[tuple[bytes, int]]:
     """Request bodies for the records; a record that cannot be encoded is dropped and counted,
     never the batch around it."""
@@ -181,8 +187,11 @@ class Monitor:
                 dist.get_world_size() if dist is not None else int(os.environ.get("WORLD_SIZE", 1))
             )
         self.rank, self.world_size = int(rank), int(world_size)
-        self.run_id = str(run_id) if run_id else str(uuid.uuid4())
         self.launch_id = derive_launch_id(launch_id)
+        # Without a run_id, the ranks of one launch meet in one run: its id follows from the
+        # launch, name and project (two ranks with the same launch_id but no run_id were two
+        # runs of half the groups each: a trial). A launch id of its own is a fresh UUID.
+        self.run_id = str(run_id) if run_id else _run_id_of(self.launch_id, run_name, project)
         self.attempt: int | None = None
         self.heartbeat_s = float(heartbeat_s)
         # Plain JSON only: whatever the user put in config is stringified rather than refused;

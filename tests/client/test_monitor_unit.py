@@ -444,3 +444,18 @@ def test_a_step_whose_only_call_was_dropped_sends_nothing(tmp_path: Path):
     mon.log_groups(4, [[0.0, 1.0]])
     mon.close(timeout=2)
     assert [r["step"] for r in spooled_records(mon.spool_path)] == [4]
+
+
+def test_ranks_of_one_launch_share_a_run_without_a_run_id(tmp_path: Path):
+    """Two ranks given one launch_id but no run_id registered two runs, each with half the
+    groups (a trial): the run id follows from the launch, name and project."""
+
+    def mon(rank: int, **kw: object) -> Monitor:
+        args = {"run_name": "r", "launch_id": "L1", "rank": rank, "world_size": 2, **kw}
+        m = Monitor(None, spool_dir=str(tmp_path / f"s{rank}{len(kw)}"), **args)
+        m.close(timeout=0)
+        return m
+
+    assert mon(0).run_id == mon(1).run_id
+    assert mon(0).run_id != mon(0, run_name="other").run_id
+    assert mon(0, run_id="mine").run_id == "mine"

@@ -287,6 +287,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str | int | float | bool | None):  # `? [a]` gave a TypeError
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"a key must be a name, not a {type(key).__name__}",
+                    key_node.start_mark,
+                )
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key {key!r} is given twice", key_node.start_mark

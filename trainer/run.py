@@ -107,9 +107,14 @@ def _apply_changed_settings(trainer: GRPOTrainer, saved: dict[str, Any] | None) 
     if not saved:
         return []
     cfg, changed = trainer.config, []
+    carried = {  # what the run carried, commands included (the saved config's values were shown)
+        "lr": trainer.scheduler.base_lrs[0],
+        "temperature": trainer.temperature,
+        **{name: getattr(trainer.mitigation, field) for name, field in CARRIED_FIELDS.items()},
+    }
     for name in ("lr", "temperature", *CARRIED_FIELDS):
         if name in saved and saved[name] != getattr(cfg, name):
-            changed.append(f"{name} {saved[name]!r} → {getattr(cfg, name)!r}")
+            changed.append(f"{name} {carried[name]!r} → {getattr(cfg, name)!r}")
             if name == "lr":
                 _set_peak_lr(trainer.scheduler, cfg.lr)
             elif name == "temperature":

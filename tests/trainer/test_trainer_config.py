@@ -148,6 +148,9 @@ def test_unreadable_config_files_get_one_line(tmp_path):
     bad.write_text("steps: 3\ngroup_size: 4\nsteps: 100\n")
     with pytest.raises(ValueError, match=r"key 'steps' is given twice \(line 3, column 1\)"):
         load_config(bad)
+    bad.write_text("? [a]\n: 1\n")  # a TypeError's traceback
+    with pytest.raises(ValueError, match="a key must be a name, not a list"):
+        load_config(bad)
 
 
 def test_vantage_train_says_a_user_mistake_in_one_line(tmp_path, capsys):

@@ -357,7 +357,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _needs("trainer", ("torch", "transformers"))
     from .demo import run_demo
 
-    return run_demo(args)
+    try:
+        return run_demo(args)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the demo has stopped its server
+        print("vantage demo: stopped", file=sys.stderr)
+        return 130
 
 
 def _bounded_int(name: str, lo: int, hi: int) -> Callable[[str], int]:

@@ -13,9 +13,11 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import webbrowser
@@ -192,6 +194,7 @@ def run_demo(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="vantage-demo-"))  # removed when the demo succeeds
     trainer_key, viewer_key = _create_keys(database_url)
     proc = _start_server(database_url, port, work / "server.log")
+    _sigterm_as_ctrl_c()  # so that the server below is stopped too (it was left running)
     succeeded = False
     try:
         run_id = str(uuid.uuid4())
@@ -236,6 +239,18 @@ def run_demo(args: argparse.Namespace) -> int:
             proc.kill()
         if succeeded:  # a failure keeps the server's log, which its message points to
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _sigterm_as_ctrl_c() -> None:
+    """SIGTERM acts as Ctrl-C does (KeyboardInterrupt), so the demo's `finally` stops its server
+    (a SIGTERM ended the demo and left the server serving). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupt(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _print_summary(s: dict[str, Any]) -> None:

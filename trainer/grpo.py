@@ -128,13 +128,16 @@ class GRPOTrainer:
         self.step = step
         t_end = time.perf_counter()
 
-        n_valid, n_zero = self.dist.sum([effective.n_valid, effective.n_zero_advantage])
+        # pooled over ranks, as acr and reward are (n_virtual was rank 0's alone: a trial)
+        n_valid, n_zero, n_virtual = self.dist.sum(
+            [effective.n_valid, effective.n_zero_advantage, effective.n_virtual]
+        )
         record = {
             "step": step,
             "reward": reward_mean,
             "acr": acr,
             "acr_effective": n_zero / n_valid if n_valid else None,
-            "n_virtual": effective.n_virtual,
+            "n_virtual": int(n_virtual),
             "mitigation": self.mitigation.mode,
             "temperature": self.temperature,
             "lr": self.scheduler.get_last_lr()[0],

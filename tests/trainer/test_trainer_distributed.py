@@ -62,6 +62,9 @@ def test_two_ranks_pool_acr_and_apply_a_command_at_the_same_step(warm_policy, tm
         collapsed = sum(summarize_rewards(row).cls == "collapsed" for row in rows)
         for r in ranks:
             assert r["history"][step - 1]["acr"] == collapsed / len(rows)
+        # virtual samples are pooled like the rest (the scalar was rank 0's alone: a trial)
+        virtual = sum(e[1]["n_virtual"] for m in monitors for e in m["effective"] if e[0] == step)
+        assert [r["history"][step - 1]["n_virtual"] for r in ranks] == [virtual, virtual]
 
 
 def test_two_ranks_against_a_real_server(warm_policy, tmp_path, server_url):

@@ -15,9 +15,22 @@ _ADDRESS = {"project": "runs-project", "tag": "runs-tag"}
 def layout(project: str | None = None, tag: str | None = None, **_query) -> html.Div:
     """The runs page, filtered by ``?project=`` and ``?tag=`` when they name one the key sees."""
     projects, tags = data.filter_options(context.current_key())
+    unknown = [
+        f"{what} {asked!r}"
+        for what, asked, known in (("project", project, projects), ("tag", tag, tags))
+        if asked and asked not in known
+    ]
     return html.Div(
         [
             html.H2("Runs"),
+            # a bookmarked filter that names nothing visible was dropped without a word
+            html.P(
+                f"No run visible to this key has the {' or the '.join(unknown)}: showing all.",
+                id="runs-unknown-filter",
+                className="result-error",
+            )
+            if unknown
+            else None,
             html.P(
                 "Each GRPO run with its advantage collapse rate (ACR): the share of prompt groups "
                 "whose completions all got the same reward and so taught the model nothing. Red "

@@ -243,6 +243,10 @@ def test_filters_are_kept_in_the_address(login_as, server):
         page.wait_for_function(f"{avspo} == 1 && {grpo} == 1")
         assert page.evaluate("location.search") == "?project=demo"
 
+        page.goto(f"{server.url}/dashboard/?project=nowhere")
+        said = page.inner_text("#runs-unknown-filter")
+        assert "project 'nowhere'" in said and "showing all" in said
+
         first, second = server.runs["qwen-grpo"], server.runs["qwen-aapo"]
         page.goto(f"{server.url}/dashboard/compare?runs={first}")
         page.wait_for_selector("#compare-tbl")

@@ -124,6 +124,23 @@ def _apply_changed_settings(trainer: GRPOTrainer, saved: dict[str, Any] | None) 
     return changed
 
 
+# Fields whose change on a resume says nothing worth a line (where the run goes, how it logs).
+_QUIET_FIELDS = {"output_dir", "resume", "progress", "server", "api_key"}
+
+
+def _other_changes(cfg: TrainConfig, saved: dict[str, Any] | None) -> list[str]:
+    """The fields, other than `RESUME_FIELDS` and those `_apply_changed_settings` reports, in
+    which ``cfg`` differs from the checkpoint's config ``saved``: this launch's value is used
+    (a harder task on resume was taken without a word: a trial). As "arith_max_operand 20 → 50"."""
+    skip = {*RESUME_FIELDS, "lr", "temperature", *CARRIED_FIELDS, *_QUIET_FIELDS}
+    current = cfg.to_dict()
+    return [
+        f"{name} {saved[name]!r} → {current[name]!r}"
+        for name in sorted(set(saved or {}) & set(current) - skip)
+        if saved[name] != current[name]
+    ]
+
+
 def _set_peak_lr(scheduler: torch.optim.lr_scheduler.LambdaLR, lr: float) -> None:
     """Make ``lr`` the schedule's peak from its current step on (the optimizer's lr is then
     ``lr`` times the schedule's factor at that step)."""
@@ -254,6 +271,9 @@ def setup(
             log.warning(
                 "resuming with settings changed since the checkpoint: %s", "; ".join(changed)
             )
+        others = _other_changes(cfg, state.get("config"))
+        if others and dist.is_main:
+            log.info("this launch's config differs from the checkpoint's: %s", "; ".join(others))
     else:
         from_files = cfg.model_source != "tiny" or bool(cfg.init_checkpoint)
         trainer.record_reference(loaded_from_files=from_files and not sft_stats)

@@ -330,6 +330,7 @@ def test_a_resume_takes_the_settings_changed_since_the_checkpoint(tmp_path, capl
     """`--set lr=...` on a resume was ignored: the checkpoint's optimizer and mitigation won
     (a trial). A field the new launch changed applies; one it left alone keeps what the run
     carried (a command's temperature)."""
+    caplog.set_level("INFO", logger="vantage.trainer")
     first = train(small_config(tmp_path, steps=2, lr=1e-3, temperature=1.0), [])
     assert first["history"][-1]["lr"] == pytest.approx(1e-3)
     later = small_config(tmp_path, steps=4, lr=2e-4, mitigation="avspo", temperature=1.0)
@@ -338,6 +339,11 @@ def test_a_resume_takes_the_settings_changed_since_the_checkpoint(tmp_path, capl
     assert [r["lr"] for r in resumed["history"]] == pytest.approx([2e-4, 2e-4])
     assert resumed["mitigation"] == "avspo"
     assert "lr 0.001 → 0.0002; mitigation 'none' → 'avspo'" in caplog.text
+    # a field outside those (a harder task, more steps) is used as given and said too
+    assert "differs from the checkpoint's: steps 2 → 4" in caplog.text
+    harder = small_config(tmp_path, steps=5, lr=2e-4, mitigation="avspo", arith_max_operand=50)
+    train(harder, [])
+    assert "arith_max_operand 9 → 50; steps 4 → 5" in caplog.text
 
 
 @pytest.mark.parametrize(("name", "status"), [("SIGTERM", 143), ("SIGINT", 130)])

@@ -47,6 +47,7 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
             dcc.Store(id="run-state"),
             dcc.Store(id="run-pending-command"),
             dcc.Store(id="run-command-sent"),
+            dcc.Store(id="run-ended-at-load", data=ended),
             dcc.Interval(id="run-interval", interval=context.refresh_ms(), disabled=True),
             commands_ui.confirm_box(),
             html.Div(id="run-header"),
@@ -73,7 +74,10 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
                         value="commands",
                         children=html.Div(
                             [
-                                commands_ui.panel(can_control, ended, settings),
+                                html.Div(
+                                    commands_ui.panel(can_control, ended, settings),
+                                    id="cmd-panel",
+                                ),
                                 html.H4("Command log"),
                                 html.Div(id="cmd-log"),
                             ],
@@ -192,6 +196,27 @@ def update_run(run_id, _n, state):
         # demo's link said "not found" through the warm start and never recovered: a trial)
         return _missing(run_id), [], [], None, blank, blank, blank, [], False
     return out
+
+
+@callback(
+    Output("cmd-panel", "children"),
+    Input("run-interval", "disabled"),
+    State("run-ended-at-load", "data"),
+    State("run-id", "data"),
+    prevent_initial_call=True,
+)
+@context.in_thread
+def disable_commands_when_the_run_ends(stopped, ended_at_load, run_id):
+    """The actions of a run that ended while its page was open: disabled, and said why (they
+    stayed enabled, and a click was refused with an error, until a reload)."""
+    if not stopped or ended_at_load:
+        return no_update
+    info = context.current_key()
+    run = data.visible_run(info, run_id)
+    if run is None or not components.run_ended(run):
+        return no_update
+    settings = commands_ui.current_settings(run, data.commands(info, run_id) or [])
+    return commands_ui.panel(context.can(info, "control"), run["status"], settings)
 
 
 @callback(

@@ -208,6 +208,23 @@ def test_a_finished_runs_actions_are_disabled_and_say_why(control_page, server):
     assert page.input_value("#aapo-delta-low") == "-0.1"
 
 
+def test_a_run_that_ends_while_its_page_is_open_disables_its_actions(control_page, server):
+    """The actions stayed enabled after the run ended under an open page, until a reload."""
+    with server.api() as api:
+        run_id = api.post("/api/v1/runs", json={"name": "ends-while-open"}).json()["run_id"]
+        sample_data.send_steps(api, run_id, 1, sample_data.step_records(0, 3))
+        page = control_page
+        page.goto(f"{server.url}/dashboard/runs/{run_id}")
+        page.wait_for_selector("#kpi-acr")
+        assert page.locator("#cmd-ended").count() == 0
+        assert page.locator("button.action").first.is_enabled()
+        api.post(f"/api/v1/runs/{run_id}/finish", json={"status": "failed"}).raise_for_status()
+    note = page.wait_for_selector("#cmd-ended", timeout=15_000)
+    assert "This run has failed" in note.inner_text()
+    buttons = page.locator("button.action")
+    assert all(not buttons.nth(i).is_enabled() for i in range(buttons.count()))
+
+
 def test_compare_page_overlays_chosen_runs(login_as, server):
     first = next(iter(server.runs.values()))
     # each run once however often the link names it; an unknown id is said, not dropped silently

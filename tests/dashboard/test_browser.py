@@ -380,3 +380,20 @@ def test_a_page_whose_key_is_revoked_goes_to_the_login_page(login_as, make_key, 
         assert f"/dashboard/runs/{run_id}" in page.input_value("input[name=next]")
     finally:
         page.close()
+
+
+def test_a_page_that_loses_the_server_says_so_and_recovers(read_page, server):
+    """With the server unreachable the page froze on its last numbers without a word, which
+    reads as a quiet run (a trial): a banner says since when, and goes when updates return."""
+    with server.api() as api:
+        run_id = api.post("/api/v1/runs", json={"name": "loses-server"}).json()["run_id"]
+        sample_data.send_steps(api, run_id, 1, sample_data.step_records(0, 3))
+    page = read_page
+    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.wait_for_selector("#kpi-acr")
+    assert page.locator("#connection-lost").count() == 0
+    page.route("**/_dash-update-component*", lambda route: route.abort())
+    banner = page.wait_for_selector("#connection-lost", timeout=15_000)
+    assert "No contact with the Vantage server since" in banner.inner_text()
+    page.unroute("**/_dash-update-component*")
+    page.wait_for_selector("#connection-lost", state="detached", timeout=15_000)

@@ -7,6 +7,9 @@ is never shown as a prediction for other runs (DESIGN.md §1).
 
 from __future__ import annotations
 
+import math
+from decimal import ROUND_HALF_UP, Decimal, localcontext
+
 STALL_THRESHOLD = 0.35
 
 ACR = (
@@ -95,15 +98,22 @@ COMMAND_HELP = {
 
 
 def fmt(value, digits: int = 2) -> str:
-    """A number for a card: fixed digits, or an em dash for a missing value."""
+    """A number for a card: fixed digits, or an em dash for a missing value. A tie rounds up,
+    as the charts' hover labels (JavaScript's toFixed) do: ACR 0.625 was 0.62 on its card and
+    0.63 under the cursor (Python's format rounds a tie to even)."""
     if value is None:
         return "—"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     try:
-        return f"{float(value):.{digits}f}"
+        number = float(value)
     except (TypeError, ValueError):
         return str(value)
+    if not math.isfinite(number):
+        return f"{number}"
+    with localcontext(prec=400):  # enough digits for any float's integer part
+        rounded = Decimal(number).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
+    return f"{rounded:.{digits}f}"
 
 
 PRIMER = (

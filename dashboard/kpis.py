@@ -127,7 +127,7 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
             return "none"
         return "bad" if value > bad else "warn" if value > warn else "ok"
 
-    wasted_text = explain.fmt(None) if wasted is None else f"{100 * wasted:.0f}%"
+    wasted_text = explain.fmt(None) if wasted is None else f"{explain.fmt(100 * wasted, 0)}%"
     if wasted is None and tail:
         # Without a group size that fits the data, show completions wasted per step instead.
         wasted_text = f"{explain.fmt(sum(r[3] or 0 for r in tail) / len(tail), 1)}/step"

@@ -342,3 +342,14 @@ def test_logged_names_are_text_in_charts():
     timeline = [{**item, "status": "applied", "issued_by": "alert:<b>x</b>", "command_id": "c"}]
     (band,) = figures.mitigation_bands(timeline, 5)
     assert "alert:&lt;b&gt;x&lt;/b&gt;" in band["label"]["text"]
+
+
+@pytest.mark.parametrize(
+    ("value", "digits", "shown"),
+    [(0.625, 2, "0.63"), (-0.625, 2, "-0.63"), (0.615, 2, "0.61"), (1.005, 2, "1.00"),
+     (0.1234, 3, "0.123"), (None, 2, "—"), (12345, 2, "12,345"), (float("inf"), 2, "inf")],
+)  # fmt: skip
+def test_a_card_rounds_as_the_chart_hover_does(value, digits, shown):
+    """ACR 0.625 was 0.62 on its card and 0.63 under the cursor: a card rounds a tie of the
+    float's exact value up, as JavaScript's toFixed (d3-format) does."""
+    assert explain.fmt(value, digits) == shown

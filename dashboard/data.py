@@ -173,6 +173,19 @@ def metrics_csv(info, run_id: str) -> Iterator[str] | None:
     return q.export_csv_on_own_session(factory, run_id)
 
 
+def run_marks(info, run_ids: list[str]) -> list[list]:
+    """[run_id, attempt, last_step, status] of each visible run of ``run_ids``: what changes
+    when a run has news (the compare page redraws only then)."""
+    q = _queries()
+    out = []
+    with context.session() as s:
+        for rid in dict.fromkeys(run_ids):
+            run = q.get_run(s, rid)
+            if context.can_see(info, run):
+                out.append([rid, run.get("attempt"), run.get("last_step"), run.get("status")])
+    return out
+
+
 def compare(info, run_ids: list[str], max_points: int = 2000) -> dict[str, Any]:
     """Runs, their metrics (downsampled) and window metrics, for the compare page."""
     q = _queries()

@@ -4,7 +4,7 @@ their window metrics side by side (e.g. GRPO vs AVSPO vs AAPO on the same task).
 from __future__ import annotations
 
 import dash
-from dash import Input, Output, callback, dcc, html
+from dash import Input, Output, State, callback, ctx, dcc, html, no_update
 from vantage.dashboard import components, context, data, explain, figures, url_state
 
 dash.register_page(__name__, path="/compare", name="Compare", title="Vantage · compare", order=2)
@@ -51,6 +51,9 @@ def layout(runs: str | None = None, **_query) -> html.Div:
                 placeholder="choose runs to compare",
             ),
             _ADDRESS_STORE,
+            # live: redrawn when a compared run has new steps or another status
+            dcc.Interval(id="compare-interval", interval=2 * context.refresh_ms()),
+            dcc.Store(id="compare-marks"),
             html.Div(
                 dcc.Graph(id="compare-graph", config={"displaylogo": False}), className="card"
             ),
@@ -65,11 +68,23 @@ _ADDRESS_STORE = url_state.keep_in_address("compare-address", {"runs": "compare-
 @callback(
     Output("compare-graph", "figure"),
     Output("compare-table", "children"),
+    Output("compare-marks", "data"),
     Input("compare-runs", "value"),
+    Input("compare-interval", "n_intervals"),
+    State("compare-marks", "data"),
 )
 @context.in_thread
-def show_comparison(run_ids):
-    result = data.compare(context.current_key(), list(run_ids or []))
+def show_comparison(run_ids, _n, marks):
+    info, run_ids = context.current_key(), list(run_ids or [])
+    now = data.run_marks(info, run_ids)
+    if ctx.triggered_id == "compare-interval" and now == marks:
+        return no_update, no_update, no_update  # nothing new: keep the page as it is
+    result = data.compare(info, run_ids)
+    return *_comparison(result), now
+
+
+def _comparison(result: dict) -> tuple:
+    """The figure and the table of ``data.compare``'s result."""
     fig = figures.compare_figure(result["runs"], result["metrics"])
     if not result["runs"]:
         return fig, html.P("Choose runs above.", className="muted")

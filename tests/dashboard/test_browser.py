@@ -243,6 +243,24 @@ def test_compare_page_overlays_chosen_runs(login_as, server):
         page.close()
 
 
+def test_the_compare_page_follows_live_runs(login_as, server):
+    """The compare page drew its runs once: a run that went on training stayed at the step the
+    page was opened at."""
+    with server.api() as api:
+        run_id = api.post("/api/v1/runs", json={"name": "compared-live"}).json()["run_id"]
+        sample_data.send_steps(api, run_id, 1, sample_data.step_records(0, 3))
+        page = login_as("read", f"/dashboard/compare?runs={run_id}")
+        try:
+            cell = "document.querySelector('#compare-tbl tbody tr td:nth-child(3)')?.innerText"
+            page.wait_for_function(f"{cell} == '2'")
+            sample_data.send_steps(api, run_id, 1, sample_data.step_records(3, 5))
+            page.wait_for_function(f"{cell} == '7'", timeout=15_000)
+            points = "document.querySelector('#compare-graph .js-plotly-plot').data[0].x.length"
+            assert page.evaluate(points) == 8
+        finally:
+            page.close()
+
+
 def test_filters_are_kept_in_the_address(login_as, server):
     """A filtered runs list or a comparison can be bookmarked and shared: the page reads its
     filters from the address and writes them back as they change (they were lost on reload)."""

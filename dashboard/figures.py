@@ -248,15 +248,14 @@ def mitigation_bands(timeline: Iterable[dict], last_step: int | None) -> list[di
         mode = (item.get("params") or {}).get("mode", "none")
         changes.append((step, mode, item))
     changes.sort(key=lambda c: c[0])
+    on = [i for i, (_, mode, _) in enumerate(changes) if mode != "none"]
+    span = max(last_step or 0, changes[-1][0] if changes else 0, 1)
     bands = []
-    for i, (start, mode, item) in enumerate(changes):
-        if mode == "none":
-            continue
+    for i in on:
+        start, mode, item = changes[i]
         end = changes[i + 1][0] if i + 1 < len(changes) else last_step
         if end is None or end < start:
             end = start
-        who = _text(item.get("issued_by") or "?")  # "alert:<rule name>": a name is text
-        cid = str(item.get("command_id", ""))[:8]
         bands.append(
             {
                 "type": "rect",
@@ -270,13 +269,25 @@ def mitigation_bands(timeline: Iterable[dict], last_step: int | None) -> list[di
                 "line": {"width": 0},
                 "layer": "below",
                 "label": {
-                    "text": f"{mode.upper()} · {item.get('status', '')} · cmd {cid} by {who}",
+                    "text": _band_label(mode, item, (end - start) / span, i == on[-1], len(on)),
                     "textposition": "top left",
                     "font": {"size": 10, "color": "#374151"},
                 },
             }
         )
     return bands
+
+
+def _band_label(mode: str, item: dict, width: float, last: bool, n_bands: int) -> str:
+    """A mitigation band's label, as long as its ``width`` (a share of the run's steps) has room
+    for: the command in full, the mode alone, or nothing (a run that switched often had its
+    labels piled on one another); the latest band names at least its mode. The command log
+    has every command in full."""
+    if width >= 0.2 or n_bands == 1:
+        who = _text(item.get("issued_by") or "?")  # "alert:<rule name>": a name is text
+        cid = str(item.get("command_id", ""))[:8]
+        return f"{mode.upper()} · {item.get('status', '')} · cmd {cid} by {who}"
+    return mode.upper() if width >= 0.05 or last else ""
 
 
 def threshold_line(value: float = explain.STALL_THRESHOLD) -> dict:

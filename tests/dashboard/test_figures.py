@@ -353,3 +353,17 @@ def test_a_card_rounds_as_the_chart_hover_does(value, digits, shown):
     """ACR 0.625 was 0.62 on its card and 0.63 under the cursor: a card rounds a tie of the
     float's exact value up, as JavaScript's toFixed (d3-format) does."""
     assert explain.fmt(value, digits) == shown
+
+
+def test_mitigation_labels_of_narrow_bands_do_not_pile_up():
+    """A run that switched mitigation every few steps had its long labels drawn over each
+    other: a narrow band names its mode or nothing, the latest at least its mode."""
+    item = {"type": "set_mitigation", "status": "applied", "command_id": "c0ffee12"}
+    modes = ["avspo", "none"] * 10 + ["aapo"]
+    timeline = [{**item, "step": 2 * i, "params": {"mode": m}} for i, m in enumerate(modes)]
+    timeline.append({**item, "step": 0, "params": {"mode": "avspo"}, "status": "rejected"})
+    bands = figures.mitigation_bands(timeline, last_step=100)
+    labels = [b["label"]["text"] for b in bands]
+    assert labels[:-1] == [""] * 10 and labels[-1] == "AAPO · applied · cmd c0ffee12 by ?"
+    young = figures.mitigation_bands(timeline, last_step=40)  # the latest band just began
+    assert [b["label"]["text"] for b in young][-2:] == ["AVSPO", "AAPO"]

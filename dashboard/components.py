@@ -154,10 +154,14 @@ def runs_table(runs: list[dict]) -> html.Table | html.P:
                         [
                             dcc.Link(r.get("name") or r["run_id"], href=run_href(r["run_id"])),
                             html.Div(r["run_id"][:8], className="muted"),
-                        ]
+                        ],
+                        className="wrap",
                     ),
                     html.Td(status_badge(r.get("status"))),
-                    html.Td([r.get("project") or "—", html.Div(tags, className="muted")]),
+                    html.Td(
+                        [r.get("project") or "—", html.Div(tags, className="muted")],
+                        className="wrap",
+                    ),
                     html.Td(explain.fmt(r.get("last_step"))),
                     html.Td(
                         explain.fmt(r.get("latest_acr")),

@@ -104,7 +104,8 @@ def _comparison(result: dict) -> tuple:
                         dcc.Link(
                             run.get("name") or run["run_id"][:8],
                             href=components.run_href(run["run_id"]),
-                        )
+                        ),
+                        className="wrap",
                     ),
                     html.Td(mit, title=mit_help),
                     html.Td(explain.fmt(run.get("last_step"))),

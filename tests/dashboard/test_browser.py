@@ -415,3 +415,20 @@ def test_a_page_that_loses_the_server_says_so_and_recovers(read_page, server):
     assert "No contact with the Vantage server since" in banner.inner_text()
     page.unroute("**/_dash-update-component*")
     page.wait_for_selector("#connection-lost", state="detached", timeout=15_000)
+
+
+def test_long_names_and_tags_wrap_in_the_runs_table(login_as, server):
+    """A 100-character tag without a space widened the runs table past the page."""
+    long = "x" * 100
+    body = {"name": "n" * 200, "project": "p" * 100, "tags": [long, long[1:] + "y"]}
+    with server.api() as api:
+        run_id = api.post("/api/v1/runs", json=body).json()["run_id"]
+    page = login_as("read", "/dashboard/")
+    try:
+        page.set_viewport_size({"width": 1280, "height": 800})
+        page.wait_for_selector(f'#runs-table tr[data-run-id="{run_id}"]')
+        widths = "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+        scroll, client = page.evaluate(widths)
+        assert scroll <= client, (scroll, client)
+    finally:
+        page.close()

@@ -394,6 +394,8 @@ def acr_figure(
     layout = _base_layout(title, height=420)
     layout["yaxis"] = {"title": {"text": "share of groups"}, "range": [0, 1.02]}
     layout["shapes"] = [threshold_line(), *mitigation_bands(timeline, last)]
+    if not points:
+        layout["annotations"] = [dict(NO_STEPS_NOTE)]
     return {"data": data, "layout": layout}
 
 
@@ -405,6 +407,8 @@ def reward_figure(points: Sequence[Point], downsampled: bool = False) -> Figure:
     layout["yaxis"] = {"title": {"text": "reward"}}
     data = _traces(series_xy(points, REWARD_SERIES), REWARD_SERIES)
     data[REWARD_BAND]["showlegend"] = has_reward_std(points)
+    if not points:
+        layout["annotations"] = [dict(NO_STEPS_NOTE)]
     return {"data": data, "layout": layout}
 
 
@@ -443,6 +447,11 @@ NO_SCALARS_NOTE = {
     "x": 0.5,
     "y": 0.5,
     "showarrow": False,
+}
+# An empty chart said nothing of why (a run registered, its first step not yet sent).
+NO_STEPS_NOTE = {
+    **NO_SCALARS_NOTE,
+    "text": "No steps yet: they appear here as the trainer sends them.",
 }
 MAX_SCALAR_CHARTS = 4
 NOT_CHARTED = frozenset({"reward_std"})  # drawn as the reward chart's band

@@ -220,7 +220,8 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
     # A page left open for days would grow its figures without bound: past APPEND_LIMIT appended
     # steps, reload them downsampled.
     too_long = state.get("appended", 0) + len(points) > APPEND_LIMIT
-    if new_attempt or too_long or _new_scalar_chart(state, points):
+    first_steps = bool(points) and state.get("last_step") is None  # the "no steps" note goes
+    if new_attempt or too_long or first_steps or _new_scalar_chart(state, points):
         return first_load(info, run_id, state.get("can_control", False))
     finished = components.run_ended(run)
     alerts = update["alerts"] or []

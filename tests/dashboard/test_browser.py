@@ -432,3 +432,18 @@ def test_long_names_and_tags_wrap_in_the_runs_table(login_as, server):
         assert scroll <= client, (scroll, client)
     finally:
         page.close()
+
+
+def test_a_run_without_steps_says_so_until_its_first_step(read_page, server):
+    """A registered run's page showed blank charts without a word."""
+    with server.api() as api:
+        run_id = api.post("/api/v1/runs", json={"name": "no-steps-yet"}).json()["run_id"]
+        page = read_page
+        page.goto(f"{server.url}/dashboard/runs/{run_id}")
+        note = "#run-acr-graph .annotation"
+        page.wait_for_selector(note, state="attached")
+        assert "No steps yet" in page.text_content(note)
+        sample_data.send_steps(api, run_id, 1, sample_data.step_records(0, 3))
+    page.wait_for_selector(note, state="detached", timeout=15_000)
+    points = "document.querySelector('#run-acr-graph .js-plotly-plot').data[0].x.length"
+    assert page.evaluate(points) == 3

@@ -208,16 +208,24 @@ def test_a_finished_runs_actions_are_disabled_and_say_why(control_page, server):
     assert page.input_value("#aapo-delta-low") == "-0.1"
 
 
+def open_new_run(page, server, name: str, steps: int = 3) -> str:
+    """Register a run named ``name`` with ``steps`` steps and open its page; returns its id."""
+    with server.api() as api:
+        run_id = api.post("/api/v1/runs", json={"name": name}).json()["run_id"]
+        if steps:
+            sample_data.send_steps(api, run_id, 1, sample_data.step_records(0, steps))
+    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.wait_for_selector("#kpi-acr")
+    return run_id
+
+
 def test_a_run_that_ends_while_its_page_is_open_disables_its_actions(control_page, server):
     """The actions stayed enabled after the run ended under an open page, until a reload."""
+    page = control_page
+    run_id = open_new_run(page, server, "ends-while-open")
+    assert page.locator("#cmd-ended").count() == 0
+    assert page.locator("button.action").first.is_enabled()
     with server.api() as api:
-        run_id = api.post("/api/v1/runs", json={"name": "ends-while-open"}).json()["run_id"]
-        sample_data.send_steps(api, run_id, 1, sample_data.step_records(0, 3))
-        page = control_page
-        page.goto(f"{server.url}/dashboard/runs/{run_id}")
-        page.wait_for_selector("#kpi-acr")
-        assert page.locator("#cmd-ended").count() == 0
-        assert page.locator("button.action").first.is_enabled()
         api.post(f"/api/v1/runs/{run_id}/finish", json={"status": "failed"}).raise_for_status()
     note = page.wait_for_selector("#cmd-ended", timeout=15_000)
     assert "This run has failed" in note.inner_text()
@@ -403,12 +411,8 @@ def test_a_page_whose_key_is_revoked_goes_to_the_login_page(login_as, make_key, 
 def test_a_page_that_loses_the_server_says_so_and_recovers(read_page, server):
     """With the server unreachable the page froze on its last numbers without a word, which
     reads as a quiet run (a trial): a banner says since when, and goes when updates return."""
-    with server.api() as api:
-        run_id = api.post("/api/v1/runs", json={"name": "loses-server"}).json()["run_id"]
-        sample_data.send_steps(api, run_id, 1, sample_data.step_records(0, 3))
     page = read_page
-    page.goto(f"{server.url}/dashboard/runs/{run_id}")
-    page.wait_for_selector("#kpi-acr")
+    open_new_run(page, server, "loses-server")
     assert page.locator("#connection-lost").count() == 0
     page.route("**/_dash-update-component*", lambda route: route.abort())
     banner = page.wait_for_selector("#connection-lost", timeout=15_000)
@@ -436,13 +440,12 @@ def test_long_names_and_tags_wrap_in_the_runs_table(login_as, server):
 
 def test_a_run_without_steps_says_so_until_its_first_step(read_page, server):
     """A registered run's page showed blank charts without a word."""
+    page = read_page
+    run_id = open_new_run(page, server, "no-steps-yet", steps=0)
+    note = "#run-acr-graph .annotation"
+    page.wait_for_selector(note, state="attached")
+    assert "No steps yet" in page.text_content(note)
     with server.api() as api:
-        run_id = api.post("/api/v1/runs", json={"name": "no-steps-yet"}).json()["run_id"]
-        page = read_page
-        page.goto(f"{server.url}/dashboard/runs/{run_id}")
-        note = "#run-acr-graph .annotation"
-        page.wait_for_selector(note, state="attached")
-        assert "No steps yet" in page.text_content(note)
         sample_data.send_steps(api, run_id, 1, sample_data.step_records(0, 3))
     page.wait_for_selector(note, state="detached", timeout=15_000)
     points = "document.querySelector('#run-acr-graph .js-plotly-plot').data[0].x.length"

@@ -425,17 +425,32 @@ def non_finite_scalar(points: Iterable[Point]) -> str | None:
     812" or "loss NaN, kl Infinity and 2 more at step 812"; None if there is none. A loss gone
     NaN is the usual sign of a diverged run."""
     for p in points:
-        bad = [f"{name} {v}" for name, v in (p.get("scalars") or {}).items() if isinstance(v, str)]
+        scalars = (p.get("scalars") or {}).items()
+        bad = [f"{_text(name)} {v}" for name, v in scalars if isinstance(v, str)]
         if bad:
             more = f" and {len(bad) - 2} more" if len(bad) > 2 else ""
             return f"{', '.join(bad[:2])}{more} at step {p['step']}"
     return None
 
 
-def scalars_title(non_finite: str | None) -> str:
-    """The scalars chart's title, naming the first non-finite scalar when there is one."""
-    title = "Trainer scalars (as the trainer logged them)"
-    return f"{title} · non-finite: {non_finite}" if non_finite else title
+SCALARS_TITLE = "Trainer scalars (as the trainer logged them)"
+
+
+def scalars_shown(points: Sequence[Point]) -> str | None:
+    """How many of the logged scalars are charted, when not all are: "4 of 9 shown (...)"."""
+    names = scalar_names(points)
+    if len(names) <= MAX_SCALAR_CHARTS:
+        return None
+    return f"{MAX_SCALAR_CHARTS} of {len(names)} shown (all in the CSV export)"
+
+
+def scalars_title(non_finite: str | None, shown: str | None = None) -> str:
+    """The scalars chart's title; below it, in smaller type, the first non-finite scalars and
+    how many of the scalars are charted (``shown``): on one line they ran past the half-width
+    chart and were cut off."""
+    notes = [f"non-finite: {non_finite}" if non_finite else None, shown]
+    below = " · ".join(n for n in notes if n)
+    return f"{SCALARS_TITLE}<br><sup>{below}</sup>" if below else SCALARS_TITLE
 
 
 # The scalars chart's note while no scalar has been logged (a live update reloads the chart
@@ -487,10 +502,9 @@ def scalars_figure(points: Sequence[Point]) -> Figure:
     charts while none was logged."""
     names = scalar_names(points)
     series = scalar_series(names)
-    title = scalars_title(non_finite_scalar(points))
-    if len(names) > len(series):
-        title += f" · {len(series)} of {len(names)} shown (all in the CSV export)"
+    title = scalars_title(non_finite_scalar(points), scalars_shown(points))
     base = _base_layout(title, 420)
+    base["margin"] = {**base["margin"], "t": 75}  # room for the title's second line
     if not series:
         base.pop("xaxis")
         base.update(xaxis={"visible": False}, yaxis={"visible": False})

@@ -183,6 +183,7 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
     state["timeline"] = summary.get("mitigation_timeline") or []
     state["non_finite"] = figures.non_finite_scalar(points)
     state["scalars"] = figures.scalar_names(points)[: figures.MAX_SCALAR_CHARTS]  # charted
+    state["shown"] = figures.scalars_shown(points)
     offers = suggestions(run, alerts, state)
     state["banner_key"] = banner_key(run, alerts, offers)
     state["reward_std"] = figures.has_reward_std(points)
@@ -248,7 +249,7 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
         reward["data"][figures.REWARD_BAND]["showlegend"] = True
         new_state["reward_std"] = True
     if not state.get("non_finite") and (note := figures.non_finite_scalar(points)):
-        scalars["layout"]["title"]["text"] = figures.scalars_title(note)
+        scalars["layout"]["title"]["text"] = figures.scalars_title(note, state.get("shown"))
         new_state["non_finite"] = note
     timeline = update["timeline"] or []
     # Markers for alerts that fired since the last tick (the trace after the series); a pending

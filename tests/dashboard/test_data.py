@@ -137,7 +137,7 @@ def test_a_live_update_names_a_scalar_gone_non_finite(dashboard):
         out = run_view.live_update(READ, run_id, state)
         patch = out[run_view.OUTPUTS.index("scalars_figure")].to_plotly_json()["operations"]
         (title,) = [op for op in patch if op["location"] == ["layout", "title", "text"]]
-        assert title["params"]["value"].endswith("non-finite: loss NaN at step 3")
+        assert title["params"]["value"].endswith("non-finite: loss NaN at step 3</sup>")
         assert out[run_view.OUTPUTS.index("state")]["non_finite"] == "loss NaN at step 3"
 
 

@@ -275,8 +275,11 @@ def test_a_non_finite_scalar_is_a_gap_named_in_the_title():
     go.Figure(fig)
     assert fig["data"][0]["y"] == [0.5, None, None]
     # every non-finite scalar of the step is counted (the others went unsaid: a trial)
-    said = "· non-finite: loss NaN, reward_std Infinity at step 1"
+    said = "<br><sup>non-finite: loss NaN, reward_std Infinity at step 1</sup>"
     assert fig["layout"]["title"]["text"].endswith(said)
+    # a scalar's name is text in the title too (`<a href=…>` was a link there)
+    evil = point(1, scalars={'<a href="https://evil.example/">l</a>': "NaN"})
+    assert figures.non_finite_scalar([evil]).startswith('&lt;a href="https://evil.example/"&gt;')
     many = point(1, scalars={"a": "NaN", "b": "NaN", "c": "Infinity", "d": 1.0})
     assert figures.non_finite_scalar([many]) == "a NaN, b NaN and 1 more at step 1"
     go.Figure(figures.reward_figure(points, False))  # reward ± std skips the non-finite std
@@ -314,7 +317,14 @@ def test_the_scalars_charted_are_those_the_run_logged():
     many = {name: 1.0 for name in ("zeta", "loss", "alpha", "entropy", "beta", "reward_std")}
     fig = figures.scalars_figure([point(0, scalars=many)])
     assert [t["name"] for t in fig["data"]] == ["loss", "entropy", "alpha", "beta"]
-    assert fig["layout"]["title"]["text"].endswith("· 4 of 5 shown (all in the CSV export)")
+    assert fig["layout"]["title"]["text"].endswith(
+        "<sup>4 of 5 shown (all in the CSV export)</sup>"
+    )
+    many["loss"] = "NaN"  # both notes, on the title's second line
+    title = figures.scalars_figure([point(3, scalars=many)])["layout"]["title"]["text"]
+    assert title.endswith(
+        "<sup>non-finite: loss NaN at step 3 · 4 of 5 shown (all in the CSV export)</sup>"
+    )
     go.Figure(fig)
     band = figures.reward_figure([point(0, scalars={"loss": 1.0})])["data"][figures.REWARD_BAND]
     assert band["name"] == "reward ± std" and band["showlegend"] is False

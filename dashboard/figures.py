@@ -324,8 +324,9 @@ def alert_markers(alerts: Iterable[dict], points: Sequence[Point]) -> tuple[list
         value = a.get("value")
         xs.append(step)
         ys.append(acr_at.get(step) if acr_at.get(step) is not None else 1.0)
-        texts.append(
-            f"<b>alert {a.get('rule', '?')}</b> ({a.get('severity', 'warning')}, {a.get('state')})"
+        rule, severity = _text(str(a.get("rule", "?"))), _text(str(a.get("severity", "warning")))
+        texts.append(  # the rule's name and severity are text (a name was HTML in the hover)
+            f"<b>alert {rule}</b> ({severity}, {a.get('state')})"
             f"<br>value {explain.fmt(value)} at step {step}"
             + (f", resolved at {a['resolved_step']}" if a.get("resolved_step") else "")
         )

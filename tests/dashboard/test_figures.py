@@ -352,6 +352,10 @@ def test_logged_names_are_text_in_charts():
     timeline = [{**item, "status": "applied", "issued_by": "alert:<b>x</b>", "command_id": "c"}]
     (band,) = figures.mitigation_bands(timeline, 5)
     assert "alert:&lt;b&gt;x&lt;/b&gt;" in band["label"]["text"]
+    alert = {"alert_id": "a", "rule": '<a href="https://evil.example/">r</a>', "state": "firing",
+             "severity": "<i>page</i>", "fired_step": 1, "value": 0.5}  # fmt: skip
+    (text,) = figures.alert_markers([alert], [point(1)])[2]
+    assert "<a" not in text and "<i>" not in text and "&lt;i&gt;page&lt;/i&gt;" in text
 
 
 @pytest.mark.parametrize(

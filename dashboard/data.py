@@ -109,6 +109,20 @@ def run_since(info, run_id: str, after_step: int | None) -> dict[str, Any] | Non
     return {"run": run, "points": points, "alerts": alerts, "timeline": timeline}
 
 
+def split_points(
+    info, run_id: str, split: str, after_step: int | None = None, max_points: int = 2000
+) -> list[dict] | None:
+    """The steps of one ``split`` of a run (after ``after_step``, else all, downsampled to
+    ``max_points``); None if the run is missing or not visible."""
+    q = _queries()
+    with context.session() as s:
+        if not context.can_see(info, q.get_run(s, run_id)):
+            return None
+        from_step = None if after_step is None else after_step + 1
+        window = {"split": split, "from_step": from_step, "max_points": max_points}
+        return q.run_metrics(s, run_id, **window)["points"]
+
+
 def commands(info, run_id: str) -> list[dict] | None:
     q = _queries()
     with context.session() as s:

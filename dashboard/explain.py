@@ -55,6 +55,11 @@ WASTED = (
     "gradient. Lower it by mitigating collapse or filtering prompts that are always solved or "
     "always failed."
 )
+EVAL = (
+    "The evaluation split's collapse and reward (groups the trainer sent with split 'eval'). "
+    "An eval set that turns all-pass has nothing left to show; all-fail, the task is too hard."
+)
+
 REWARD_MEAN = (
     "Mean reward of the completions of the latest step. A sudden drop mid-training is the other "
     "failure to watch: check the latest checkpoint, KL and learning rate."

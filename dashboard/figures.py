@@ -520,6 +520,27 @@ def scalars_figure(points: Sequence[Point]) -> Figure:
     return {"data": data, "layout": layout}
 
 
+# The evaluation chart: the eval split's ACR by side (left) and its reward mean (right).
+EVAL_ACR = tuple(s for s in ACR_SERIES if s.key in ("acr_all_fail", "acr_all_pass", "acr"))
+EVAL_SERIES = (*EVAL_ACR, REWARD_SERIES[-1])
+
+
+def eval_figure(points: Sequence[Point], split: str = "eval") -> Figure:
+    """The ACR (with its all-fail / all-pass shares) and reward mean of the evaluation split
+    ``split`` by step, side by side: an eval set the model has outgrown is all-pass there
+    first. ``points`` as `GET /metrics?split=` gives them."""
+    data = _traces(series_xy(points, EVAL_SERIES), EVAL_SERIES)
+    for i, trace in enumerate(data):
+        trace["xaxis"], trace["yaxis"] = _axis_ref(0 if i < len(EVAL_ACR) else 1)
+    titles = ("ACR", "reward mean")
+    layout = json.loads(_grid_layout(1, 2, titles, False))
+    base = _base_layout(f"Evaluation (split {_text(split)})", 320)
+    base.pop("xaxis")
+    layout.update(base, hovermode="closest")
+    layout["yaxis"].update(range=[0, 1.02])
+    return {"data": data, "layout": layout}
+
+
 def extend_patch(patch: Any, points: Sequence[Point], series: Sequence[Series]) -> int:
     """Append ``points`` to the traces of ``series`` in a ``dash.Patch``; returns how many."""
     if not points:

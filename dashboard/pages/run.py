@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 
 import dash
 from dash import ALL, Input, Output, State, callback, ctx, dash_table, dcc, html, no_update
-from vantage.dashboard import commands_ui, components, context, data, explain, run_view
+from vantage.dashboard import commands_ui, components, context, data, explain, figures, run_view
 
 dash.register_page(
     __name__, path_template="/runs/<run_id>", name="Run", title="Vantage · run", order=1
@@ -65,6 +65,8 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
                 ],
                 style={"display": "flex", "gap": "1rem"},
             ),
+            html.Div(id="run-eval"),  # the evaluation chart, once the run has evaluation steps
+            dcc.Store(id="run-eval-last"),
             dcc.Tabs(
                 id="run-tabs",
                 value="commands",
@@ -196,6 +198,34 @@ def update_run(run_id, _n, state):
         # demo's link said "not found" through the warm start and never recovered: a trial)
         return _missing(run_id), [], [], None, blank, blank, blank, [], False
     return out
+
+
+@callback(
+    Output("run-eval", "children"),
+    Output("run-eval-last", "data"),
+    Input("run-id", "data"),
+    Input("run-interval", "n_intervals"),
+    State("run-eval-last", "data"),
+)
+@context.in_thread
+def update_eval(run_id, _n, last):
+    """The evaluation chart (split ``eval``, as the TRL integration sends it): hidden while the
+    run has no evaluation step, redrawn when a new one arrives (eval groups were stored and
+    never shown)."""
+    info, tick = context.current_key(), ctx.triggered_id == "run-interval"
+    if tick and not data.split_points(info, run_id, EVAL_SPLIT, after_step=last):
+        return no_update, no_update  # no new evaluation step
+    points = data.split_points(info, run_id, EVAL_SPLIT)
+    if not points:
+        return [], None
+    # drawn anew in a visible box (a figure drawn into a hidden one stayed zero-sized)
+    graph = dcc.Graph(
+        id="run-eval-graph", config=GRAPH_CONFIG, figure=figures.eval_figure(points, EVAL_SPLIT)
+    )
+    return html.Div(graph, className="card", title=explain.EVAL), points[-1]["step"]
+
+
+EVAL_SPLIT = "eval"
 
 
 @callback(

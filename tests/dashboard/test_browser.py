@@ -450,3 +450,23 @@ def test_a_run_without_steps_says_so_until_its_first_step(read_page, server):
     page.wait_for_selector(note, state="detached", timeout=15_000)
     points = "document.querySelector('#run-acr-graph .js-plotly-plot').data[0].x.length"
     assert page.evaluate(points) == 3
+
+
+def test_the_run_page_shows_evaluation_steps_once_there_are_some(read_page, server):
+    """Groups sent with split 'eval' (the TRL integration's evaluation) were stored and shown
+    nowhere on the page."""
+    page = read_page
+    run_id = open_new_run(page, server, "with-eval")
+    assert page.locator("#run-eval-graph").count() == 0
+    evals = sample_data.step_records(0, 4, seed=7)
+    for record in evals:
+        record["split"] = "eval"
+    with server.api() as api:
+        sample_data.send_steps(api, run_id, 1, evals)
+        expected = api.get(f"/api/v1/runs/{run_id}/metrics", params={"split": "eval"}).json()
+    page.wait_for_selector("#run-eval-graph .js-plotly-plot", timeout=15_000)
+    acr = page.evaluate(
+        "[...document.querySelector('#run-eval-graph .js-plotly-plot').data]"
+        ".find(t => t.name == 'ACR').y"
+    )
+    assert acr == pytest.approx([round(p["acr"], 4) for p in expected["points"]])

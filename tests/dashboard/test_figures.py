@@ -381,3 +381,14 @@ def test_mitigation_labels_of_narrow_bands_do_not_pile_up():
     assert labels[:-1] == [""] * 10 and labels[-1] == "AAPO · applied · cmd c0ffee12 by ?"
     young = figures.mitigation_bands(timeline, last_step=40)  # the latest band just began
     assert [b["label"]["text"] for b in young][-2:] == ["AVSPO", "AAPO"]
+
+
+def test_the_evaluation_figure_draws_acr_by_side_and_reward():
+    points = [point(s, acr=0.5, acr_all_pass=0.3, acr_all_fail=0.2, reward_mean=0.4)
+              for s in range(3)]  # fmt: skip
+    fig = figures.eval_figure(points, "<b>eval</b>")
+    go.Figure(fig)
+    names = [t["name"] for t in fig["data"]]
+    assert names == ["all-fail share", "all-pass share", "ACR", "reward mean"]
+    assert [t["yaxis"] for t in fig["data"]] == ["y", "y", "y", "y2"]
+    assert fig["data"][2]["y"] == [0.5, 0.5, 0.5] and "&lt;b&gt;" in fig["layout"]["title"]["text"]

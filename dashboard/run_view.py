@@ -121,6 +121,9 @@ def banner(
         if "mode" not in params:
             what = " ".join([s["type"], *(f"{k}={v}" for k, v in params.items())])
         said = f"{s['type']} {what}" if "mode" in params else what
+        extra = [f"{k}={v}" for k, v in params.items() if k != "mode"]
+        if "mode" in params and extra:  # the values the rule set (they were not said)
+            said += f" ({', '.join(extra)})"
         parts.append(
             html.Div(
                 [

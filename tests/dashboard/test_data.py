@@ -220,6 +220,11 @@ def test_a_suggested_setting_shows_its_values():
     text = json.dumps(offer.to_plotly_json(), default=lambda c: c.to_plotly_json())
     assert "set_sampling temperature=1.3 because alert hot is firing" in text
     assert "Apply set_sampling temperature=1.3" in text
+    # a mitigation's own values too (AVSPO with an adaptive trigger read as plain AVSPO)
+    avspo = {"type": "set_mitigation", "params": {"mode": "avspo", "threshold": "adaptive"}}
+    (chips, offer) = run_view.banner(run, [{**alert, "mitigation": avspo}], {}, True)
+    text = json.dumps(offer.to_plotly_json(), default=lambda c: c.to_plotly_json())
+    assert "set_mitigation AVSPO (threshold=adaptive) because alert hot" in text
 
 
 def test_alerts_of_an_ended_run_are_said_to_be_from_its_end():

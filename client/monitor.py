@@ -209,6 +209,7 @@ class Monitor:
             run = RunCreate(
                 run_id=self.run_id,
                 launch_id=self.launch_id,
+                started_at=time.time(),  # kept in the spool: a late `vantage sync` says it too
                 name=run_name,
                 project=project,
                 config=config_json,

@@ -455,6 +455,11 @@ class RunCreate(_RewardBounds):
     launch_id: text(128, 1) | None = None
     """Names one launch of the job, shared by all its ranks: a known one gets its attempt back, a
     new one the next attempt."""
+    started_at: Annotated[float, Strict(), Field(gt=0, le=1e11, allow_inf_nan=False)] | None = None
+    """Unix time (s, the client's clock) at which this launch began. A new launch of a known run
+    that began more than `LAUNCH_CLOCK_SKEW_S` before the run's newest attempt is refused (409):
+    it would become the newest attempt and its old steps would replace newer ones (`vantage
+    sync` of a spool from before a relaunch)."""
     name: Name | None = None
     """Display name: required for a new run (DESIGN.md §4); a known run keeps its own."""
     project: Annotated[text(200) | None, BeforeValidator(_blank_is_none)] = None

@@ -130,6 +130,7 @@ class Launch(Base):
     attempt: Mapped[int]
     launch_id: Mapped[str | None] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[float | None]  # unix s by the client's clock, when it said (RunCreate)
 
 
 class GroupBlock(Base):

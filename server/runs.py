@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from vantage.client.schema import RunCreate
 
-from .models import Launch, Run, utcnow
+from .models import Launch, Run, as_utc, utcnow
 
 
-def _new_attempt(session: Session, run: Run, launch_id: str | None) -> int:
+def _new_attempt(session: Session, run: Run, body: RunCreate) -> int:
     latest = session.scalar(select(func.max(Launch.attempt)).where(Launch.run_id == run.id)) or 0
     attempt = latest + 1
-    session.add(Launch(run_id=run.id, attempt=attempt, launch_id=launch_id))
+    session.add(
+        Launch(run_id=run.id, attempt=attempt, launch_id=body.launch_id, started_at=body.started_at)
+    )
     run.attempt = attempt
     run.status = "running"
     run.finished_at = None
@@ -39,6 +42,37 @@ def _check_same_settings(run: Run, body: RunCreate) -> None:
                 f"{getattr(body, name)!r}; a run's reward bounds and eps cannot change (start a "
                 "new run for new ones)"
             )
+
+
+# How far apart two machines' clocks may be: a launch is refused as older than the newest
+# attempt only when it began more than this before it.
+LAUNCH_CLOCK_SKEW_S = 300.0
+
+
+class LaunchOlderThanAttempt(ValueError):
+    """A new launch of a known run that began before the run's newest attempt (answered 409)."""
+
+
+def _check_not_older(session: Session, run: Run, body: RunCreate) -> None:
+    """Refuse a new launch that began before the run's newest attempt: registered now, it would
+    become the newest attempt and its old steps would replace the newer attempt's (`vantage sync`
+    of a spool written while the server was down, after a relaunch had registered)."""
+    if body.started_at is None:
+        return
+    newest = session.scalars(
+        select(Launch).where(Launch.run_id == run.id).order_by(Launch.attempt.desc()).limit(1)
+    ).first()
+    if newest is None:
+        return
+    began = newest.started_at or as_utc(newest.created_at).timestamp()
+    if body.started_at < began - LAUNCH_CLOCK_SKEW_S:
+        when = datetime.fromtimestamp(body.started_at, UTC).isoformat(timespec="seconds")
+        since = datetime.fromtimestamp(began, UTC).isoformat(timespec="seconds")
+        raise LaunchOlderThanAttempt(
+            f"launch {body.launch_id or '(unnamed)'} began at {when}, before attempt "
+            f"{newest.attempt} of run {run.id} (began {since}): registered now it would be the "
+            "newest attempt and its steps would replace the newer attempt's, so it is refused"
+        )
 
 
 class RunNameRequired(ValueError):
@@ -80,7 +114,9 @@ def create_or_resume_run(
         )
         session.add(run)
         session.flush()  # the run row first: launches reference it
-        session.add(Launch(run_id=run_id, attempt=1, launch_id=body.launch_id))
+        session.add(
+            Launch(run_id=run_id, attempt=1, launch_id=body.launch_id, started_at=body.started_at)
+        )
         session.flush()
         return run, 1, True
     _check_same_settings(run, body)
@@ -93,7 +129,8 @@ def create_or_resume_run(
         if known is not None:
             run.last_seen_at = utcnow()
             return run, known, False
-    attempt = _new_attempt(session, run, body.launch_id)
+    _check_not_older(session, run, body)
+    attempt = _new_attempt(session, run, body)
     # a new attempt describes what runs now: its world size, group size and config (the page
     # showed the first launch's config and group size after a relaunch changed them: a trial)
     if body.world_size:

@@ -1138,3 +1138,32 @@ def test_a_new_attempt_brings_its_group_size_and_config(api):
     assert rank["attempt"] == 1
     run = api.get(f"/api/v1/runs/{rid}").json()
     assert (run["group_size"], run["config"]) == (8, {"lr": 1e-5})
+
+
+def test_a_launch_that_began_before_the_newest_attempt_is_refused(api):
+    """`vantage sync` of a spool written while the server was down, after a relaunch had
+    registered, made the old launch the newest attempt: its old steps replaced the relaunch's
+    and the finished run turned failed. It is refused (409), and nothing changes."""
+    now = time.time()
+    rid = new_run(api, launch_id="L1", started_at=now - 7200)["run_id"]
+    relaunch = new_run(api, run_id=rid, launch_id="L2", started_at=now - 3600)
+    assert relaunch["attempt"] == 2
+    post_steps(api, relaunch, [{"step": s, "groups": [[0, 1]]} for s in range(3)])
+    old = {"name": "t", "run_id": rid, "launch_id": "L0", "started_at": now - 5000}
+    r = api.post("/api/v1/runs", json=old)
+    assert r.status_code == 409 and "before attempt 2" in r.json()["detail"], r.text
+    run = api.get(f"/api/v1/runs/{rid}").json()
+    assert run["attempt"] == 2 and run["last_step"] == 2
+    # a known launch registering again is never refused; nor a clock a few minutes behind
+    assert new_run(api, run_id=rid, launch_id="L1", started_at=now - 7200)["attempt"] == 1
+    assert new_run(api, run_id=rid, launch_id="L3", started_at=now - 3700)["attempt"] == 3
+    # without started_at (older clients), or on a launch registered without one: as before
+    assert new_run(api, run_id=rid, launch_id="L4")["attempt"] == 4
+    r = api.post("/api/v1/runs", json={**old, "launch_id": "L5", "started_at": now - 60})
+    assert r.status_code == 200 and r.json()["attempt"] == 5
+    r = api.post("/api/v1/runs", json={**old, "launch_id": "L6", "started_at": now - 3600})
+    assert r.status_code == 409  # L5 began a minute ago by its clock
+    for bad in (0, -1, "soon", float("inf"), 1e12):
+        body = {**old, "launch_id": "L7", "started_at": bad}
+        r = api.post("/api/v1/runs", content=json.dumps(body))
+        assert r.status_code == 422, (bad, r.text)

@@ -1,8 +1,8 @@
 """Migrations on a database that already holds data: 0003 (lean groups) keeps every group row and
 names runs by their new integer key; 0005 (group blocks) packs the groups of each (step, split,
 rank) into a block that ingest and the prompts view read as before; 0006 changes one built-in
-rule; 0007 stops SQLite reusing the ids of deleted rules, alerts and silences. All downgrade
-back."""
+rule; 0007 stops SQLite reusing the ids of deleted rules, alerts and silences; 0008 adds when
+each launch began. All downgrade back; the newest builds the schema the models describe."""
 
 from __future__ import annotations
 
@@ -197,4 +197,19 @@ def test_ids_of_deleted_silences_rules_and_alerts_are_never_reused(empty_databas
     command.downgrade(cfg, "0006")
     with engine.connect() as conn:
         assert [r[0] for r in conn.execute(ids)] == [1, 3]
+    engine.dispose()
+
+
+def test_the_migrations_build_the_schema_the_models_describe(empty_database: str) -> None:
+    """A column added to a model without its migration (or the other way round) would work in
+    tests that build the schema one way and fail on a database upgraded the other."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from vantage.server import alert_models  # noqa: F401  (its tables join the metadata)
+    from vantage.server.models import Base
+
+    command.upgrade(alembic_config(empty_database), "head")
+    engine = create_engine(normalize_url(empty_database))
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
     engine.dispose()

@@ -15,7 +15,12 @@ from ..locks import run_lock
 from ..maintenance import delete_run_data
 from ..models import run_not_found, utcnow
 from ..queries import get_run, list_runs, run_dict
-from ..runs import RunNameRequired, RunSettingsConflict, create_or_resume_run
+from ..runs import (
+    LaunchOlderThanAttempt,
+    RunNameRequired,
+    RunSettingsConflict,
+    create_or_resume_run,
+)
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 
@@ -42,7 +47,7 @@ def create_run(
                     raise HTTPException(404, run_not_found(run.id))
                 session.commit()
             break
-        except RunSettingsConflict as exc:
+        except (RunSettingsConflict, LaunchOlderThanAttempt) as exc:
             raise HTTPException(409, str(exc)) from exc
         except RunNameRequired as exc:
             missing = {"type": "missing", "loc": ["body", "name"], "msg": f"Field required: {exc}"}

@@ -506,6 +506,37 @@ def test_vantage_sync_cli_uploads_an_offline_spool(server: Server, tmp_path: Pat
     assert proc.returncode == 2 and "not an http:// or https:// URL" in proc.stderr, proc.stderr
 
 
+def test_sync_of_a_launch_older_than_the_runs_newest_attempt_keeps_it(
+    server: Server, tmp_path: Path
+):
+    """A spool written while the server was down, synced after a relaunch had registered,
+    became the newest attempt: its old steps replaced the relaunch's and the finished run
+    turned failed. The server refuses it; sync names the file and keeps it."""
+    old = Monitor(
+        None, None, run_name="relaunched", launch_id="first", spool_dir=tmp_path / "spool"
+    )
+    for step in range(5):
+        old.log_groups(step, step_rewards(step))
+    old.close(timeout=5, status="failed")
+    spool = Spool(old.spool_path)  # began two hours ago (a test cannot wait that long)
+    spool.set_meta("run", {**spool.get_meta("run"), "started_at": time.time() - 7200})
+    spool.close()
+    relaunch = Monitor(server.url, None, run_id=old.run_id, run_name="relaunched",
+                       launch_id="second", spool_dir=tmp_path / "live")  # fmt: skip
+    for step in range(3, 6):
+        relaunch.log_groups(step, [[0.0, 1.0]] * 8)
+    relaunch.close(timeout=10)
+    result = sync(tmp_path / "spool", server.url, None)
+    assert result["failed"] and result["sent_groups"] == 0, result
+    (error,) = result["errors"]
+    assert "before attempt 1" in error and old.spool_path.name in error, error
+    assert old.spool_path.exists() and Spool(old.spool_path).pending_groups == 40
+    with server.api() as api:
+        run = api.get(f"/api/v1/runs/{old.run_id}").json()
+    assert (run["attempt"], run["status"], run["last_step"]) == (1, "finished", 5)
+    assert all(p["acr"] == 0.0 for p in server.metrics(old.run_id))
+
+
 def test_sync_skips_a_spool_file_it_cannot_read_and_uploads_the_others(
     server: Server, tmp_path: Path
 ):

@@ -893,13 +893,22 @@ class Monitor:
                 lasted,
             )
 
+    def _backlog(self) -> int:
+        """Groups logged and not yet taken by the server, when they are a backlog: while the
+        server fails, or more than a batch of them. A batch on its way to a healthy server is
+        not one (a heartbeat counted the groups in flight, so the run page showed a healthy
+        fast trainer as "spooled")."""
+        waiting = self._spool.pending_groups + self._queued
+        failing = self._outage.since is not None or self._key_refused is not None
+        return waiting if failing or waiting > self._batch_groups else 0
+
     def _health(self) -> bytes:
         """The heartbeat body: this rank's client-health counters (DESIGN.md §4)."""
         return orjson.dumps(
             {
                 "attempt": self.attempt,
                 "rank": self.rank,
-                "spooled_groups": self._spool.pending_groups + self._queued,
+                "spooled_groups": self._backlog(),
                 "dropped_groups": self.dropped_groups,
                 "dead_letter_batches": self._spool.dead_letter_batches,
             }

@@ -459,3 +459,28 @@ def test_ranks_of_one_launch_share_a_run_without_a_run_id(tmp_path: Path):
     assert mon(0).run_id == mon(1).run_id
     assert mon(0).run_id != mon(0, run_name="other").run_id
     assert mon(0, run_id="mine").run_id == "mine"
+
+
+def test_a_heartbeat_counts_a_backlog_not_a_batch_in_flight(tmp_path: Path):
+    """A healthy trainer's heartbeat counted the groups on their way to the server, so its run
+    showed "N spooled" as if the server were behind; a backlog is said while the server fails
+    or beyond one batch."""
+    mon = offline(tmp_path, batch_groups=20)
+
+    def health_after(step: int, groups: int) -> int:
+        waiting = mon.spooled_groups + groups
+        mon.log_groups(step, [[0.0, 1.0]] * groups)
+        deadline = time.monotonic() + 10
+        while mon.spooled_groups < waiting:  # the sender moves them to the spool
+            assert time.monotonic() < deadline, (step, mon.spooled_groups, mon._queued)
+            time.sleep(0.02)
+        return orjson.loads(mon._health())["spooled_groups"]
+
+    try:
+        assert health_after(0, 12) == 0  # within a batch, with nothing failing: in flight
+        mon._outage.failed(time.monotonic())
+        assert health_after(1, 2) == 14  # while the server fails, every waiting group
+        mon._outage.succeeded(time.monotonic())
+        assert health_after(2, 12) == 26  # more than a batch waits
+    finally:
+        mon.close(timeout=0)

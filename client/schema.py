@@ -457,9 +457,9 @@ class RunCreate(_RewardBounds):
     new one the next attempt."""
     started_at: Annotated[float, Strict(), Field(gt=0, le=1e11, allow_inf_nan=False)] | None = None
     """Unix time (s, the client's clock) at which this launch began. A new launch of a known run
-    that began more than `LAUNCH_CLOCK_SKEW_S` before the run's newest attempt is refused (409):
-    it would become the newest attempt and its old steps would replace newer ones (`vantage
-    sync` of a spool from before a relaunch)."""
+    that began more than 300 s (the server's `LAUNCH_CLOCK_SKEW_S`) before the run's newest
+    attempt is refused (409): it would become the newest attempt and its old steps would replace
+    newer ones (`vantage sync` of a spool from before a relaunch)."""
     name: Name | None = None
     """Display name: required for a new run (DESIGN.md §4); a known run keeps its own."""
     project: Annotated[text(200) | None, BeforeValidator(_blank_is_none)] = None

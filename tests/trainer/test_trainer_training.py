@@ -376,6 +376,29 @@ def test_a_signal_during_the_warm_start_ends_with_one_line(tmp_path, name, statu
     assert f"{name} before the first GRPO step" in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize(("name", "status"), [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_while_the_trainer_loads_ends_with_one_line(tmp_path, name, status):
+    """`vantage train` spends seconds importing torch and transformers: SIGTERM then ended it
+    without a word, Ctrl-C with a KeyboardInterrupt traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    vantage = str(Path(sys.executable).with_name("vantage"))
+    proc = subprocess.Popen(
+        [vantage, "train", "arith-tiny", "--set", f"output_dir={tmp_path / 'out'}"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.0)  # the imports take several seconds (7 s here; more under load)
+    proc.send_signal(getattr(signal, name))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == status, err
+    assert f"{name} while loading the trainer" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_checkpoint_that_cannot_be_written_does_not_end_training(tmp_path, caplog):
     """An output_dir replaced by a file mid-run ended training with NotADirectoryError at the
     next checkpoint (a trial): the failure is logged and the steps go on."""

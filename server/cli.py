@@ -47,7 +47,10 @@ def settings_or_exit(args: argparse.Namespace, **overrides: Any):  # noqa: ANN20
     try:
         return load_settings(**values)
     except SettingsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        said = str(exc)
+        if "database_url" in values:  # the flag's value, not the environment's, was refused
+            said = said.replace("VANTAGE_DATABASE_URL=", "--database-url ", 1)
+        print(f"error: {said}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -42,7 +42,8 @@ def check_url(url: str) -> str:
     URL that does not parse or names another database (Vantage's queries and migrations are for
     those two)."""
     try:
-        backend = make_url(normalize_url(url)).get_backend_name()
+        parsed = make_url(normalize_url(url))
+        backend = parsed.get_backend_name()
     except ArgumentError:
         raise ValueError(
             "is not a database URL: give sqlite:///PATH or postgresql://USER@HOST/DATABASE"
@@ -51,6 +52,13 @@ def check_url(url: str) -> str:
         raise ValueError(
             f"Vantage keeps its data in SQLite or PostgreSQL, not {backend}: give "
             "sqlite:///PATH or postgresql://USER@HOST/DATABASE"
+        )
+    if backend == "sqlite" and (parsed.database or ":memory:") == ":memory:":
+        # each connection would get an empty database of its own: the server said it was
+        # ready, then answered every request with a 500 (no such table; a trial)
+        raise ValueError(
+            "names an in-memory SQLite database, which each connection sees empty: give a file, "
+            "sqlite:///PATH"
         )
     return backend
 

@@ -86,11 +86,15 @@ def test_keys_on_a_database_that_is_not_vantages_say_so_in_one_line(tmp_path):
     for command in (("db", "upgrade"), ("keys", "list"), ("serve", "--port", "0"),
                     ("demo", "--quick", "--no-browser")):  # fmt: skip
         for url, says in (("mysql://u:pw@db/v", "in SQLite or PostgreSQL, not mysql"),
-                          ("bogus", "is not a database URL")):  # fmt: skip
+                          ("bogus", "is not a database URL"),
+                          # the server said it was ready, then answered every request with a 500
+                          ("sqlite://", "an in-memory SQLite database")):  # fmt: skip
             out = run_cli(*command, "--database-url", url, check=False)
             assert out.returncode == 2 and says in out.stderr, out
-            assert out.stderr.startswith("error: VANTAGE_DATABASE_URL=")
+            assert out.stderr.startswith("error: --database-url "), out.stderr
             assert "pw" not in out.stderr and len(out.stderr.splitlines()) == 1
+    out = run_cli("keys", "list", env={"VANTAGE_DATABASE_URL": "sqlite:///:memory:"}, check=False)
+    assert out.returncode == 2 and out.stderr.startswith("error: VANTAGE_DATABASE_URL="), out
     # A first key may be made before the server's first start; that is said.
     made = run_cli("keys", "create", "--name", "a", "--scopes", "read", "--database-url",
                    f"sqlite:///{typo}")  # fmt: skip

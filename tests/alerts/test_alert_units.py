@@ -164,13 +164,13 @@ def test_webhook_allow_list():
             check_target(bad, allow)
 
 
-def test_a_run_that_keeps_failing_logs_its_traceback_once(caplog):
+def test_a_run_that_keeps_failing_logs_its_traceback_once(caplog, tmp_path):
     """The periodic pass retries a failing run every few seconds; a trial saw the same
     traceback repeat for as long as the server ran."""
     from vantage.server.alerts import Evaluator
     from vantage.server.settings import Settings
 
-    ev = Evaluator(Settings(database_url="sqlite://"))
+    ev = Evaluator(Settings(database_url=f"sqlite:///{tmp_path / 'unused.db'}"))
     for _ in range(3):
         ev._failed("r1", OverflowError("intermediate overflow in fsum"), "periodic alert pass")
     ev._failed("r1", KeyError("other"), "periodic alert pass")

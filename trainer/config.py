@@ -16,6 +16,7 @@ from vantage.client.schema import (
     MITIGATION_DEFAULTS,
     MITIGATION_NUMBERS,
 )
+from vantage.client.sender import server_url_problem
 
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "CONFIG_DIR", "bundled_config"]
 
@@ -166,6 +167,12 @@ class TrainConfig:
             raise ValueError("task jsonl needs data_path (a GSM8K-format JSONL file)")
         if self.model_source in ("hf", "gguf") and not self.model_path:
             raise ValueError(f"model_source {self.model_source} needs model_path")
+        # a server that is no URL trained unmonitored into a spool, said only at the end
+        if self.server not in (None, "none") and (problem := server_url_problem(self.server)):
+            raise ValueError(
+                f"{problem} (config server, else VANTAGE_SERVER); give one such as "
+                "http://127.0.0.1:8000, or none to train unmonitored"
+            )
 
     def _validate_shapes(self) -> None:
         """The checks that torch or transformers would otherwise make later, with a traceback
@@ -315,7 +322,7 @@ def _override_value(raw: str) -> Any:
 
 def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key=value`` strings (values parsed as YAML scalars) onto a dict of fields."""
-    out = dict(values)
+    out, given = dict(values), {}
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"override {item!r} is not key=value")
@@ -325,6 +332,9 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
             raise ValueError(
                 f"unknown config field {key!r}; see vantage.trainer.config.TrainConfig"
             )
+        if key in given:  # `--set steps=1 --set steps=2` trained 2 steps without a word
+            raise ValueError(f"override of {key!r} given twice: {given[key]!r} and {item!r}")
+        given[key] = item
         out[key] = _override_value(raw)
     return out
 

@@ -184,3 +184,20 @@ def test_an_output_dir_that_cannot_be_written_is_one_line_before_any_model_loads
     taken.write_text("")
     with pytest.raises(ValueError, match="output_dir .*a-file cannot be written: File exists"):
         setup("arith-tiny", [f"output_dir={taken}"])
+
+
+def test_an_override_given_twice_or_a_server_that_is_no_url_is_refused(monkeypatch):
+    """`--set steps=1 --set steps=2` trained 2 steps without a word; `server=notaurl` trained
+    the whole run into a spool, said only at the end (a trial)."""
+    with pytest.raises(
+        ValueError, match="override of 'steps' given twice: 'steps=1' and 'steps=2'"
+    ):
+        load_config("arith-tiny", ["steps=1", "steps=2"])
+    for bad in ("notaurl", "127.0.0.1:8000", "ftp://host/"):
+        with pytest.raises(ValueError, match=r"server .* is not an http:// or https:// URL"):
+            load_config("arith-tiny", [f"server={bad}"])
+    monkeypatch.setenv("VANTAGE_SERVER", "localhost")
+    with pytest.raises(ValueError, match="else VANTAGE_SERVER"):
+        load_config("arith-tiny")
+    assert load_config("arith-tiny", ["server=none"]).server == "none"
+    assert load_config("arith-tiny", ["server=http://127.0.0.1:8000"]).server.startswith("http")

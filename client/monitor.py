@@ -222,7 +222,10 @@ class Monitor:
                 tags=list(tags),
             )
         except ValidationError as exc:  # one line per bad argument, not pydantic's model dump
-            bad = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            # a check of two fields (reward_min < reward_max) has no field of its own to name
+            bad = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors()
+            )
             raise ValueError(f"Monitor: {bad}") from None
         self._run_body = run.model_dump(exclude_none=True)
         checks.rank_in(self.rank, self.world_size)  # every record of this rank would be refused
@@ -718,7 +721,9 @@ class Monitor:
                         continue
                     try:
                         # NaN and ±Infinity as strings: orjson would write them as null
-                        scalars[str(name)] = storable_scalar(float(value))
+                        # None is "no value" (null), as the API takes it
+                        number = None if value is None else float(value)
+                        scalars[str(name)] = storable_scalar(number)
                     except Exception:  # noqa: BLE001 - one bad scalar (10**400, a meta tensor) must not cost the batch
                         self._warn(
                             "scalar",

@@ -171,13 +171,21 @@ def test_a_scalar_float_cannot_read_costs_only_itself(tmp_path):
         mon.log_scalars(1, {"loss": 0.5})
         mon.log_scalars(1, {"big": 10**400})
         mon.log_groups(2, [[0, 1, 0, 1]])
+        mon.log_scalars(2, {"eval_acc": None})  # null, as the API takes it (it was skipped)
         assert mon.flush(20)
         mon.close(timeout=20)
         points = httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}/metrics").json()["points"]
         assert [(p["step"], p["n_groups"]) for p in points] == [(1, 3), (2, 1)]
         assert points[0]["scalars"] == {"loss": 0.5}
+        assert points[1]["scalars"] == {"eval_acc": None}
     finally:
         srv.stop()
+
+
+def test_a_check_of_two_arguments_names_them():
+    """`Monitor(reward_min=1, reward_max=0)` said "Monitor: : Value error, ..."."""
+    with pytest.raises(ValueError, match=r"^Monitor: arguments: Value error, reward_min 1.0 must"):
+        Monitor(None, run_name="bounds", reward_min=1, reward_max=0)
 
 
 def test_repeated_group_ids_in_one_call_are_refused():

@@ -146,24 +146,33 @@ def _shared_counters() -> Iterator[None]:
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from .db import safe_url
+
     settings = settings_or_exit(args)
-    if not upgrade_or_explain(settings.database_url):
+    revisions = upgrade_or_explain(settings.database_url)
+    if not revisions:
         return 1
-    print("database is at the newest schema", file=sys.stderr)
+    before, after = revisions
+    where = safe_url(settings.database_url)
+    if before is None:  # "at the newest schema" on a database it had just made: a trial
+        print(f"created Vantage's schema (revision {after}) at {where}", file=sys.stderr)
+    elif before != after:
+        print(f"upgraded {where} from revision {before} to {after}", file=sys.stderr)
+    else:
+        print(f"{where} is at the newest schema already (revision {after})", file=sys.stderr)
     return 0
 
 
-def upgrade_or_explain(database_url: str) -> bool:
-    """Upgrade the schema; on failure say why in one line (password hidden) instead of a
-    traceback."""
+def upgrade_or_explain(database_url: str) -> tuple[str | None, str | None] | None:
+    """Upgrade the schema; returns the revisions before and after (`migrate.upgrade`), or None
+    on failure, said in one line (password hidden) instead of a traceback."""
     from .migrate import upgrade
 
     try:
-        upgrade(database_url)
+        return upgrade(database_url)
     except Exception as exc:  # noqa: BLE001 - any failure here means the database is unusable
         _say_unusable(database_url, exc)
-        return False
-    return True
+        return None
 
 
 def _say_unusable(database_url: str, exc: Exception) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import vantage.migrations
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
 
 from .db import make_engine, normalize_url, wait_for_database
 
@@ -18,11 +19,19 @@ def alembic_config(database_url: str) -> Config:
     return cfg
 
 
-def upgrade(database_url: str) -> None:
-    """Wait for the database, then upgrade it to the newest schema (idempotent)."""
+def upgrade(database_url: str) -> tuple[str | None, str | None]:
+    """Wait for the database, then upgrade it to the newest schema (idempotent). Returns the
+    schema revision before and after (before is None for a database without Vantage's schema)."""
     engine = make_engine(database_url)
     try:
         wait_for_database(engine)
+        before = _revision(engine)
+        command.upgrade(alembic_config(database_url), "head")
+        return before, _revision(engine)
     finally:
         engine.dispose()
-    command.upgrade(alembic_config(database_url), "head")
+
+
+def _revision(engine) -> str | None:  # noqa: ANN001
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()

@@ -123,10 +123,22 @@ def test_revoked_key_is_refused(server):
         assert c.get("/api/v1/runs").status_code == 401
 
 
-def test_db_upgrade_is_idempotent(tmp_path):
+def test_db_upgrade_is_idempotent_and_says_what_it_did(tmp_path):
+    """On a database it had just made it said "database is at the newest schema" (a trial)."""
     url = f"sqlite:///{tmp_path}/u.db"
-    for _ in range(2):
-        assert run_cli("db", "upgrade", "--database-url", url).returncode == 0
+    first = run_cli("db", "upgrade", "--database-url", url)
+    assert first.stderr.startswith("created Vantage's schema (revision "), first.stderr
+    again = run_cli("db", "upgrade", "--database-url", url)
+    assert "is at the newest schema already" in again.stderr, again.stderr
+    from alembic import command
+    from alembic.script import ScriptDirectory
+    from vantage.server.migrate import alembic_config
+
+    cfg = alembic_config(url)
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    command.downgrade(cfg, "-1")
+    upgraded = run_cli("db", "upgrade", "--database-url", url)
+    assert f" to {head}" in upgraded.stderr and "from revision " in upgraded.stderr, upgraded.stderr
 
 
 def test_insecure_no_auth_refuses_public_host():

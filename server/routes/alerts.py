@@ -157,10 +157,18 @@ def silences_create(body: SilenceCreate, key: ControlKey, session: SessionDep) -
     """Mute notifications (not evaluation) of alerts matching every given matcher. A key
     limited to a project mutes that project's alerts only (its project is the matcher)."""
     _scoped(body.matchers, key, session)
-    warning = _unknown_rule(body.matchers, session)
+    warning = _everything(body.matchers) or _unknown_rule(body.matchers, session)
     out = create_silence(session, body, created_by=key.name)
     session.commit()
     return {**out, "warning": warning} if warning else out
+
+
+def _everything(matchers: SilenceMatchers) -> str | None:
+    """What to say of a silence without matchers: it mutes every alert of every run, which a
+    forgotten matcher does as well as a wish (a trial)."""
+    if matchers.rule is None and matchers.run_id is None and matchers.project is None:
+        return "this silence has no matchers: it mutes the notifications of every alert"
+    return None
 
 
 def _unknown_rule(matchers: SilenceMatchers, session: SessionDep) -> str | None:

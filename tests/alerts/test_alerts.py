@@ -149,6 +149,9 @@ def test_rule_crud_defaults_and_scopes(server, api):
     r = api.post("/api/v1/silences", json={"until": later, "matchers": {"rule": "crud"}})
     assert r.status_code == 201 and "warning" not in r.json(), r.text
     assert api.delete(f"/api/v1/silences/{r.json()['id']}").status_code == 204
+    r = api.post("/api/v1/silences", json={"until": later})  # every alert: allowed, and said
+    assert r.status_code == 201 and "mutes the notifications of every alert" in r.json()["warning"]
+    assert api.delete(f"/api/v1/silences/{r.json()['id']}").status_code == 204
     r = api.put(f"/api/v1/alert-rules/{rule['id']}", json={"threshold": 0.7, "for_steps": 3})
     assert (r.json()["threshold"], r.json()["for_steps"]) == (0.7, 3)
     # one name per scope: a second "crud" for every run would fire and notify twice
@@ -686,6 +689,7 @@ def test_a_project_key_changes_and_mutes_its_projects_alerts_only(server, api):
 
         r = key.post("/api/v1/silences", json={"until": until})
         assert r.status_code == 201 and r.json()["matchers"] == {"project": "vision"}, r.text
+        assert "warning" not in r.json()  # its project's alerts only, not every alert
         own = r.json()
         body = {"matchers": {"project": "language"}, "until": until}
         assert key.post("/api/v1/silences", json=body).status_code == 403

@@ -309,7 +309,9 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
         return 1
     if not revoked:
         print(
-            f"error: no active key is '{args.key}' or has it as id, name or prefix", file=sys.stderr
+            f"error: no active key is '{args.key}' or has it as id, name or prefix (the "
+            "8 characters `keys list` shows, such as vtg_AbCd)",
+            file=sys.stderr,
         )
         return 1
     for k in revoked:
@@ -486,7 +488,11 @@ def build_parser() -> argparse.ArgumentParser:
     _db_arg(p)
     p.set_defaults(func=cmd_keys_list)
     p = keys.add_parser("revoke", help="revoke a key by its id, name, prefix or itself")
-    p.add_argument("key", help="the key's id, name or prefix, or the key itself")
+    p.add_argument(
+        "key",
+        help="the key's id, name or prefix (its first 8 characters, as `keys list` shows), "
+        "or the key itself",
+    )
     p.add_argument(
         "--all", action="store_true", help="revoke every active key the name or prefix matches"
     )

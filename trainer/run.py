@@ -344,13 +344,14 @@ def _train_steps(trainer: GRPOTrainer, evals: list[tuple[int, float]]) -> list[d
             trainer.monitor.log_scalars(trainer.step, {"eval_accuracy": record["eval_accuracy"]})
         for hook in trainer.hooks:
             hook(trainer, record)
+        mode = trainer.mitigation.mode  # this step's: a command applied now acts from the next
         commands += trainer.apply_commands()
         if cfg.checkpoint_every and trainer.step % cfg.checkpoint_every == 0:
             _checkpoint(trainer)
         bar.set_postfix(  # drawn by update: the bar showed the step before's numbers
             reward=f"{record['reward']:.3f}",
             acr=_fmt(record["acr"]),
-            mode=trainer.mitigation.mode,
+            mode=mode,
             refresh=False,
         )
         bar.update(1)

@@ -428,3 +428,19 @@ def test_the_adaptive_threshold_reports_its_tau(tmp_path):
     train(cfg, [], monitor_factory=factory)
     reported = [m for _, m in monitors[0].mitigations]
     assert all(m["mode"] == "avspo" and 0 <= m["tau"] <= 1 for m in reported), reported
+
+
+def test_the_progress_bar_shows_the_mode_each_step_trained_with(tmp_path, monkeypatch):
+    """A command applied after step 4 showed mode=avspo on step 4's line, which trained with
+    none (the demo: a trial)."""
+    import tqdm.auto
+
+    shown = []
+    monkeypatch.setattr(tqdm.auto.tqdm, "set_postfix", lambda bar, **kw: shown.append(kw["mode"]))
+
+    def switch_after_step_2(trainer, record):
+        if trainer.step == 2:
+            trainer.submit_command("set_mitigation", {"mode": "avspo"})
+
+    train(small_config(tmp_path, steps=4), hooks=[switch_after_step_2])
+    assert shown == ["none", "none", "avspo", "avspo"]

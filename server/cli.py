@@ -359,40 +359,15 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 0 if not result.get("failed") else 1
 
 
-class _Signalled(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    """While open, SIGTERM and SIGINT raise _Signalled (the trainer's own handling begins once
-    it is imported, which takes seconds: a signal then ended it without a word, or with a
-    KeyboardInterrupt traceback)."""
-    import signal
-
-    def raise_(signum: int, _frame: Any) -> None:
-        raise _Signalled(signum)
-
-    previous = {sig: signal.signal(sig, raise_) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, action in previous.items():
-            signal.signal(sig, action)
-
-
 def cmd_train(args: argparse.Namespace) -> int:
-    import signal
-
     _needs("trainer", ("torch", "transformers"))
-    try:
-        with _signals_raise():
+    from vantage.trainer.signals import Interrupted, interrupt_on_signals
+
+    try:  # the imports take seconds: a signal then ended it without a word, or a traceback
+        with interrupt_on_signals():
             from vantage.trainer.run import main as train_main
-    except _Signalled as exc:
-        name = signal.Signals(exc.signum).name
-        print(f"vantage train: {name} while loading the trainer; nothing began", file=sys.stderr)
+    except Interrupted as exc:
+        print(f"vantage train: {exc} while loading the trainer; nothing began", file=sys.stderr)
         return 128 + exc.signum
     return int(train_main([args.config, *sum((["--set", s] for s in args.set or []), [])]) or 0)
 

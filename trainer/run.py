@@ -34,6 +34,7 @@ from .models import load_policy
 from .monitoring import Distributed, make_monitor
 from .rollout import VLLMBackend
 from .sft import sft_warm_start
+from .signals import Interrupted, interrupt_on_signals
 
 __all__ = ["train", "setup", "fit", "main"]
 
@@ -406,35 +407,6 @@ def _stop_on_signals(trainer: GRPOTrainer) -> Iterator[None]:
             signal.signal(sig, action)
 
 
-class Interrupted(Exception):
-    """SIGTERM or Ctrl-C during set-up (loading, the SFT warm start): no step boundary to stop
-    at, nothing to checkpoint yet."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextmanager
-def _interrupt_on_signals() -> Iterator[None]:
-    """While open, SIGTERM and SIGINT raise Interrupted (SIGTERM killed the process without a
-    word during the warm start, Ctrl-C printed KeyboardInterrupt's traceback: a trial). Only in
-    the main thread, where signals can be caught."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, _frame: Any) -> None:
-        raise Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, action in previous.items():
-            signal.signal(sig, action)
-
-
 def train(
     config: str | os.PathLike[str] | dict[str, Any] | TrainConfig,
     overrides: Sequence[str] = (),
@@ -519,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request drowns the log
     try:
-        with _interrupt_on_signals():
+        with interrupt_on_signals():
             trainer = setup(args.config, args.overrides)
         summary = fit(trainer)
     except Interrupted as exc:

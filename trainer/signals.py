@@ -1,0 +1,39 @@
+"""SIGTERM and Ctrl-C before the first step boundary, as an exception (no torch imported here:
+`vantage train` uses it while the trainer's heavy modules load)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+class Interrupted(Exception):
+    """SIGTERM or Ctrl-C during set-up (loading, the SFT warm start): no step boundary to stop
+    at, nothing to checkpoint yet. ``signum``: the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def interrupt_on_signals() -> Iterator[None]:
+    """While open, SIGTERM and SIGINT raise Interrupted (SIGTERM killed the process without a
+    word during the warm start, Ctrl-C printed KeyboardInterrupt's traceback: a trial). Only in
+    the main thread, where signals can be caught."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, action in previous.items():
+            signal.signal(sig, action)

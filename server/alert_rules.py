@@ -19,7 +19,7 @@ from pydantic import (
 )
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from vantage.client.schema import Name, Split, Text, text, validate_command_params
+from vantage.client.schema import Name, Split, text, validate_command_params
 
 from .alert_metrics import check_metric
 from .alert_models import AlertRule, Silence
@@ -93,8 +93,8 @@ class RulePatch(BaseModel):
     """A step with fewer valid groups neither advances nor resets for_steps (default 1)."""
     severity: text(32, 1) | None = None
     """Free label sent with notifications (default warning)."""
-    notify: list[Text] | None = Field(default=None, max_length=20)
-    """Webhook URLs notified on firing and on resolving."""
+    notify: list[text(2000, 1)] | None = Field(default=None, max_length=20)
+    """Webhook URLs (up to 2,000 characters each) notified on firing and on resolving."""
     mitigation: Mitigation | None = None
     """A command issued when the alert fires (by the run's mitigation_mode: auto sends it, suggest
     offers it on the dashboard, off does nothing)."""

@@ -220,7 +220,8 @@ class Command(Base):
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)
     reason: Mapped[str | None] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16), default="pending")
-    issued_by: Mapped[str] = mapped_column(String(200))
+    # "key:", "alert:" or "dashboard:" and a name of up to 200 characters
+    issued_by: Mapped[str] = mapped_column(String(256))
     alert_id: Mapped[int | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime]

@@ -35,9 +35,11 @@ from .settings import Settings
 
 log = logging.getLogger("vantage.notify")
 
-# Cloud metadata services that do not live in the link-local ranges.
+# Cloud metadata services that do not live in the link-local ranges (Alibaba, AWS over IPv6,
+# Oracle, Azure's WireServer).
 METADATA_ADDRESSES = frozenset(
-    ipaddress.ip_address(a) for a in ("100.100.100.200", "fd00:ec2::254", "192.0.0.192")
+    ipaddress.ip_address(a)
+    for a in ("100.100.100.200", "fd00:ec2::254", "192.0.0.192", "168.63.129.16")
 )
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data"})
 MAX_PARALLEL_URLS = 8
@@ -93,10 +95,19 @@ def _resolve(host: str) -> list[Any]:
 
 
 def check_target(url: str, allow: str | None, resolve: bool = True) -> str:
-    """The URL if Vantage may call it, else RefusedTarget saying why."""
+    """The URL if Vantage may call it, else RefusedTarget saying why: not an http(s) URL that
+    the sender can call (httpx parses it; a bad port, an unbracketed IPv6 address, blanks), a
+    link-local or cloud-metadata address, or outside VANTAGE_WEBHOOK_ALLOW."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise RefusedTarget(f"webhook '{url}' must be an http:// or https:// URL with a host")
+    try:
+        if url != url.strip() or any(c.isspace() for c in url):
+            raise ValueError("it holds blanks")
+        parts.port  # noqa: B018 - raises for a port that is no number or above 65535
+        httpx.URL(url)
+    except (ValueError, httpx.InvalidURL) as exc:
+        raise RefusedTarget(f"webhook '{url}' cannot be called: {exc}") from None
     host = parts.hostname.lower().rstrip(".")
     if host in METADATA_HOSTS:
         raise RefusedTarget(f"webhook host '{host}' is a cloud metadata service")

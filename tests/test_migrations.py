@@ -2,7 +2,8 @@
 names runs by their new integer key; 0005 (group blocks) packs the groups of each (step, split,
 rank) into a block that ingest and the prompts view read as before; 0006 changes one built-in
 rule; 0007 stops SQLite reusing the ids of deleted rules, alerts and silences; 0008 adds when
-each launch began. All downgrade back; the newest builds the schema the models describe."""
+each launch began; 0009 widens a command's issued_by. All downgrade back; the newest builds the
+schema the models describe."""
 
 from __future__ import annotations
 

@@ -140,8 +140,15 @@ def test_series_values_match_window_metrics(tmp_path):
         "http://metadata.google.internal/",
         "http://100.100.100.200/",
         "http://[fd00:ec2::254]/",
+        "http://168.63.129.16/machine",  # Azure's WireServer
         "file:///etc/passwd",
         "http:///nohost",
+        # what the sender could never call (it retried each for an hour: a trial)
+        "http://fd00:ec2::254/x",  # IPv6 without brackets
+        "http://127.0.0.1:99999/x",
+        "http://127.0.0.1:x/y",
+        " http://127.0.0.1:9/x",
+        "http://127.0.0.1:9/a b",
     ],
 )
 def test_refused_webhook_targets(url):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 
 from tests.alerts.helpers import Receiver, alerts_of, make_rule
@@ -177,6 +178,8 @@ def test_rule_crud_defaults_and_scopes(server, api):
         "http://metadata.google.internal/x",
         "http://100.100.100.200/",
         "ftp://example.com/x",
+        "http://127.0.0.1:99999/x",
+        "http://127.0.0.1:9/" + "b" * 2000,  # longer than the outbox stores
     ],
 )
 def test_link_local_and_metadata_targets_are_refused(api, url):
@@ -184,7 +187,7 @@ def test_link_local_and_metadata_targets_are_refused(api, url):
         "/api/v1/alert-rules",
         json={"name": "r", "metric": "acr", "op": ">", "threshold": 1, "notify": [url]},
     )
-    assert r.status_code == 422 and "webhook" in r.text
+    assert r.status_code == 422 and ("webhook" in r.text or "at most 2000" in r.text), r.text
 
 
 def test_reward_crash_fires_once_and_resolves_once(api, receiver):
@@ -800,3 +803,32 @@ def test_an_offer_disappears_once_the_run_asks_for_it(api):
     assert api.post(f"/api/v1/runs/{rid}/commands", json=sampling).status_code == 201
     (ep,) = alerts_of(api, rid, "offer")
     assert ep["state"] == "firing" and ep["mitigation"] is None
+
+
+def test_names_at_their_limit_issue_commands(server, api):
+    """A rule and a key named with the 200 characters their names may have issue commands: the
+    command's issued_by ("alert:" or "key:" and the name) overflowed its column on PostgreSQL,
+    which failed the alert pass of every run the rule covered (a trial)."""
+    name = "r" * 200
+    run = new_run(api, name="long-names")
+    make_rule(
+        api,
+        name=name,
+        run_id=run["run_id"],
+        metric="acr",
+        op=">",
+        threshold=0.5,
+        mitigation={"type": "checkpoint", "params": {}},
+    )
+    answer = post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])
+    assert [c["type"] for c in answer["commands"]] == ["checkpoint"]
+    log = api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"]
+    assert [c["issued_by"] for c in log] == [f"alert:{name}"]
+    assert [a["state"] for a in alerts_of(api, run["run_id"], name)] == ["firing"]
+
+    key = create_key(server.database_url, "control,read", name="k" * 200)
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}) as client:
+        r = client.post(f"/api/v1/runs/{run['run_id']}/commands", json={"type": "stop"})
+        assert r.status_code == 201, r.text
+    log = api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"]
+    assert log[0]["issued_by"] == "key:" + "k" * 200

@@ -61,7 +61,7 @@ from .sender import (
     send_head,
     server_url_problem,
 )
-from .spool import SPOOL_SUFFIX, Spool
+from .spool import SPOOL_SUFFIX, Spool, SpoolInUse
 
 __all__ = ["Command", "Monitor", "derive_launch_id"]
 
@@ -267,7 +267,13 @@ class Monitor:
         folder = Path(spool_dir) if spool_dir is not None else _default_spool_dir()
         name = f"{_safe(self.run_id, 64)}.{_safe(self.launch_id)}.r{self.rank}{SPOOL_SUFFIX}"
         try:
-            self._spool = Spool(folder / name, max_bytes=spool_max_bytes)
+            try:
+                self._spool = Spool(folder / name, max_bytes=spool_max_bytes)
+            except SpoolInUse:  # another Monitor of this run, launch and rank, or a sync of it
+                alone = f"{name[: -len(SPOOL_SUFFIX)]}.{uuid.uuid4().hex[:8]}{SPOOL_SUFFIX}"
+                log.warning("vantage: spool %s is in use; using %s", folder / name, alone)
+                name = alone
+                self._spool = Spool(folder / name, max_bytes=spool_max_bytes)
         except (OSError, Exception) as exc:  # an unwritable folder must not stop training
             fallback = Path(tempfile.gettempdir()) / "vantage-spool"
             log.warning("vantage: cannot use spool folder %s (%s); using %s", folder, exc, fallback)

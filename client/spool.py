@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -24,7 +25,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["Spool", "SpoolRow", "sync", "SPOOL_SUFFIX"]
+__all__ = ["Spool", "SpoolInUse", "SpoolRow", "sync", "SPOOL_SUFFIX"]
 
 log = logging.getLogger("vantage.client")
 
@@ -56,6 +57,31 @@ CREATE TABLE IF NOT EXISTS acks (
 """
 
 
+class SpoolInUse(RuntimeError):
+    """Another open `Spool` (a live Monitor's, or a running `vantage sync`) holds the file."""
+
+
+def _hold(path: Path) -> int | None:
+    """Take an exclusive lock on the spool file for as long as the returned descriptor stays
+    open (``flock``: released when the process ends, however it ends), so that `vantage sync`
+    never replays, and deletes, a spool that a live Monitor is still writing (a trial lost the
+    rest of a run that way). Raises SpoolInUse when another holder has it. Where ``fcntl`` is
+    missing (Windows) nothing is locked and None is returned."""
+    try:
+        import fcntl  # noqa: PLC0415 - POSIX only
+    except ImportError:
+        return None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # an empty file is a new SQLite database
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SpoolInUse(f"{path} is in use by another process") from None
+    except OSError:  # a file system without flock: go on unlocked, as on Windows
+        pass
+    return fd
+
+
 def _locked(method):  # noqa: ANN001, ANN202
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
@@ -83,11 +109,28 @@ class Spool:
     """
 
     def __init__(self, path: str | Path, max_bytes: int = 1 << 30) -> None:
+        """Open (or create) the spool file at ``path`` and hold it until `close` (`_hold`).
+        Raises SpoolInUse when another open Spool holds it, OSError when it cannot be made."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_bytes = int(max_bytes)
         self._lock = threading.RLock()
         self.closed = False
+        self._holder = _hold(self.path)
+        try:
+            self._open()
+        except BaseException:
+            if hasattr(self, "_db"):
+                self._db.close()
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        if self._holder is not None:
+            os.close(self._holder)
+            self._holder = None
+
+    def _open(self) -> None:
         # isolation_level=None: autocommit; explicit BEGIN where several statements must be atomic.
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -265,6 +308,7 @@ class Spool:
         if clean:
             for suffix in ("", "-wal", "-shm"):
                 Path(str(self.path) + suffix).unlink(missing_ok=True)
+        self._release()  # after the unlink: no other process opens a file being removed
         return clean
 
 
@@ -310,6 +354,11 @@ def sync(
             totals["files"] += 1
             try:
                 unreachable = _sync_file(path, transport, timeout, totals, unreachable)
+            except SpoolInUse:
+                totals["errors"].append(
+                    f"{path.name}: in use by a running process (a Monitor still writing it, or "
+                    "another sync); left as it is: sync it once that process has ended"
+                )
             except sqlite3.DatabaseError as exc:  # not SQLite, or cut short: the others go on
                 totals["errors"].append(
                     f"{path.name}: not a readable spool file ({exc}); left as it is"

@@ -749,3 +749,48 @@ def test_close_without_waiting_says_the_sender_goes_on(server: Server, tmp_path:
     while len(server.metrics(mon.run_id)) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert [p["step"] for p in server.metrics(mon.run_id)] == [0, 1, 2]
+
+
+def test_sync_leaves_a_spool_that_a_live_monitor_is_writing(server: Server, tmp_path: Path):
+    """`vantage sync` of the spool folder replayed and deleted the file of a trainer still
+    running against a dead server: everything it logged afterwards was lost (two trials). A
+    live Monitor holds its file; sync names it and leaves it, and uploads it once the trainer
+    has ended. A second Monitor of the same run, launch and rank spools to a file of its own."""
+    spool_dir = tmp_path / "spool"
+    twin = Monitor(None, None, run_name="twin", launch_id="l1", spool_dir=spool_dir)
+    other = Monitor(None, None, run_id=twin.run_id, launch_id="l1", spool_dir=spool_dir)
+    assert other.spool_path != twin.spool_path
+    for m in (twin, other):
+        m.close(timeout=1)
+        m.spool_path.unlink(missing_ok=True)
+
+    trainer = f"""
+import random, sys
+from vantage.client import Monitor
+def rewards(step):
+    rng = random.Random(step)
+    return [[float(rng.random() < 0.5) for _ in range(4)] for _ in range(8)]
+mon = Monitor("http://127.0.0.1:{free_port()}", None, run_name="still-training",
+              spool_dir={str(spool_dir)!r})
+for step in range(3):
+    mon.log_groups(step, rewards(step))
+print(mon.run_id, flush=True)
+sys.stdin.readline()  # the test syncs meanwhile
+for step in range(3, 6):
+    mon.log_groups(step, rewards(step))
+mon.close(timeout=1)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", trainer], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    run_id = proc.stdout.readline().strip()
+    vantage = str(Path(sys.executable).with_name("vantage"))
+    synced = subprocess.run([vantage, "sync", str(spool_dir), "--server", server.url],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc.communicate("go on\n", timeout=120)
+    assert synced.returncode == 1, synced.stdout + synced.stderr
+    result = json.loads(synced.stdout.strip().splitlines()[-1])
+    assert result["sent_groups"] == 0, result
+    assert any("in use by a running process" in e for e in result["errors"]), result["errors"]
+    result = sync(spool_dir, server.url, None)  # the trainer has ended
+    assert (result["sent_groups"], result["failed"]) == (48, False), result
+    assert [p["n_groups"] for p in server.metrics(run_id)] == [8] * 6

@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import tempfile
+import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,13 @@ def bind_problem(host: str, port: int) -> str | None:
     return None
 
 
+def _host_problem(problem: str) -> bool:
+    """Whether a `bind_problem` is the host's (a name that does not resolve, an address this
+    machine does not have) rather than the port's."""
+    words = ("not known", "assign requested address", "temporary failure", "no address")
+    return any(w in problem.lower() for w in words)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port of ``host`` that is free now (the OS's choice)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -96,14 +104,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .main import create_app
 
-    if args.port == 0:  # the OS's choice, named below (uvicorn would not say it)
-        args.port = free_port(args.host)
     if problem := bind_problem(args.host, args.port):
         print(
-            f"error: cannot serve on {args.host}:{args.port}: {problem}; choose another --port",
+            f"error: cannot serve on {args.host}:{args.port}: {problem}; choose another "
+            + ("--host" if _host_problem(problem) else "--port"),
             file=sys.stderr,
         )
         return 1
+    if args.port == 0:  # the OS's choice, named below (uvicorn would not say it)
+        args.port = free_port(args.host)
     if not args.no_upgrade and not upgrade_or_explain(settings.database_url):
         return 1
     if args.no_upgrade and not _schema_or_explain(settings.database_url):
@@ -265,6 +274,10 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    for flag, value in (("--name", args.name), ("--project", args.project)):
+        if problem := _key_text_problem(value):
+            print(f"error: {flag} {problem}", file=sys.stderr)
+            return 2
     with _session(args, create=True) as session:
         key = create_key(session, args.name, scopes, args.project)
         session.commit()
@@ -275,6 +288,18 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     )
     print(key)
     return 0
+
+
+def _key_text_problem(value: str | None) -> str | None:
+    """Why a key's name or project cannot be stored (at most 200 characters, as the database
+    holds them; no control characters, which broke `keys list`'s tab-separated lines), or None."""
+    if value is None:
+        return None
+    if len(value) > 200:
+        return f"has {len(value)} characters; at most 200"
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        return "cannot hold control characters (tabs, line breaks)"
+    return None
 
 
 def _key_line(k: dict) -> str:
@@ -436,7 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--insecure-no-auth", action="store_true", help="no API keys (loopback hosts only)"
     )
     p.add_argument("--no-upgrade", action="store_true", help="skip the schema upgrade on start")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug")
+    )
     p.add_argument(
         "--workers",
         type=_workers,

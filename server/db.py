@@ -53,6 +53,13 @@ def check_url(url: str) -> str:
             f"Vantage keeps its data in SQLite or PostgreSQL, not {backend}: give "
             "sqlite:///PATH or postgresql://USER@HOST/DATABASE"
         )
+    driver = parsed.get_driver_name()
+    if driver not in ("pysqlite", "psycopg"):  # the drivers the server extra installs
+        raise ValueError(
+            f"names the {backend} driver {driver}, which Vantage does not use: give "
+            + ("sqlite:///PATH" if backend == "sqlite" else "postgresql://USER@HOST/DATABASE")
+            + " (psycopg 3)"
+        )
     if backend == "sqlite" and (parsed.database or ":memory:") == ":memory:":
         # each connection would get an empty database of its own: the server said it was
         # ready, then answered every request with a 500 (no such table; a trial)

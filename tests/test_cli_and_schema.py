@@ -88,13 +88,31 @@ def test_keys_on_a_database_that_is_not_vantages_say_so_in_one_line(tmp_path):
         for url, says in (("mysql://u:pw@db/v", "in SQLite or PostgreSQL, not mysql"),
                           ("bogus", "is not a database URL"),
                           # the server said it was ready, then answered every request with a 500
-                          ("sqlite://", "an in-memory SQLite database")):  # fmt: skip
+                          ("sqlite://", "an in-memory SQLite database"),
+                          # a driver the server extra does not install (No module named: exit 1)
+                          ("postgresql+asyncpg://u:pw@db/v", "driver asyncpg")):  # fmt: skip
             out = run_cli(*command, "--database-url", url, check=False)
             assert out.returncode == 2 and says in out.stderr, out
             assert out.stderr.startswith("error: --database-url "), out.stderr
             assert "pw" not in out.stderr and len(out.stderr.splitlines()) == 1
     out = run_cli("keys", "list", env={"VANTAGE_DATABASE_URL": "sqlite:///:memory:"}, check=False)
     assert out.returncode == 2 and out.stderr.startswith("error: VANTAGE_DATABASE_URL="), out
+    # A key's name and project fit the database and keep `keys list` one line a key (a 201-
+    # character name was a DataError traceback; a tab split its line).
+    db = f"sqlite:///{typo}"
+    for flag, value, says in (("--name", "q" * 201, "--name has 201 characters"),
+                              ("--name", "tab\there", "--name cannot hold control"),
+                              ("--project", "p" * 201, "--project has 201")):  # fmt: skip
+        args = ["--name", "k", "--scopes", "read", flag, value, "--database-url", db]
+        out = run_cli("keys", "create", *args, check=False)
+        assert out.returncode == 2 and says in out.stderr, out
+        assert len(out.stderr.splitlines()) == 1, out.stderr
+    # serve: a host that does not resolve names --host; an unknown log level is argparse's 2
+    out = run_cli("serve", "--host", "not.a.host.invalid", "--port", "0", "--database-url",
+                  f"sqlite:///{tmp_path}/serve.db", check=False)  # fmt: skip
+    assert out.returncode == 1 and out.stderr.strip().endswith("choose another --host"), out
+    out = run_cli("serve", "--log-level", "bogus", check=False)
+    assert out.returncode == 2 and "invalid choice: 'bogus'" in out.stderr, out
     # A first key may be made before the server's first start; that is said.
     made = run_cli("keys", "create", "--name", "a", "--scopes", "read", "--database-url",
                    f"sqlite:///{typo}")  # fmt: skip

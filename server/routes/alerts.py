@@ -144,7 +144,10 @@ def alerts_index(
         load_run(session, run_id, key)
     if since is not None:
         if not 1970 <= since.year <= 9000:  # the database cannot compare far-off dates
-            raise HTTPException(422, "since must be a date between 1970 and 9000")
+            msg = "since must be a date between 1970 and 9000"
+            raise HTTPException(
+                422, [{"type": "value_error", "loc": ["query", "since"], "msg": msg}]
+            )
         since = as_utc(since)
     alerts = list_alerts(
         session, run_id=run_id, rule=rule, state=state, since=since, project=key.project

@@ -259,6 +259,8 @@ def test_reward_crash_fires_once_and_resolves_once(api, receiver):
     assert alerts_of(api, run["run_id"], "crash", since=earlier) == alerts_of(
         api, run["run_id"], "crash"
     )
+    far = api.get("/api/v1/alerts", params={"since": "0001-01-01T00:00:00Z"})
+    assert far.status_code == 422 and far.json()["detail"][0]["loc"] == ["query", "since"]
     everything = api.get("/api/v1/alerts").json()["alerts"]
     assert any(a["alert_id"] == ep["alert_id"] for a in everything)
     created = [a["alert_id"] for a in everything]

@@ -103,11 +103,31 @@ def _dtype(config: TrainConfig) -> torch.dtype:
     return torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
 
 
+def _local_checkpoint(key: str, where: str) -> Path:
+    """``where`` as a local Hugging Face checkpoint folder (a model's config.json and its
+    tokenizer's files, as a saved policy/ holds). Raises FileNotFoundError naming ``key``: a
+    missing folder, a file, an empty folder or a hub name gave transformers' tracebacks (and a
+    hub name a request to the hub)."""
+    path = Path(where)
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+    if (
+        not path.is_dir()
+        or not (path / "config.json").is_file()
+        or not any((path / name).is_file() for name in tokenizer_files)
+    ):
+        raise FileNotFoundError(
+            f"{key} {where} is not a local Hugging Face checkpoint folder (config.json and "
+            f"tokenizer files, as a checkpoint's policy/ holds: --set {key}=/path/to/folder); "
+            "nothing is downloaded"
+        )
+    return path
+
+
 def load_policy(config: TrainConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The policy and its tokenizer as ``config`` names them (init_checkpoint wins when set)."""
     dtype = _dtype(config)
     if config.init_checkpoint:
-        path = Path(config.init_checkpoint)
+        path = _local_checkpoint("init_checkpoint", config.init_checkpoint)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     elif config.model_source == "tiny":
@@ -115,11 +135,7 @@ def load_policy(config: TrainConfig) -> tuple[PreTrainedModel, PreTrainedTokeniz
         torch.manual_seed(config.seed)  # the same initial weights on every rank
         model = tiny_llama(config, tokenizer).to(dtype)
     elif config.model_source == "hf":
-        if not Path(config.model_path).is_dir():  # type: ignore[arg-type]
-            raise FileNotFoundError(
-                f"model_path {config.model_path} is not a folder; point it at a local Hugging Face "
-                "checkpoint (--set model_path=/path/to/checkpoint); nothing is downloaded"
-            )
+        _local_checkpoint("model_path", config.model_path)  # type: ignore[arg-type]
         tokenizer = AutoTokenizer.from_pretrained(config.model_path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
             config.model_path, local_files_only=True, dtype=dtype

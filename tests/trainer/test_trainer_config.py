@@ -160,6 +160,12 @@ def test_vantage_train_says_a_user_mistake_in_one_line(tmp_path, capsys):
     bad = tmp_path / "b.yaml"
     bad.write_text("steps: [unclosed\n")
     cases = [[str(bad)], [str(tmp_path)], ["arith-tiny", "--set", "prompts_per_step=-3"]]
+    # init_checkpoint that is no local checkpoint folder: missing, a file, empty, a hub name
+    # (transformers' tracebacks, and for the hub name a request to the hub: a trial)
+    (tmp_path / "empty").mkdir()
+    for where in (tmp_path / "nope", bad, tmp_path / "empty", "someorg/somemodel"):
+        out = f"output_dir={tmp_path / 'ckpt-run'}"
+        cases.append(["arith-tiny", "--set", f"init_checkpoint={where}", "--set", out])
     if not torch.cuda.is_available():
         out = f"output_dir={tmp_path / 'run'}"
         cases.append(["arith-tiny", "--set", "device=cuda", "--set", out])
@@ -167,6 +173,8 @@ def test_vantage_train_says_a_user_mistake_in_one_line(tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("vantage train: ") and len(err.splitlines()) == 1, err
+        if any(a.startswith("init_checkpoint") for a in argv):
+            assert "not a local Hugging Face checkpoint folder" in err, err
     assert "sees no CUDA device" in err or torch.cuda.is_available()
 
 

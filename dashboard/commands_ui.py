@@ -137,12 +137,13 @@ SETTINGS = {
 }
 
 
-def current_settings(run: dict, commands: list[dict]) -> dict[str, Any]:
+def current_settings(run: dict, commands: list[dict], latest: dict | None = None) -> dict[str, Any]:
     """The run's settings as far as the server knows, the starting values of the command forms
     (so that a click re-sends what is in effect, not the defaults): each mitigation setting
     from the run's config, then every applied `set_mitigation` that names it (the trainer keeps
     settings across commands), oldest first; the temperature from `current_temperature`.
-    ``commands``: newest first, as the log lists them."""
+    ``commands``: newest first, as the log lists them; ``latest``: the run's newest training
+    step (a metrics point), or None."""
     config = run.get("config") or {}
     out = {name: _setting(config.get(key), default) for name, (key, _, default) in SETTINGS.items()}
     for c in reversed(commands):
@@ -150,7 +151,7 @@ def current_settings(run: dict, commands: list[dict]) -> dict[str, Any]:
             params = c.get("params") or {}
             for name, (_, param, _) in SETTINGS.items():
                 out[name] = _setting(params.get(param), out[name])
-    out["temperature"] = current_temperature(run, commands)
+    out["temperature"] = current_temperature(run, commands, latest)
     return out
 
 
@@ -163,16 +164,29 @@ def _setting(value: Any, fallback: Any) -> Any:
     return float(value) if number and math.isfinite(value) else fallback
 
 
-def current_temperature(run: dict, commands: list[dict]) -> float:
-    """The run's sampling temperature as far as the server knows: that of the newest applied
-    `set_sampling` (``commands`` newest first, as the log lists them), else the config's
-    `temperature`, else 1.0 (the trainer's default)."""
-    for c in commands:
-        if c.get("type") == "set_sampling" and c.get("status") == "applied":
-            return float(c["params"]["temperature"])
-    t = (run.get("config") or {}).get("temperature")
+def current_temperature(run: dict, commands: list[dict], latest: dict | None = None) -> float:
+    """The run's sampling temperature as far as the server knows: the one the trainer reported
+    (its ``temperature`` scalar) at the newest step ``latest``, when that step came after the
+    newest applied `set_sampling` (a relaunch may have set another: the form kept offering the
+    command's value, a trial); else that command's (``commands`` newest first, as the log lists
+    them); else the config's ``temperature``; else 1.0 (the trainer's default)."""
+    applied = next(
+        (c for c in commands if c.get("type") == "set_sampling" and c.get("status") == "applied"),
+        None,
+    )
+    reported = _temperature(((latest or {}).get("scalars") or {}).get("temperature"))
+    if reported is not None and (
+        applied is None or (applied.get("acked_step") or 0) < (latest or {}).get("step", 0)
+    ):
+        return reported
+    if applied is not None:
+        return float(applied["params"]["temperature"])
+    return _temperature((run.get("config") or {}).get("temperature")) or 1.0
+
+
+def _temperature(t: Any) -> float | None:
     ok = isinstance(t, int | float) and not isinstance(t, bool) and 0 < t <= 10
-    return float(t) if ok else 1.0
+    return float(t) if ok else None
 
 
 def panel(

@@ -109,6 +109,16 @@ def run_since(info, run_id: str, after_step: int | None) -> dict[str, Any] | Non
     return {"run": run, "points": points, "alerts": alerts, "timeline": timeline}
 
 
+def latest_point(run: dict) -> dict | None:
+    """The newest training step of a ``run`` the caller may see (a metrics point, with the
+    trainer's scalars), or None before its first."""
+    if run.get("last_step") is None:
+        return None
+    with context.session() as s:
+        points = _queries().run_metrics(s, run["run_id"], from_step=run["last_step"])["points"]
+    return points[-1] if points else None
+
+
 def split_points(
     info, run_id: str, split: str, after_step: int | None = None, max_points: int = 2000
 ) -> list[dict] | None:

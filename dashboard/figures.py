@@ -334,13 +334,15 @@ def alert_markers(alerts: Iterable[dict], points: Sequence[Point]) -> tuple[list
 
 
 def _traces(xy, series: Sequence[Series], **extra) -> list[dict]:
+    """One line a series; a series with a single value also gets a marker (a line of one point
+    draws nothing: a loss logged once showed an empty chart, a trial)."""
     return [
         {
             "type": "scatter",
             "x": xs,
             "y": ys,
             "name": s.label,
-            "mode": "lines",
+            "mode": "lines" if sum(y is not None for y in ys) > 1 else "lines+markers",
             "hovertemplate": s.hover,
             **s.style,
             **extra,
@@ -457,7 +459,8 @@ def scalars_title(non_finite: str | None, shown: str | None = None) -> str:
 # The scalars chart's note while no scalar has been logged (a live update reloads the chart
 # when the first arrive).
 NO_SCALARS_NOTE = {
-    "text": "No trainer scalars logged yet (Monitor.log_scalars sends loss, KL, ...).",
+    # two short lines: one long line was cut at both ends in a half-width chart (a trial)
+    "text": "No trainer scalars logged yet<br>(Monitor.log_scalars sends loss, KL, ...)",
     "xref": "paper",
     "yref": "paper",
     "x": 0.5,
@@ -467,7 +470,7 @@ NO_SCALARS_NOTE = {
 # An empty chart said nothing of why (a run registered, its first step not yet sent).
 NO_STEPS_NOTE = {
     **NO_SCALARS_NOTE,
-    "text": "No steps yet: they appear here as the trainer sends them.",
+    "text": "No steps yet:<br>they appear here as the trainer sends them",
 }
 MAX_SCALAR_CHARTS = 4
 NOT_CHARTED = frozenset({"reward_std"})  # drawn as the reward chart's band

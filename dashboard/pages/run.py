@@ -40,7 +40,9 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
         )
     can_control = context.can(info, "control")
     ended = run["status"] if components.run_ended(run) else None
-    settings = commands_ui.current_settings(run, data.commands(info, run_id) or [])
+    settings = commands_ui.current_settings(
+        run, data.commands(info, run_id) or [], data.latest_point(run)
+    )
     return html.Div(
         [
             dcc.Store(id="run-id", data=run_id),
@@ -245,7 +247,9 @@ def disable_commands_when_the_run_ends(stopped, ended_at_load, run_id):
     run = data.visible_run(info, run_id)
     if run is None or not components.run_ended(run):
         return no_update
-    settings = commands_ui.current_settings(run, data.commands(info, run_id) or [])
+    settings = commands_ui.current_settings(
+        run, data.commands(info, run_id) or [], data.latest_point(run)
+    )
     return commands_ui.panel(context.can(info, "control"), run["status"], settings)
 
 

@@ -244,6 +244,16 @@ def test_the_temperature_box_starts_at_the_runs_temperature():
     assert commands_ui.current_temperature(run, newest_first[:1]) == 0.8  # the config's
     assert commands_ui.current_temperature({"config": {"temperature": "hot"}}, []) == 1.0
     assert commands_ui.current_temperature({"config": None}, []) == 1.0
+    # What the trainer reported at a step after the command wins: a relaunch with
+    # temperature=0.9 after set_sampling 1.3 was applied at step 68 (the box kept 1.3: a trial)
+    applied = [{**sampling, "status": "applied", "acked_step": 68, "params": {"temperature": 1.3}}]
+    relaunched = {"step": 70, "scalars": {"temperature": 0.9, "loss": 0.1}}
+    assert commands_ui.current_temperature(run, applied, relaunched) == 0.9
+    assert commands_ui.current_temperature(run, applied, {**relaunched, "step": 68}) == 1.3
+    assert commands_ui.current_temperature(run, [], relaunched) == 0.9
+    no_scalar = {"step": 70, "scalars": {"temperature": "NaN"}}
+    assert commands_ui.current_temperature(run, applied, no_scalar) == 1.3
+    assert commands_ui.current_settings(run, applied, relaunched)["temperature"] == 0.9
 
 
 def test_the_command_forms_start_at_the_runs_settings():
@@ -392,3 +402,11 @@ def test_the_evaluation_figure_draws_acr_by_side_and_reward():
     assert names == ["all-fail share", "all-pass share", "ACR", "reward mean"]
     assert [t["yaxis"] for t in fig["data"]] == ["y", "y", "y", "y2"]
     assert fig["data"][2]["y"] == [0.5, 0.5, 0.5] and "&lt;b&gt;" in fig["layout"]["title"]["text"]
+
+
+def test_a_scalar_logged_once_is_drawn_as_a_dot():
+    """A line of one point draws nothing: a loss logged at one step left its chart empty."""
+    points = [point(1, scalars={"kl": 0.1}), point(2, scalars={"loss": 0.5, "kl": 0.2})]
+    fig = figures.scalars_figure(points)
+    modes = {t["name"]: t["mode"] for t in fig["data"]}
+    assert modes["loss"] == "lines+markers" and modes["KL"] == "lines", modes

@@ -154,7 +154,7 @@ ACR_SERIES: tuple[Series, ...] = (
         "effective ACR (after mitigation)",
         _share("acr_effective"),
         _hover("effective ACR", "zero-advantage groups left after AVSPO/AAPO"),
-        {"line": {"color": COLORS["acr_effective"], "width": 1.5}},
+        {"line": {"color": COLORS["acr_effective"], "width": 2.5}},
     ),
     Series(
         "acr",
@@ -270,7 +270,9 @@ def mitigation_bands(timeline: Iterable[dict], last_step: int | None) -> list[di
                 "layer": "below",
                 "label": {
                     "text": _band_label(mode, item, (end - start) / span, i == on[-1], len(on)),
-                    "textposition": "top left",
+                    # a band in the right half is labelled from its right edge leftwards (a
+                    # label running right from it was cut at the chart's edge: a trial)
+                    "textposition": "top left" if start < span / 2 else "top right",
                     "font": {"size": 10, "color": "#374151"},
                 },
             }
@@ -395,7 +397,9 @@ def acr_figure(
     if downsampled:
         title += " (downsampled, extremes kept)"
     layout = _base_layout(title, height=420)
-    layout["yaxis"] = {"title": {"text": "share of groups"}, "range": [0, 1.02]}
+    # from just below 0: a share of 0 (the effective ACR once AVSPO works) was drawn half
+    # under the x axis and could not be seen (a trial)
+    layout["yaxis"] = {"title": {"text": "share of groups"}, "range": [-0.03, 1.02]}
     layout["shapes"] = [threshold_line(), *mitigation_bands(timeline, last)]
     if not points:
         layout["annotations"] = [dict(NO_STEPS_NOTE)]

@@ -122,7 +122,8 @@ def _missing(run_id: str) -> html.Div:
         [
             html.H2("Run not found"),
             html.P(
-                f"No run {components.shown_id(run_id)} visible to this key yet. This page "
+                f"No run {components.shown_id(run_id)} is visible to this key: it was deleted, "
+                "belongs to a project this key cannot see, or has not registered yet. This page "
                 "shows it as soon as it appears (the demo's run registers after its warm start)."
             ),
             dcc.Link("All runs", href=components.URL_BASE),
@@ -324,7 +325,11 @@ def send_command(_submit, pending, run_id, reason):
     except (PermissionError, ValueError, LookupError) as exc:
         error = html.Span(f"Not sent: {exc}", className="result-error", id="cmd-error")
         return error, None, no_update, True, None  # the reason stays for another try
-    text = f"Sent {cmd['type']} (command {cmd['command_id'][:8]}): {cmd['status']}."
+    # the command log below follows its status; a status here stayed "pending" for good
+    text = (
+        f"Sent {cmd['type']} (command {cmd['command_id'][:8]}); the command log below shows "
+        "when the trainer applies it."
+    )
     # the reason went with this command; the next one gets its own
     sent = html.Span(text, className="result-ok", id="cmd-sent")
     return sent, cmd["command_id"], "", True, None

@@ -86,7 +86,12 @@ def test_mitigation_bands_name_the_command_and_end_at_the_next_change():
     assert "AVSPO" in bands[0]["label"]["text"] and "c0ffee12" in bands[0]["label"]["text"]
     assert "dashboard:lead" in bands[0]["label"]["text"]
     assert "AAPO" in bands[1]["label"]["text"]
-    go.Figure(figures.acr_figure([point(s) for s in range(61)], timeline))
+    # a band in the right half is labelled leftwards from its right edge (cut at the chart's
+    # edge when it ran right: a trial)
+    assert [b["label"]["textposition"] for b in bands] == ["top left", "top right"]
+    fig = figures.acr_figure([point(s) for s in range(61)], timeline)
+    go.Figure(fig)
+    assert fig["layout"]["yaxis"]["range"][0] < 0  # a share of 0 is drawn whole
 
 
 def test_alert_markers_sit_on_the_acr_line_with_a_tooltip():

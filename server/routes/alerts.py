@@ -69,13 +69,19 @@ def _own_rule(session: SessionDep, rule_id: int, key: KeyInfo) -> AlertRule:
 def _scoped(scope: RulePatch | SilenceMatchers, key: KeyInfo, session: SessionDep) -> None:
     """A project key writes rules and silences of its project only: ``scope`` (a rule's body
     or a silence's matchers) gets the key's project; another project is a 403, a run of
-    another project a 404."""
-    if scope.run_id is not None:
-        load_run(session, scope.run_id, key)
+    another project a 404. A run and a project that disagree are a 422 (the project was
+    ignored and the rule applied to the run)."""
+    run = load_run(session, scope.run_id, key) if scope.run_id is not None else None
     if key.project is not None:
         if scope.project not in (None, key.project):
             raise HTTPException(403, f"this key is limited to project '{key.project}'")
         scope.project = key.project
+    if run is not None and scope.project is not None and run.project != scope.project:
+        raise HTTPException(
+            422,
+            f"run {run.id} is in project {run.project or '(none)'}, not '{scope.project}': "
+            "name the run alone, or the project alone",
+        )
 
 
 @router.get("/alert-rules")

@@ -659,6 +659,12 @@ def test_project_rules_apply_to_their_project_only(api):
         post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])
     assert len(alerts_of(api, mine["run_id"], "vision-only")) == 1
     assert alerts_of(api, other["run_id"], "vision-only") == []
+    # A rule naming a run and another project: the project was ignored (a trial); refused.
+    body = {"name": "both", "metric": "acr", "op": ">", "threshold": 0.5}
+    crossed = {**body, "run_id": other["run_id"], "project": "vision"}
+    r = api.post("/api/v1/alert-rules", json=crossed)
+    assert r.status_code == 422 and "is in project language" in r.text, r.text
+    make_rule(api, **body, run_id=mine["run_id"], project="vision")  # they agree
     # Deleting a run deletes its episodes and evaluation state with it.
     assert api.delete(f"/api/v1/runs/{mine['run_id']}").status_code == 204
     everything = api.get("/api/v1/alerts", params={"rule": "vision-only"}).json()["alerts"]

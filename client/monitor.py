@@ -271,7 +271,14 @@ class Monitor:
                 self._spool = Spool(folder / name, max_bytes=spool_max_bytes)
             except SpoolInUse:  # another Monitor of this run, launch and rank, or a sync of it
                 alone = f"{name[: -len(SPOOL_SUFFIX)]}.{uuid.uuid4().hex[:8]}{SPOOL_SUFFIX}"
-                log.warning("vantage: spool %s is in use; using %s", folder / name, alone)
+                log.warning(
+                    "vantage: spool %s is in use by another Monitor of this run, launch and "
+                    "rank; using %s. If both send the same steps, the first write wins and the "
+                    "other's groups are refused as conflicts: give each process its own rank or "
+                    "launch_id",
+                    folder / name,
+                    alone,
+                )
                 name = alone
                 self._spool = Spool(folder / name, max_bytes=spool_max_bytes)
         except (OSError, Exception) as exc:  # an unwritable folder must not stop training

@@ -102,13 +102,13 @@ def text(max_length: int, min_length: int = 0) -> Any:
 
 
 # Bidirectional overrides and isolates: "rtl \u202e gnp.exe" would read as "rtl exe.png".
-_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 def _plain_name(text: str) -> str:
     if not text.strip():
         raise ValueError("a name needs a visible character, not only spaces")
-    if not _BIDI_CONTROLS.isdisjoint(text):
+    if not BIDI_CONTROLS.isdisjoint(text):
         raise ValueError("a name cannot hold bidirectional control characters (U+202A-E, U+2066-9)")
     return text
 

@@ -324,9 +324,11 @@ def sync(
     table. A file left with nothing worth keeping is deleted.
 
     Returns ``{"server", "files", "runs", "sent_batches", "sent_groups", "duplicates", "conflicts",
-    "dead_letter_batches", "remaining_groups", "dropped_groups", "errors", "failed"}``; ``errors``
-    lists ``"FILE: reason"`` for files that could not be finished (server unreachable, run
-    refused); ``failed`` is true when any file could not be finished or groups remain.
+    "dead_letter_batches", "remaining_groups", "dropped_groups", "errors", "in_use", "failed"}``;
+    ``errors`` lists ``"FILE: reason"`` for files that could not be finished (server
+    unreachable, run refused); ``in_use`` names files a live process holds (a running Monitor,
+    another sync), left alone and not a failure; ``failed`` is true when any file could not be
+    finished or groups remain.
     """
     from .sender import Transport  # noqa: PLC0415 (sender imports this module)
 
@@ -342,6 +344,7 @@ def sync(
         "remaining_groups": 0,
         "dropped_groups": 0,
         "errors": [],
+        "in_use": [],
     }
     where = Path(spool_dir)
     if where.is_file():  # one spool file (the one a Monitor's close warning names)
@@ -354,11 +357,8 @@ def sync(
             totals["files"] += 1
             try:
                 unreachable = _sync_file(path, transport, timeout, totals, unreachable)
-            except SpoolInUse:
-                totals["errors"].append(
-                    f"{path.name}: in use by a running process (a Monitor still writing it, or "
-                    "another sync); left as it is: sync it once that process has ended"
-                )
+            except SpoolInUse:  # not a failure: its process sends it (a cron sync exits 0)
+                totals["in_use"].append(path.name)
             except sqlite3.DatabaseError as exc:  # not SQLite, or cut short: the others go on
                 totals["errors"].append(
                     f"{path.name}: not a readable spool file ({exc}); left as it is"

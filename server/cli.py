@@ -43,7 +43,10 @@ def settings_or_exit(args: argparse.Namespace, **overrides: Any):  # noqa: ANN20
     from .settings import SettingsError, load_settings
 
     values = {k: v for k, v in overrides.items() if v is not None}
-    if getattr(args, "database_url", None):
+    if getattr(args, "database_url", None) is not None:
+        if not args.database_url.strip():  # an unset shell variable: not the default database
+            print("error: --database-url is empty; give a database URL", file=sys.stderr)
+            raise SystemExit(2)
         values["database_url"] = args.database_url
     try:
         return load_settings(**values)
@@ -74,6 +77,8 @@ def bind_problem(host: str, port: int) -> str | None:
             s.bind((host, port))
         except OSError as exc:
             return exc.strerror or str(exc)
+        except (TypeError, UnicodeError):  # bytes that are no text (an undecodable argument)
+            return "Name or service not known"
     return None
 
 
@@ -93,6 +98,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if not args.host.strip():  # '' binds every interface, unasked (an unset shell variable)
+        print("error: --host is empty; give a host, such as 127.0.0.1 or 0.0.0.0", file=sys.stderr)
+        return 2
     if args.insecure_no_auth and not _is_loopback(args.host):
         print(
             f"error: --insecure-no-auth only binds a loopback host, not {args.host}",
@@ -295,6 +303,14 @@ def _key_text_problem(value: str | None) -> str | None:
     holds them; no control characters, which broke `keys list`'s tab-separated lines), or None."""
     if value is None:
         return None
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # bytes of the command line that are no UTF-8
+        return "is not valid UTF-8 text"
+    from vantage.client.schema import BIDI_CONTROLS
+
+    if not BIDI_CONTROLS.isdisjoint(value):  # they reorder what keys list shows
+        return "cannot hold bidirectional control characters (U+202A-E, U+2066-9)"
     if len(value) > 200:
         return f"has {len(value)} characters; at most 200"
     if any(unicodedata.category(c) == "Cc" for c in value):
@@ -376,6 +392,12 @@ def cmd_sync(args: argparse.Namespace) -> int:
     print(f"syncing {files} spool file(s) to {args.server} ...", file=sys.stderr, flush=True)
     result = spool.sync(args.spool_dir, server=args.server, api_key=args.api_key)
     print(json.dumps(result))
+    if result["in_use"]:
+        print(
+            f"left {len(result['in_use'])} spool file(s) that a running process holds (a "
+            "trainer's Monitor sends its own): sync them once it has ended",
+            file=sys.stderr,
+        )
     if not args.api_key and any("HTTP 401" in e for e in result["errors"]):
         print(
             "hint: the server asks for an API key: pass --api-key KEY or set VANTAGE_API_KEY",

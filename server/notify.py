@@ -104,10 +104,12 @@ def check_target(url: str, allow: str | None, resolve: bool = True) -> str:
     try:
         if url != url.strip() or any(c.isspace() for c in url):
             raise ValueError("it holds blanks")
-        parts.port  # noqa: B018 - raises for a port that is no number or above 65535
+        if parts.port == 0:  # raises for a port that is no number or above 65535
+            raise ValueError("port 0 is no port to send to")
         httpx.URL(url)
     except (ValueError, httpx.InvalidURL) as exc:
-        raise RefusedTarget(f"webhook '{url}' cannot be called: {exc}") from None
+        hint = " (an IPv6 address goes in brackets: http://[fe80::1]/)" if "::" in url else ""
+        raise RefusedTarget(f"webhook '{url}' cannot be called: {exc}{hint}") from None
     host = parts.hostname.lower().rstrip(".")
     if host in METADATA_HOSTS:
         raise RefusedTarget(f"webhook host '{host}' is a cloud metadata service")

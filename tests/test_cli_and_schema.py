@@ -102,7 +102,10 @@ def test_keys_on_a_database_that_is_not_vantages_say_so_in_one_line(tmp_path):
     db = f"sqlite:///{typo}"
     for flag, value, says in (("--name", "q" * 201, "--name has 201 characters"),
                               ("--name", "tab\there", "--name cannot hold control"),
-                              ("--project", "p" * 201, "--project has 201")):  # fmt: skip
+                              ("--project", "p" * 201, "--project has 201"),
+                              ("--name", "a\u202eb", "--name cannot hold bidirectional"),
+                              # undecodable command-line bytes (a UnicodeEncodeError traceback)
+                              ("--name", "a\udcffb", "--name is not valid UTF-8")):  # fmt: skip
         args = ["--name", "k", "--scopes", "read", flag, value, "--database-url", db]
         out = run_cli("keys", "create", *args, check=False)
         assert out.returncode == 2 and says in out.stderr, out
@@ -111,6 +114,15 @@ def test_keys_on_a_database_that_is_not_vantages_say_so_in_one_line(tmp_path):
     out = run_cli("serve", "--host", "not.a.host.invalid", "--port", "0", "--database-url",
                   f"sqlite:///{tmp_path}/serve.db", check=False)  # fmt: skip
     assert out.returncode == 1 and out.stderr.strip().endswith("choose another --host"), out
+    # an empty --host bound every interface; an empty --database-url used the default database
+    # (an unset shell variable: a trial)
+    for args, says in ((("--host", ""), "--host is empty"),
+                       (("--database-url", ""), "--database-url is empty")):  # fmt: skip
+        out = run_cli("serve", *args, "--port", "0", check=False)
+        assert out.returncode == 2 and out.stderr.startswith(f"error: {says}"), out
+        assert len(out.stderr.splitlines()) == 1, out.stderr
+    out = run_cli("keys", "list", "--database-url", "", check=False)
+    assert out.returncode == 2 and "--database-url is empty" in out.stderr, out
     out = run_cli("serve", "--log-level", "bogus", check=False)
     assert out.returncode == 2 and "invalid choice: 'bogus'" in out.stderr, out
     # A first key may be made before the server's first start; that is said.

@@ -76,10 +76,15 @@ def _scoped(scope: RulePatch | SilenceMatchers, key: KeyInfo, session: SessionDe
         if scope.project not in (None, key.project):
             raise HTTPException(403, f"this key is limited to project '{key.project}'")
         scope.project = key.project
-    if run is not None and scope.project is not None and run.project != scope.project:
+    _same_project(run, scope.project)
+
+
+def _same_project(run: Run | None, project: str | None) -> None:
+    """A rule or silence that names a run and a project: they must agree (422)."""
+    if run is not None and project is not None and run.project != project:
         raise HTTPException(
             422,
-            f"run {run.id} is in project {run.project or '(none)'}, not '{scope.project}': "
+            f"run {run.id} is in project {run.project or '(none)'}, not '{project}': "
             "name the run alone, or the project alone",
         )
 
@@ -116,8 +121,14 @@ def rules_update(
 ) -> dict:
     """Change a rule (built-in ones too); fields left out keep their value."""
     rule = _own_rule(session, rule_id, key)
-    if "project" in body.model_fields_set or "run_id" in body.model_fields_set:
+    changed = body.model_fields_set
+    if "project" in changed or "run_id" in changed:
         _scoped(body, key, session)
+        # the rule's own run or project with the other one changed (a PUT of one of them
+        # made a rule of run R in another project, and a second rule of the same name: a trial)
+        run_id = body.run_id if "run_id" in changed else rule.run_id
+        project = body.project if "project" in changed else rule.project
+        _same_project(session.get(Run, run_id) if run_id else None, project)
     try:
         out = update_rule(session, rule, body, settings.webhook_allow)
     except ValueError as exc:

@@ -146,6 +146,7 @@ def test_series_values_match_window_metrics(tmp_path):
         # what the sender could never call (it retried each for an hour: a trial)
         "http://fd00:ec2::254/x",  # IPv6 without brackets
         "http://127.0.0.1:99999/x",
+        "http://127.0.0.1:0/x",
         "http://127.0.0.1:x/y",
         " http://127.0.0.1:9/x",
         "http://127.0.0.1:9/a b",

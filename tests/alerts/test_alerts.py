@@ -664,7 +664,13 @@ def test_project_rules_apply_to_their_project_only(api):
     crossed = {**body, "run_id": other["run_id"], "project": "vision"}
     r = api.post("/api/v1/alert-rules", json=crossed)
     assert r.status_code == 422 and "is in project language" in r.text, r.text
-    make_rule(api, **body, run_id=mine["run_id"], project="vision")  # they agree
+    agreed = make_rule(api, **body, run_id=mine["run_id"], project="vision")  # they agree
+    # changing one of them alone is checked against the other (a PUT of the project alone
+    # was 200: a trial)
+    put = api.put(f"/api/v1/alert-rules/{agreed['id']}", json={"project": "language"})
+    assert put.status_code == 422 and "is in project vision" in put.text, put.text
+    put = api.put(f"/api/v1/alert-rules/{agreed['id']}", json={"run_id": other["run_id"]})
+    assert put.status_code == 422 and "is in project language" in put.text, put.text
     # Deleting a run deletes its episodes and evaluation state with it.
     assert api.delete(f"/api/v1/runs/{mine['run_id']}").status_code == 204
     everything = api.get("/api/v1/alerts", params={"rule": "vision-only"}).json()["alerts"]

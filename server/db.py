@@ -57,8 +57,11 @@ def check_url(url: str) -> str:
     if driver not in ("pysqlite", "psycopg"):  # the drivers the server extra installs
         raise ValueError(
             f"names the {backend} driver {driver}, which Vantage does not use: give "
-            + ("sqlite:///PATH" if backend == "sqlite" else "postgresql://USER@HOST/DATABASE")
-            + " (psycopg 3)"
+            + (
+                "sqlite:///PATH"
+                if backend == "sqlite"
+                else "postgresql://USER@HOST/DATABASE (psycopg 3)"
+            )
         )
     if backend == "sqlite" and (parsed.database or ":memory:") == ":memory:":
         # each connection would get an empty database of its own: the server said it was

@@ -566,28 +566,33 @@ class Monitor:
                 log.exception("vantage: could not spool the queue at close")
             finally:
                 self._final_lock.release()
+        self._warn_left(timeout)
+
+    def _warn_left(self, timeout: float) -> None:
+        """Say at close how many groups the server has not confirmed, where they are (the
+        spool; the queue, which the sender goes on spooling while the process lives) and why."""
         try:
-            left = self.spooled_groups
+            spooled = self.spooled_groups
         except Exception:  # noqa: BLE001 - the spool may already be closed by the sender
-            left = 0
-        if left:
-            why = self._why_left()
-            # the sender goes on after a short timeout: the file may be sent, and gone, by then
-            meanwhile = (
-                "the sender goes on sending while this process lives; "
-                if self._thread.is_alive()
-                else ""
-            )
-            log.warning(
-                "vantage: %d group(s) are still in the spool %s (%s); %swhat is left when the "
-                "process ends can be uploaded with: vantage sync %s --server %s --api-key KEY",
-                left,
-                self.spool_path,
-                why,
-                meanwhile,
-                shlex.quote(str(self.spool_path)),  # this run's file, not the shared folder
-                shlex.quote(self.server) if self.server and not self._unusable else "URL",
-            )
+            spooled = 0
+        queued = self._queued
+        if not spooled and not queued:
+            return
+        where = f"{spooled} in the spool {self.spool_path}"
+        if queued:  # a close(timeout=0) left most of them here (a trial counted only the spool)
+            where += f", {queued} still queued in memory, which the sender moves there"
+        alive = self._thread.is_alive()
+        meanwhile = "the sender goes on while this process lives; " if alive else ""
+        log.warning(
+            "vantage: %d group(s) are not on the server yet (%s): %s; %swhat is left when the "
+            "process ends can be uploaded with: vantage sync %s --server %s --api-key KEY",
+            spooled + queued,
+            where,
+            self._why_left(timeout),
+            meanwhile,
+            shlex.quote(str(self.spool_path)),  # this run's file, not the shared folder
+            shlex.quote(self.server) if self.server and not self._unusable else "URL",
+        )
 
     def _bad_close(self, exc: Exception, then: str) -> None:
         """A bad argument to close(): raised when ``strict``; else said, with what close does
@@ -597,9 +602,10 @@ class Monitor:
         self.stats["rejected_calls"] += 1
         log.warning("vantage: %s; %s", exc, then)
 
-    def _why_left(self) -> str:
+    def _why_left(self, timeout: float) -> str:
         """Why groups stay in the spool at close, for the warning: the server refused the run
-        (a wrong key, say), or it did not answer in time (with its last error), or no server."""
+        (a wrong key, say), or did not confirm them within close's ``timeout`` (seconds; with
+        its last error, which may be older than the close), or no server."""
         if not self.server:
             return "no server"
         if self._unusable:
@@ -608,9 +614,13 @@ class Monitor:
             return f"server {self.server} refused the run: {self._refused}"
         if self._key_refused is not None:
             return f"server {self.server} refuses the API key: {self._key_refused}"
+        said = (
+            f"server {self.server} had not confirmed them when close's timeout "
+            f"({timeout:g} s) passed"
+        )
         if not self.last_error:  # nothing failed: close's time ran out (a timeout of 0, say)
-            return f"server {self.server} had not confirmed them when close's timeout passed"
-        return f"server {self.server} not reachable in time; last error: {self.last_error}"
+            return said
+        return f"{said}; its last error: {self.last_error}"
 
     def _at_exit(self) -> None:
         """Interpreter exit: close if the user did not; give a sender still at work up to

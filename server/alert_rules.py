@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -260,12 +261,28 @@ def update_rule(
     return rule_dict(rule)
 
 
-def list_rules(session: Session, project: str | None = None) -> list[dict[str, Any]]:
+def list_rules(session: Session, project: str | None = None) -> list[AlertRule]:
+    """Every rule by id, or a project's and the global ones (those a project key sees)."""
     q = select(AlertRule).order_by(AlertRule.id)
     rules = session.scalars(q).all()
-    if project is not None:  # a project key sees global rules and its project's
+    if project is not None:
         rules = [r for r in rules if r.project in (None, project)]
-    return [rule_dict(r) for r in rules]
+    return list(rules)
+
+
+def redact_url(url: str) -> str:
+    """A webhook URL without what may be a secret: ``https://hooks.slack.com/services/T/B/x``
+    → ``https://hooks.slack.com/…`` (user info, path, query and fragment dropped; the port
+    kept). The URL was checked when saved (`check_target`)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{host}{port}/…"
 
 
 # ---------------------------------------------------------------------------------- silences

@@ -89,6 +89,11 @@ def _host_problem(problem: str) -> bool:
     return any(w in problem.lower() for w in words)
 
 
+def url_host(host: str) -> str:
+    """``host`` as a URL writes it: an IPv6 address in brackets (``[::1]``)."""
+    return f"[{host}]" if ":" in host else host
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port of ``host`` that is free now (the OS's choice)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -101,6 +106,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.host.strip():  # '' binds every interface, unasked (an unset shell variable)
         print("error: --host is empty; give a host, such as 127.0.0.1 or 0.0.0.0", file=sys.stderr)
         return 2
+    if args.host.startswith("[") and args.host.endswith("]"):  # an IPv6 address as URLs write it
+        args.host = args.host[1:-1]
     if args.insecure_no_auth and not _is_loopback(args.host):
         print(
             f"error: --insecure-no-auth only binds a loopback host, not {args.host}",
@@ -114,7 +121,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if problem := bind_problem(args.host, args.port):
         print(
-            f"error: cannot serve on {args.host}:{args.port}: {problem}; choose another "
+            f"error: cannot serve on {url_host(args.host)}:{args.port}: {problem}; choose another "
             + ("--host" if _host_problem(problem) else "--port"),
             file=sys.stderr,
         )
@@ -126,7 +133,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.no_upgrade and not _schema_or_explain(settings.database_url):
         return 1
     print(
-        f"Vantage API on http://{args.host}:{args.port} (dashboard at /dashboard/)", file=sys.stderr
+        f"Vantage API on http://{url_host(args.host)}:{args.port} (dashboard at /dashboard/)",
+        file=sys.stderr,
     )
     options = dict(
         host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5

@@ -246,6 +246,31 @@ def test_serve_on_a_busy_port_says_so_and_never_claims_to_serve(tmp_path):
         proc.wait(15)
 
 
+@pytest.mark.parametrize("host", ["::1", "[::1]"])
+def test_serve_on_ipv6_loopback_names_a_url_that_works(tmp_path, host):
+    """`--host ::1` printed http://::1:PORT, which no client parses, and `--host [::1]` (as a
+    URL writes it) was 'not known' (a trial): both serve, and the URL is bracketed."""
+    url = f"sqlite:///{tmp_path}/v6.db"
+    cmd = [VANTAGE, "serve", "--host", host, "--port", "0", "--insecure-no-auth",
+           "--database-url", url]  # fmt: skip
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()
+        said = re.search(r"Vantage API on (http://\[::1\]:\d+) ", first)
+        assert said, first
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{said.group(1)}/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert httpx.get(f"{said.group(1)}/healthz").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
 def test_runs_prune_keeps_step_metrics(tmp_path):
     url = f"sqlite:///{tmp_path}/p.db"
     srv = start_server(url, tmp_path, "--insecure-no-auth")

@@ -19,6 +19,7 @@ from ..alert_rules import (
     create_silence,
     list_rules,
     list_silences,
+    redact_url,
     rule_dict,
     update_rule,
 )
@@ -89,9 +90,25 @@ def _same_project(run: Run | None, project: str | None) -> None:
         )
 
 
+def _may_change(rule: AlertRule, key: KeyInfo) -> bool:
+    """Whether the key may change the rule: control scope, and every project or the rule's."""
+    return "control" in key.scopes and key.project in (None, rule.project)
+
+
+def _shown(rule: AlertRule, key: KeyInfo) -> dict:
+    """The rule as the key may see it: webhook URLs (which often carry a token in their path,
+    as Slack's do) in full only to a key that may change the rule; to others, their scheme and
+    host (a trial found every read key, the dashboard's included, reading them)."""
+    out = rule_dict(rule)
+    if not _may_change(rule, key):
+        out["notify"] = [redact_url(u) for u in out["notify"]]
+    return out
+
+
 @router.get("/alert-rules")
 def rules_index(key: RulesReader, session: SessionDep) -> dict:
-    return {"rules": list_rules(session, project=key.project)}
+    rules = list_rules(session, project=key.project)
+    return {"rules": [_shown(r, key) for r in rules]}
 
 
 @router.post("/alert-rules", status_code=201)
@@ -112,7 +129,7 @@ def rules_create(
 
 @router.get("/alert-rules/{rule_id}")
 def rules_read(rule_id: RuleId, key: RulesReader, session: SessionDep) -> dict:
-    return rule_dict(_rule(session, rule_id, key))
+    return _shown(_rule(session, rule_id, key), key)
 
 
 @router.put("/alert-rules/{rule_id}")

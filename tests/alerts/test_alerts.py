@@ -724,6 +724,31 @@ def test_a_project_key_changes_and_mutes_its_projects_alerts_only(server, api):
         assert api.delete(f"/api/v1/alert-rules/{made['id']}").status_code == 204
 
 
+def test_webhook_urls_are_shown_in_full_only_to_keys_that_may_change_the_rule(server, api):
+    """A webhook URL often holds a secret in its path (Slack's do): a read key, and a project
+    key reading a global rule, see its scheme, host and port only (a trial: every read key,
+    the dashboard's included, read them)."""
+    secret = "http://127.0.0.1:9/services/T000/B000/s3cr3t?token=x#f"
+    body = {"metric": "acr", "op": ">", "threshold": 0.9, "notify": [secret]}
+    everyone = make_rule(api, name="secret-global", **body)
+    vision = make_rule(api, name="secret-vision", project="vision", **body)
+    ipv6 = make_rule(api, name="secret-v6", **{**body, "notify": ["http://[::1]:8080/p/q"]})
+    shown = "http://127.0.0.1:9/…"
+    assert api.get(f"/api/v1/alert-rules/{everyone['id']}").json()["notify"] == [secret]
+    with server.client("read") as reader:
+        for rule in (everyone, vision):
+            assert reader.get(f"/api/v1/alert-rules/{rule['id']}").json()["notify"] == [shown]
+        listed = {r["id"]: r["notify"] for r in reader.get("/api/v1/alert-rules").json()["rules"]}
+        assert listed[everyone["id"]] == listed[vision["id"]] == [shown]
+        assert listed[ipv6["id"]] == ["http://[::1]:8080/…"]
+        assert secret not in reader.get("/api/v1/alert-rules").text
+    with server.client("vision") as key:  # read and control, limited to project vision
+        listed = {r["id"]: r["notify"] for r in key.get("/api/v1/alert-rules").json()["rules"]}
+        assert listed[vision["id"]] == [secret] and listed[everyone["id"]] == [shown]
+    for made in (everyone, vision, ipv6):
+        assert api.delete(f"/api/v1/alert-rules/{made['id']}").status_code == 204
+
+
 def test_window_metrics_follow_late_data_for_earlier_steps(api):
     """Window values walk on from the window kept at the last evaluated step; data that changes
     an earlier step (a late rank here) makes the server read the window again."""

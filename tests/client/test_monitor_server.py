@@ -656,7 +656,7 @@ def test_close_says_the_run_was_refused_not_that_the_server_was_unreachable(tmp_
         mon.close(timeout=5)
     finally:
         srv.stop()
-    message = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
+    message = next(r.getMessage() for r in caplog.records if "not on the server yet" in r.message)
     assert f"server {srv.url} refused the run: HTTP 401" in message, message
     assert "not reachable" not in message
     assert mon.spooled_groups == 3
@@ -685,7 +685,7 @@ def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path, capl
         mon.close(timeout=60)
         assert time.monotonic() - t0 < 15  # it waited all 60 s for a key that stays revoked
         # the close warning names the refused key, not the network (a trial)
-        left = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
+        left = next(r.getMessage() for r in caplog.records if "not on the server yet" in r.message)
         assert f"server {srv.url} refuses the API key: HTTP 401" in left, left
         synced = run_cli("sync", str(mon.spool_path), "--server", srv.url, "--api-key", good)
         assert json.loads(synced.stdout.strip().splitlines()[-1])["sent_groups"] == 2
@@ -743,8 +743,8 @@ def test_close_without_waiting_says_the_sender_goes_on(server: Server, tmp_path:
     for step in range(3):
         mon.log_groups(step, step_rewards(step))
     mon.close(timeout=0)
-    message = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
-    assert "the sender goes on sending while this process lives" in message, message
+    message = next(r.getMessage() for r in caplog.records if "not on the server yet" in r.message)
+    assert "the sender goes on while this process lives" in message, message
     deadline = time.monotonic() + 20
     while len(server.metrics(mon.run_id)) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -177,8 +177,8 @@ def test_closing_an_offline_monitor_names_the_spool_to_sync(tmp_path: Path, capl
     assert "VANTAGE_SERVER" in said and str(mon.spool_path) in said  # a forgotten env var shows
     mon.log_groups(0, [[1.0, 0.0]] * 3)
     mon.close(timeout=2)
-    message = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
-    assert "(no server)" in message
+    message = next(r.getMessage() for r in caplog.records if "not on the server yet" in r.message)
+    assert "): no server;" in message
     # this run's file: the folder may hold other runs' spools
     assert f"vantage sync {mon.spool_path} --server URL --api-key KEY" in message
 
@@ -206,11 +206,33 @@ def test_a_server_url_that_cannot_work_is_said_at_once_and_the_run_goes_on(tmp_p
     assert repr(url) in error and "http://" in error, error
     mon.log_groups(0, [[1.0, 0.0]] * 3)
     mon.close(timeout=2)
-    message = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
+    message = next(r.getMessage() for r in caplog.records if "not on the server yet" in r.message)
     assert "--server URL" in message and "not an http://" in message, message
     assert mon.spooled_groups == 3
     with pytest.raises(ValueError, match="http:// or https://"):
         Monitor(url, None, run_name="u", spool_dir=tmp_path / "strict", strict=True)
+
+
+def test_close_counts_every_unconfirmed_group_queued_or_spooled(tmp_path: Path, caplog):
+    """A server that never answers (a socket that listens but never accepts) confirms nothing:
+    close(timeout=0)'s warning counts every group, those still queued in memory too (it
+    counted the spool only, a fraction of them: a trial), and does not call the server down."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        mon = Monitor(url, None, run_name="silent", spool_dir=tmp_path, request_timeout_s=30)
+        for step in range(3_000):  # 12,000 groups in records too many to spool in 0.1 s
+            mon.log_groups(step, [[1.0, 0.0]] * 4)
+        mon.close(timeout=0)
+        said = [r.getMessage() for r in caplog.records if "not on the server yet" in r.message]
+        assert said and said[0].startswith("vantage: 12000 group(s) are not on the server yet")
+        assert "close's timeout (0 s) passed" in said[0], said
+    finally:
+        silent.close()
 
 
 def test_usable_server_urls_pass():
@@ -223,7 +245,7 @@ def test_the_sync_hint_at_close_can_be_pasted(tmp_path: Path, caplog):
     mon = Monitor(None, None, run_name="u", spool_dir=folder)
     mon.log_groups(0, [[1.0, 0.0]])
     mon.close(timeout=2)
-    message = next(r.getMessage() for r in caplog.records if "still in the spool" in r.message)
+    message = next(r.getMessage() for r in caplog.records if "not on the server yet" in r.message)
     assert f"vantage sync '{mon.spool_path}' --server URL" in message, message
 
 

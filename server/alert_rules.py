@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -268,21 +267,6 @@ def list_rules(session: Session, project: str | None = None) -> list[AlertRule]:
     if project is not None:
         rules = [r for r in rules if r.project in (None, project)]
     return list(rules)
-
-
-def redact_url(url: str) -> str:
-    """A webhook URL without what may be a secret: ``https://hooks.slack.com/services/T/B/x``
-    → ``https://hooks.slack.com/…`` (user info, path, query and fragment dropped; the port
-    kept). The URL was checked when saved (`check_target`)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = f":{parts.port}" if parts.port is not None else ""
-    except ValueError:
-        port = ""
-    return f"{parts.scheme}://{host}{port}/…"
 
 
 # ---------------------------------------------------------------------------------- silences

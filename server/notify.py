@@ -94,6 +94,21 @@ def _resolve(host: str) -> list[Any]:
     return list({ipaddress.ip_address(i[4][0].split("%")[0]) for i in infos})
 
 
+def redact_url(url: str) -> str:
+    """A webhook URL without what may be a secret: ``https://hooks.slack.com/services/T/B/x``
+    → ``https://hooks.slack.com/…`` (user info, path, query and fragment dropped; the port
+    kept). The URL was checked when saved (`check_target`)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{host}{port}/…"
+
+
 def check_target(url: str, allow: str | None, resolve: bool = True) -> str:
     """The URL if Vantage may call it, else RefusedTarget saying why: not an http(s) URL that
     the sender can call (httpx parses it; a bad port, an unbracketed IPv6 address, blanks), a
@@ -199,7 +214,7 @@ class OutboxSender:
                 self._record(session, url, claimed.id, error, permanent)
             return int(error is None)
         except Exception:  # noqa: BLE001 - one bad URL or a database hiccup must not stop the loop
-            log.exception("webhook sender failed for %s", url)
+            log.exception("webhook sender failed for %s", redact_url(url))
             return 0
 
     def _claim(self, session: Session, url: str) -> WebhookMessage | None:
@@ -270,7 +285,9 @@ class OutboxSender:
             if permanent or now - as_utc(msg.created_at) > give_up:
                 msg.status = "failed"
             gave_up = "; given up" if msg.status == "failed" else ""
-            log.warning("webhook %s failed (attempt %d): %s%s", url, msg.attempts, error, gave_up)
+            shown = redact_url(url)  # the log is read by more people than the rule's owners
+            said = error.replace(url, shown)
+            log.warning("webhook %s failed (attempt %d): %s%s", shown, msg.attempts, said, gave_up)
         session.commit()
 
     def _post(self, url: str, payload: dict[str, Any]) -> tuple[str | None, bool]:

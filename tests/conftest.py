@@ -110,7 +110,10 @@ def run_cli(*args: str, env: dict | None = None, check: bool = True) -> subproce
     return proc
 
 
-def create_key(database_url: str, scopes: str, name: str | None = None) -> str:
+def create_key(
+    database_url: str, scopes: str, name: str | None = None, project: str | None = None
+) -> str:
+    limited = ("--project", project) if project is not None else ()
     out = run_cli(
         "keys",
         "create",
@@ -118,6 +121,7 @@ def create_key(database_url: str, scopes: str, name: str | None = None) -> str:
         name or f"k-{scopes}",
         "--scopes",
         scopes,
+        *limited,
         "--database-url",
         database_url,
     )
@@ -130,6 +134,7 @@ def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     run_cli("db", "upgrade", "--database-url", database_url)
     keys = {s: create_key(database_url, s) for s in ("ingest", "read", "control", "admin")}
     keys["all"] = create_key(database_url, "ingest,read,control,admin", "all")
+    keys["team-a"] = create_key(database_url, "ingest,read,control", "team-a", project="team-a")
     srv = start_server(database_url, tmp_path_factory.mktemp("logs"))
     srv.keys = keys
     yield srv

@@ -1121,6 +1121,26 @@ def test_a_long_unknown_run_id_is_not_repeated_whole(api):
         assert r.json()["detail"] == f"run {'r' * 80}… not found"
 
 
+def test_a_project_key_asking_for_another_project_is_told_so(server, api):
+    """A team's key (limited to project team-a): `GET /runs?project=team-b` listed team-a's
+    runs as if they were team-b's, and creating a run under an id another project holds said
+    404 'not found' (a trial)."""
+    taken = new_run(api, project="team-b", run_id=f"taken-{uuid.uuid4().hex[:8]}")
+    with server.client("team-a") as team:
+        mine = new_run(team, name="mine")
+        assert mine["project"] == "team-a"
+        r = team.get("/api/v1/runs", params={"project": "team-b"})
+        assert r.status_code == 403 and "limited to project 'team-a'" in r.text, r.text
+        listed = team.get("/api/v1/runs", params={"project": "team-a"}).json()["runs"]
+        assert mine["run_id"] in {run["run_id"] for run in listed}
+        everything = team.get("/api/v1/runs").json()["runs"]
+        assert taken["run_id"] not in {run["run_id"] for run in everything}
+        r = team.post("/api/v1/runs", json={"name": "x", "run_id": taken["run_id"]})
+        assert r.status_code == 409 and "taken by a run of another project" in r.text, r.text
+        assert team.get(f"/api/v1/runs/{taken['run_id']}").status_code == 404  # still unseen
+    assert api.get(f"/api/v1/runs/{taken['run_id']}").json()["attempt"] == 1  # untouched
+
+
 def test_a_blank_project_is_no_project(api):
     """An empty `$PROJECT` made a project "" of its own, apart from runs without one (a trial)."""
     for blank in ("", "   "):

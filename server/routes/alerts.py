@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
 from ..alert_models import AlertRule, Silence
 from ..alert_rules import (
@@ -19,7 +19,6 @@ from ..alert_rules import (
     create_silence,
     list_rules,
     list_silences,
-    redact_url,
     rule_dict,
     update_rule,
 )
@@ -27,6 +26,7 @@ from ..alerts import list_alerts
 from ..deps import ControlKey, ReadKey, SessionDep, SettingsDep, check_key, load_run
 from ..keys import KeyInfo
 from ..models import Run, as_utc
+from ..notify import redact_url
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 
@@ -194,7 +194,7 @@ def silences_create(body: SilenceCreate, key: ControlKey, session: SessionDep) -
     """Mute notifications (not evaluation) of alerts matching every given matcher. A key
     limited to a project mutes that project's alerts only (its project is the matcher)."""
     _scoped(body.matchers, key, session)
-    warning = _everything(body.matchers) or _unknown_rule(body.matchers, session)
+    warning = _everything(body.matchers) or _unknown_rule(body.matchers, session, key)
     out = create_silence(session, body, created_by=key.name)
     session.commit()
     return {**out, "warning": warning} if warning else out
@@ -208,14 +208,18 @@ def _everything(matchers: SilenceMatchers) -> str | None:
     return None
 
 
-def _unknown_rule(matchers: SilenceMatchers, session: SessionDep) -> str | None:
+def _unknown_rule(matchers: SilenceMatchers, session: SessionDep, key: KeyInfo) -> str | None:
     """What to say when a silence names a rule that does not exist (yet): it mutes nothing
     until one of that name does, which is how a rule is silenced before it is created, but is
     more often a typo (found by a fresh-user trial). A run that does not exist is a 404
-    (`_scoped`)."""
+    (`_scoped`). Only rules the key sees count (another project's names were told apart:
+    a trial)."""
     if matchers.rule is None:
         return None
-    named = select(AlertRule.id).where(AlertRule.name == matchers.rule).limit(1)
+    named = select(AlertRule.id).where(AlertRule.name == matchers.rule)
+    if key.project is not None:
+        named = named.where(or_(AlertRule.project.is_(None), AlertRule.project == key.project))
+    named = named.limit(1)
     if session.scalar(named) is not None:
         return None
     return f"no alert rule is named {matchers.rule!r} yet: this silence mutes nothing until one is"

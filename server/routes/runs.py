@@ -13,7 +13,7 @@ from ..deps import AdminKey, ControlKey, IngestKey, ReadKey, SessionDep, Setting
 from ..ingest import forget_run
 from ..locks import run_lock
 from ..maintenance import delete_run_data
-from ..models import run_not_found, utcnow
+from ..models import utcnow
 from ..queries import get_run, list_runs, run_dict
 from ..runs import (
     LaunchOlderThanAttempt,
@@ -43,8 +43,12 @@ def create_run(
                 run, attempt, created = create_or_resume_run(
                     session, body, project, settings.default_mitigation_mode
                 )
-                if not key.allows_project(run.project):
-                    raise HTTPException(404, run_not_found(run.id))
+                if not key.allows_project(run.project):  # a create answered 404 (a trial)
+                    raise HTTPException(
+                        409,
+                        f"run id {run.id} is taken by a run of another project; choose "
+                        "another run_id, or leave it out for a new one",
+                    )
                 session.commit()
             break
         except (RunSettingsConflict, LaunchOlderThanAttempt) as exc:
@@ -65,6 +69,9 @@ def create_run(
 def runs_index(
     key: ReadKey, session: SessionDep, project: str | None = None, tag: str | None = None
 ) -> dict:
+    if key.project is not None and project not in (None, key.project):
+        # it listed the key's own project's runs as if they were the other's (a trial)
+        raise HTTPException(403, f"this key is limited to project '{key.project}'")
     runs = list_runs(session, project=key.project or project, tag=tag)
     return {"runs": runs}
 

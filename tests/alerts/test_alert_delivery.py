@@ -119,14 +119,19 @@ def test_a_message_that_keeps_failing_does_not_hold_back_the_next(fast_server, r
     try:
         with fast_server.client("all") as api:
             run = new_run(api, name=f"refused-{refusal}")
+            secret = f"{receiver.url}/T0/s3cr3t-{refusal}"  # a Slack URL's token
             make_rule(api, name=f"refused-{refusal}", run_id=run["run_id"], metric="acr",
-                      op=">=", threshold=0.9, notify=[receiver.url])  # fmt: skip
+                      op=">=", threshold=0.9, notify=[secret])  # fmt: skip
             post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])
             post_steps(api, run, [{"step": 2, "groups": LIVE}])
         assert wait_until(lambda: any(m["state"] == "resolved" for m in receiver.messages), 15)
         firing = [m for m in receiver.messages if m["state"] == "firing"]
         assert len(firing) == 1 if refusal == 404 else len(firing) >= 2, receiver.messages
         assert receiver.messages[-1]["state"] == "resolved"
+        # the server log names the failing target by host, not by its secret (a trial)
+        logged = fast_server.log_path.read_text()
+        assert f"webhook http://127.0.0.1:{receiver.port}/… failed" in logged
+        assert "s3cr3t" not in logged
     finally:
         receiver.close()
 

@@ -708,6 +708,11 @@ def test_a_project_key_changes_and_mutes_its_projects_alerts_only(server, api):
         assert r.status_code == 201 and r.json()["matchers"] == {"project": "vision"}, r.text
         assert "warning" not in r.json()  # its project's alerts only, not every alert
         own = r.json()
+        # another project's rule is no rule to this key: no telling its names apart (a trial)
+        body = {"matchers": {"rule": "pk-language"}, "until": until}
+        r = key.post("/api/v1/silences", json=body)
+        assert "no alert rule is named 'pk-language'" in r.json()["warning"], r.text
+        assert key.delete(f"/api/v1/silences/{r.json()['id']}").status_code == 204
         body = {"matchers": {"project": "language"}, "until": until}
         assert key.post("/api/v1/silences", json=body).status_code == 403
         body = {"matchers": {"run_id": other_run["run_id"]}, "until": until}

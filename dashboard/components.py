@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from collections import Counter
 from typing import Any
 
 from dash import dcc, html
@@ -82,17 +83,32 @@ def run_ended(run: dict) -> bool:
 
 def alert_chips(alerts: list[dict], ended: bool = False) -> list:
     """A chip per firing alert; grey, and said so, when the run has ended (no later step can
-    resolve it: it was firing when the run ended)."""
+    resolve it: it was firing when the run ended). Rules of one name (a project's own
+    `acr_stall` beside the global one) are told apart by their scope (a trial saw "acr_stall
+    acr_stall")."""
     when = "firing when the run ended; " if ended else ""
+    names = Counter(a.get("rule") for a in alerts)
     return [
         html.Span(
-            a.get("rule", "alert"),
+            _chip_label(a) if names[a.get("rule")] > 1 else a.get("rule", "alert"),
             className="alert-chip alert-chip-ended" if ended else "alert-chip",
             title=f"{when}{a.get('severity', 'warning')}: value {explain.fmt(a.get('value'))} "
-            f"since step {a.get('fired_step')}",
+            f"since step {a.get('fired_step')}; the rule of {_scope(a)}",
         )
         for a in alerts
     ]
+
+
+def _scope(alert: dict) -> str:
+    if alert.get("rule_run_id"):
+        return "this run"
+    if alert.get("rule_project"):
+        return f"project {alert['rule_project']}"
+    return "every run"
+
+
+def _chip_label(alert: dict) -> str:
+    return f"{alert.get('rule', 'alert')} ({_scope(alert)})"
 
 
 def health_cell(client: dict | None) -> Any:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from decimal import ROUND_HALF_UP, Decimal, localcontext
 
+from vantage.client.schema import BIDI_CONTROLS
+
 STALL_THRESHOLD = 0.35
 
 ACR = (
@@ -53,7 +55,8 @@ ACR_STREAK = (
 WASTED = (
     "Share of sampled completions that were in collapsed groups: rollout compute that produced no "
     "gradient. Lower it by mitigating collapse or filtering prompts that are always solved or "
-    "always failed."
+    "always failed. It is counted before the trainer's mitigation: AVSPO and AAPO give some of "
+    "these groups a gradient after all, which the effective ACR shows."
 )
 EVAL = (
     "The evaluation split's collapse and reward (groups the trainer sent with split 'eval'). "
@@ -116,9 +119,17 @@ def fmt(value, digits: int = 2) -> str:
         return str(value)
     if not math.isfinite(number):
         return f"{number}"
+    if abs(number) >= 1e9:  # 3.87e+18 steps a minute (steps that jumped) ran off its card
+        return f"{number:.3g}"
     with localcontext(prec=400):  # enough digits for any float's integer part
         rounded = Decimal(number).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
     return f"{rounded:.{digits}f}"
+
+
+def visible(text: str) -> str:
+    """``text`` with its bidirectional controls shown as ``<U+202E>`` (a prompt id holding
+    U+202E was drawn backwards in the prompts table: a trial; run names refuse them)."""
+    return "".join(f"<U+{ord(c):04X}>" if c in BIDI_CONTROLS else c for c in text)
 
 
 PRIMER = (

@@ -42,7 +42,8 @@ COLORS = {
     "alert": "#dc2626",
 }
 RUN_COLORS = ["#0072b2", "#d55e00", "#009e73", "#e69f00", "#cc79a7", "#56b4e9", "#000000"]
-MITIGATION_COLORS = {"avspo": "rgba(37, 99, 235, 0.10)", "aapo": "rgba(217, 119, 6, 0.12)"}
+# AAPO's band was the orange of the all-fail share beside it in the legend (a trial): yellow
+MITIGATION_COLORS = {"avspo": "rgba(37, 99, 235, 0.10)", "aapo": "rgba(240, 228, 66, 0.25)"}
 
 
 def _field(name: str) -> Callable[[Point], Any]:
@@ -409,11 +410,12 @@ def acr_figure(
 def reward_figure(points: Sequence[Point], downsampled: bool = False) -> Figure:
     """Reward mean with a ± std band (the std is the trainer's ``reward_std`` scalar; without
     it the band has no legend entry, as it has nothing to show)."""
-    title = "Reward mean ± std: watch for drops"
+    banded = has_reward_std(points)
+    title = f"Reward mean{' ± std' if banded else ''}: watch for drops"
     layout = _base_layout(title + (" (downsampled)" if downsampled else ""), 320)
     layout["yaxis"] = {"title": {"text": "reward"}}
     data = _traces(series_xy(points, REWARD_SERIES), REWARD_SERIES)
-    data[REWARD_BAND]["showlegend"] = has_reward_std(points)
+    data[REWARD_BAND]["showlegend"] = banded
     if not points:
         layout["annotations"] = [dict(NO_STEPS_NOTE)]
     return {"data": data, "layout": layout}

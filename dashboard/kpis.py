@@ -57,7 +57,8 @@ def _latest(points: Sequence[dict]) -> dict | None:
     if not points:
         return None
     p = points[-1]
-    return {k: p.get(k) for k in ("step", "acr", "reward_mean", "pass_rate", "excess_acr")}
+    keys = ("step", "acr", "acr_effective", "reward_mean", "pass_rate", "excess_acr")
+    return {k: p.get(k) for k in keys}
 
 
 def advance(state: dict[str, Any], points: Sequence[dict]) -> dict[str, Any]:
@@ -168,7 +169,9 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
             "id": "wasted",
             "title": "Wasted rollouts",
             "value": wasted_text,
-            "sub": f"last {len(tail)} steps",
+            # with AVSPO on and an effective ACR of 0, "93%" read as if it did nothing (a trial)
+            "sub": f"last {len(tail)} steps"
+            + (", before mitigation" if latest.get("acr_effective") is not None else ""),
             "help": explain.WASTED,
             "level": level(wasted, 0.3, 0.5),
         },

@@ -674,6 +674,9 @@ def alert_dict(
         "alert_id": ep.id,
         "rule_id": ep.rule_id,
         "rule": rule.name,
+        # the rule's scope: a project may have its own rule of a global rule's name
+        "rule_project": rule.project,
+        "rule_run_id": rule.run_id,
         "metric": rule.metric,
         "run_id": ep.run_id,
         "state": ep.state,

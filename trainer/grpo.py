@@ -11,6 +11,7 @@ and rank 0's commands are broadcast so every rank applies them at the same step 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import signal
 import time
@@ -112,7 +113,7 @@ class GRPOTrainer:
 
         rewards = self.score(rollouts.texts, problems)
         self.monitor.log_groups(step, rewards, [p.prompt_id for p in problems])
-        acr, reward_mean = self.step_acr(rewards)
+        acr, reward_mean, reward_std = self.step_acr(rewards)
         t_score = time.perf_counter()
 
         advantages = self.advantages(rewards, acr, problems)
@@ -135,6 +136,7 @@ class GRPOTrainer:
         record = {
             "step": step,
             "reward": reward_mean,
+            "reward_std": reward_std,
             "acr": acr,
             "acr_effective": n_zero / n_valid if n_valid else None,
             "n_virtual": int(n_virtual),
@@ -166,15 +168,25 @@ class GRPOTrainer:
         ]
         return torch.tensor(values, dtype=torch.float64).view(len(problems), g)
 
-    def step_acr(self, rewards: torch.Tensor) -> tuple[float | None, float]:
-        """The step's raw ACR and mean reward over every rank (ACR engine of vantage.client)."""
+    def step_acr(self, rewards: torch.Tensor) -> tuple[float | None, float, float]:
+        """The step's raw ACR, mean reward and reward standard deviation (population, of
+        every completion) over every rank; the ACR from the engine of vantage.client. The
+        std is logged as the ``reward_std`` scalar, the dashboard's band around the mean."""
         acc = StepAccumulator()
         for row in rewards.tolist():
             acc.add(summarize_rewards(row, settings=self.acr_settings))
-        valid, collapsed, reward_sum, n = self.dist.sum(
-            [acc.n_valid, acc.n_collapsed, float(rewards.sum()), rewards.numel()]
+        valid, collapsed, reward_sum, square_sum, n = self.dist.sum(
+            [
+                acc.n_valid,
+                acc.n_collapsed,
+                float(rewards.sum()),
+                float(rewards.square().sum()),
+                rewards.numel(),
+            ]
         )
-        return (collapsed / valid if valid else None), (reward_sum / n if n else 0.0)
+        mean = reward_sum / n if n else 0.0
+        std = math.sqrt(max(0.0, square_sum / n - mean * mean)) if n else 0.0
+        return (collapsed / valid if valid else None), mean, std
 
     def advantages(
         self, rewards: torch.Tensor, acr: float | None, problems: list[Problem]

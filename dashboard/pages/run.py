@@ -296,6 +296,25 @@ def ask_confirmation(_cmd, _suggest, _cancel, threshold, alpha, d_low, d_high, t
     return False, commands_ui.describe(kind, params), pending, ""
 
 
+def _pending_command(
+    pending: object, run_id: object, reason: object
+) -> tuple[str, dict, int | None]:
+    """The command the browser asks to send, checked: the store and fields come from the
+    browser, and a crafted request with a store of another shape was a 500 (a trial).
+    Raises ValueError saying what is wrong."""
+    if not isinstance(run_id, str) or not (reason is None or isinstance(reason, str)):
+        raise ValueError("the page's run or reason is not text; reload the page")
+    if not isinstance(pending, dict):
+        raise ValueError("the command to send is not a command; choose it again")
+    kind, params = pending.get("type"), pending.get("params")
+    if not isinstance(kind, str) or not isinstance(params, dict):
+        raise ValueError("the command to send has no type or parameters; choose it again")
+    alert_id = pending.get("alert_id")
+    if alert_id is not None and (type(alert_id) is not int or not 0 < alert_id < 2**31):
+        raise ValueError("the alert the command answers is not an alert id; choose it again")
+    return kind, params, alert_id
+
+
 @callback(
     Output("cmd-result", "children"),
     Output("run-command-sent", "data"),
@@ -314,13 +333,9 @@ def send_command(_submit, pending, run_id, reason):
         return no_update, no_update, no_update, True, no_update
     info = context.current_key()
     try:
+        kind, params, alert_id = _pending_command(pending, run_id, reason)
         cmd = data.issue_command(
-            info,
-            run_id,
-            pending["type"],
-            pending["params"],
-            reason or "from the dashboard",
-            alert_id=pending.get("alert_id"),
+            info, run_id, kind, params, reason or "from the dashboard", alert_id=alert_id
         )
     except (PermissionError, ValueError, LookupError) as exc:
         error = html.Span(f"Not sent: {exc}", className="result-error", id="cmd-error")
@@ -366,6 +381,8 @@ def show_prompts(tab, side, split, run_id):
         return html.P("No prompt ids were sent with this run's groups.", className="muted"), href
     columns = [{"name": c.replace("_", " "), "id": c} for c in data.PROMPT_COLUMNS]
     for row in rows:
+        if isinstance(row.get("prompt_id"), str):
+            row["prompt_id"] = explain.visible(row["prompt_id"])
         if row.get("collapse_rate") is not None:
             row["collapse_rate"] = round(row["collapse_rate"], 3)
     table = dash_table.DataTable(

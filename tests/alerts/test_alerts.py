@@ -657,7 +657,8 @@ def test_project_rules_apply_to_their_project_only(api):
     make_rule(api, name="vision-only", project="vision", metric="acr", op=">=", threshold=0.9)
     for run in (mine, other):
         post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])
-    assert len(alerts_of(api, mine["run_id"], "vision-only")) == 1
+    (episode,) = alerts_of(api, mine["run_id"], "vision-only")
+    assert (episode["rule_project"], episode["rule_run_id"]) == ("vision", None)  # its scope
     assert alerts_of(api, other["run_id"], "vision-only") == []
     # A rule naming a run and another project: the project was ignored (a trial); refused.
     body = {"name": "both", "metric": "acr", "op": ">", "threshold": 0.5}

@@ -132,3 +132,40 @@ def test_csv_downloads_use_the_login_cookie(server):
         assert r.status_code == 200
         assert r.text.startswith("prompt_id,groups,steps,collapsed,all_pass")
         assert c.get("/dashboard/export/no-such-run/metrics.csv").status_code == 404
+
+
+def test_a_crafted_send_of_a_malformed_command_is_said_not_a_500(server):
+    """The Send button's callback takes the command from a store in the browser: a crafted
+    request with a store of another shape was a 500 with nothing in the log, and one without
+    params said "Not sent: 'params'" (a trial). Each is said, and nothing is sent."""
+    with server.api("ingest") as api:
+        run = api.post("/api/v1/runs", json={"name": "crafted"}).json()
+    with logged_in(server, "control") as c:
+        deps = c.get("/dashboard/_dash-dependencies").json()
+        (send,) = [d for d in deps if any(i["id"] == "cmd-confirm-send" for i in d["inputs"])]
+        outputs = []
+        for part in send["output"].strip(".").split("..."):
+            oid, prop = part.rsplit(".", 1)
+            outputs.append({"id": oid, "property": prop.split("@")[0]})
+        for pending, says in (
+            ("str", "not a command"),
+            ({"type": "bogus"}, "no type or parameters"),
+            ({"type": "stop", "params": {}, "alert_id": [1]}, "not an alert id"),
+            ({"type": "bogus", "params": {}}, "bogus"),  # the server's own refusal
+        ):
+            body = {
+                "output": send["output"],
+                "outputs": outputs,
+                "inputs": [{"id": "cmd-confirm-send", "property": "n_clicks", "value": 1}],
+                "state": [
+                    {"id": "run-pending-command", "property": "data", "value": pending},
+                    {"id": "run-id", "property": "data", "value": run["run_id"]},
+                    {"id": "cmd-reason", "property": "value", "value": None},
+                ],
+                "changedPropIds": ["cmd-confirm-send.n_clicks"],
+            }
+            r = c.post("/dashboard/_dash-update-component", json=body)
+            assert r.status_code == 200, (pending, r.text)
+            assert "Not sent" in r.text and says in r.text, (pending, r.text)
+    with server.api("control") as api:
+        assert api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"] == []

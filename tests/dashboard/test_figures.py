@@ -203,6 +203,12 @@ def test_kpi_cards_explain_each_number():
     for size in (2, 8, None):
         cards = {c["id"]: c for c in kpis.cards(state, {"group_size": size, "status": "running"})}
         assert cards["wasted"]["value"] == "20%"
+    assert cards["wasted"]["sub"] == "last 3 steps"
+    # counted before the trainer's mitigation, which the card says once there is one (a trial)
+    tail[-1]["acr_effective"] = 0.0
+    state = kpis.initial_state({}, tail, False, 1)
+    cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
+    assert cards["wasted"]["sub"] == "last 3 steps, before mitigation"
 
 
 def test_texts_never_promise_an_accuracy_prediction():
@@ -341,8 +347,13 @@ def test_the_scalars_charted_are_those_the_run_logged():
         "<sup>non-finite: loss NaN at step 3 · 4 of 5 shown (all in the CSV export)</sup>"
     )
     go.Figure(fig)
-    band = figures.reward_figure([point(0, scalars={"loss": 1.0})])["data"][figures.REWARD_BAND]
+    plain = figures.reward_figure([point(0, scalars={"loss": 1.0})])
+    band = plain["data"][figures.REWARD_BAND]
     assert band["name"] == "reward ± std" and band["showlegend"] is False
+    # nor does the title promise a band it cannot draw (a trial)
+    assert plain["layout"]["title"]["text"].startswith("Reward mean: watch")
+    banded = figures.reward_figure([point(0, reward_mean=0.5, scalars={"reward_std": 0.1})])
+    assert banded["layout"]["title"]["text"].startswith("Reward mean ± std: watch")
 
 
 def test_the_reward_band_narrows_where_no_std_was_logged():
@@ -376,7 +387,9 @@ def test_logged_names_are_text_in_charts():
 @pytest.mark.parametrize(
     ("value", "digits", "shown"),
     [(0.625, 2, "0.63"), (-0.625, 2, "-0.63"), (0.615, 2, "0.61"), (1.005, 2, "1.00"),
-     (0.1234, 3, "0.123"), (None, 2, "—"), (12345, 2, "12,345"), (float("inf"), 2, "inf")],
+     (0.1234, 3, "0.123"), (None, 2, "—"), (12345, 2, "12,345"), (float("inf"), 2, "inf"),
+     # steps a minute of steps that jumped to 2**62: 19 digits ran off the card (a trial)
+     (3.873e18, 1, "3.87e+18"), (123456789.25, 1, "123456789.3")],
 )  # fmt: skip
 def test_a_card_rounds_as_the_chart_hover_does(value, digits, shown):
     """ACR 0.625 was 0.62 on its card and 0.63 under the cursor: a card rounds a tie of the
@@ -415,3 +428,27 @@ def test_a_scalar_logged_once_is_drawn_as_a_dot():
     fig = figures.scalars_figure(points)
     modes = {t["name"]: t["mode"] for t in fig["data"]}
     assert modes["loss"] == "lines+markers" and modes["KL"] == "lines", modes
+
+
+def test_alert_chips_of_rules_of_one_name_say_their_scope():
+    """A project's own `acr_stall` firing beside the global one showed "acr_stall acr_stall"
+    (a trial): chips of one name say whose rule they are; a lone chip stays short."""
+    from vantage.dashboard import components
+
+    alerts = [{"rule": "acr_stall", "rule_project": None, "rule_run_id": None, "value": 0.5},
+              {"rule": "acr_stall", "rule_project": "projA", "rule_run_id": None, "value": 0.5},
+              {"rule": "mine", "rule_project": None, "rule_run_id": "r1", "value": 0.5}]  # fmt: skip
+    chips = components.alert_chips(alerts)
+    assert [c.children for c in chips] == [
+        "acr_stall (every run)",
+        "acr_stall (project projA)",
+        "mine",
+    ]
+    assert chips[2].title.endswith("the rule of this run")
+
+
+def test_bidirectional_controls_in_prompt_ids_are_shown_not_obeyed():
+    """A prompt id holding U+202E (RIGHT-TO-LEFT OVERRIDE) was drawn backwards in the prompts
+    table (a trial): the table shows the control as a code point instead."""
+    assert explain.visible("🚀 \u202e rtl") == "🚀 <U+202E> rtl"
+    assert explain.visible("plain-id") == "plain-id"

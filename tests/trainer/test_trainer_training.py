@@ -126,6 +126,10 @@ def test_streams_to_the_monitor_and_obeys_commands(warm_policy, tmp_path):
     ):
         assert key in scalars[1], key
     assert "eval_accuracy" in scalars[2] and "eval_accuracy" in scalars[4]
+    # reward_std, the dashboard's band around the reward mean (the demo showed none: a trial)
+    for step, rewards, _ in mon.groups:
+        every = torch.tensor(rewards, dtype=torch.float64)
+        assert scalars[step]["reward_std"] == pytest.approx(every.std(correction=0).item())
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps_completed"] == 4
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from starlette.requests import Request  # at module level: FastAPI resolves anno
 
 from . import auth, context, data
 from .callback_requests import CallbackRequests
+
+log = logging.getLogger("vantage.dashboard")
 
 HERE = Path(__file__).parent
 URL_BASE = auth.PREFIX + "/"
@@ -132,6 +135,13 @@ def _catchall(app: FastAPI, dash_app: Dash) -> None:
     )
 
 
+def _log_callback_error(err: Exception) -> None:
+    """Dash answers a callback that raised with a 500 and logged nothing (a trial found one):
+    log its traceback, naming the callback's trigger, then let Dash answer as before."""
+    log.error("dashboard callback failed (triggered by %s)", dash.ctx.triggered_id, exc_info=err)
+    raise err
+
+
 def _no_websocket(app: FastAPI, dash_app: Dash) -> None:
     """Callbacks go over HTTP only, through the login gate.
 
@@ -188,6 +198,7 @@ def mount(app: FastAPI, settings: Any, session_factory) -> Dash:
         update_title=None,
         suppress_callback_exceptions=True,
         compress=False,
+        on_error=_log_callback_error,
     )
     _no_websocket(app, dash_app)
     dash_app.layout = _shell

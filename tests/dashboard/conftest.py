@@ -80,7 +80,9 @@ def server(tmp_path_factory) -> Server:
             raise RuntimeError((folder / "server.log").read_text()[-3000:])
         time.sleep(0.2)
     runs = sample_data.seed(url, keys["ingest"], steps=120)
-    yield Server(url, keys, runs, db_url)
+    srv = Server(url, keys, runs, db_url)
+    srv.log_path = folder / "server.log"
+    yield srv
     proc.terminate()
     try:
         proc.wait(15)

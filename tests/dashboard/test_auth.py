@@ -169,3 +169,30 @@ def test_a_crafted_send_of_a_malformed_command_is_said_not_a_500(server):
             assert "Not sent" in r.text and says in r.text, (pending, r.text)
     with server.api("control") as api:
         assert api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"] == []
+
+
+def test_a_callback_that_fails_is_logged_with_its_traceback(server):
+    """Dash answered a failing callback with a 500 and logged nothing (a trial): the server
+    log names the callback's trigger and holds the traceback."""
+    with logged_in(server, "read") as c:
+        deps = c.get("/dashboard/_dash-dependencies").json()
+        (prompts,) = [d for d in deps if d["output"].startswith("..prompts-body.children")]
+        outputs = []
+        for part in prompts["output"].strip(".").split("..."):
+            oid, prop = part.rsplit(".", 1)
+            outputs.append({"id": oid, "property": prop})
+        values = {"run-tabs": "prompts", "prompts-side": None, "prompts-split": None}
+        body = {
+            "output": prompts["output"],
+            "outputs": outputs,
+            "inputs": [{"id": i["id"], "property": i["property"], "value": values[i["id"]]}
+                       for i in prompts["inputs"]],  # fmt: skip
+            # a run id of another type than the page's store holds: the callback fails
+            "state": [{"id": "run-id", "property": "data", "value": {"not": "an id"}}],
+            "changedPropIds": ["run-tabs.value"],
+        }
+        r = c.post("/dashboard/_dash-update-component", json=body)
+    assert r.status_code == 500, r.text
+    logged = server.log_path.read_text()
+    assert "dashboard callback failed (triggered by run-tabs)" in logged, logged[-2000:]
+    assert "Traceback (most recent call last)" in logged

@@ -229,18 +229,27 @@ def test_serve_on_a_busy_port_says_so_and_never_claims_to_serve(tmp_path):
     # --port 0: the OS picks a port, and the first line names it (uvicorn would not)
     url = f"sqlite:///{tmp_path}/any.db"
     cmd = [VANTAGE, "serve", "--port", "0", "--insecure-no-auth", "--database-url", url]
+    first = _serve_said_and_answers(cmd)
+    port = int(re.search(r"Vantage API on http://127\.0\.0\.1:(\d+) ", first).group(1))
+    assert port > 0
+
+
+def _serve_said_and_answers(cmd: list[str]) -> str:
+    """Start `vantage serve` (``cmd``), read the first line it says, check that the URL it
+    names answers /healthz within 30 s, stop it; returns that line."""
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     try:
         first = proc.stderr.readline()
-        port = int(re.search(r"Vantage API on http://127\.0\.0\.1:(\d+) ", first).group(1))
+        said = re.search(r"Vantage API on (\S+) ", first)
+        assert said, first
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                    break
+                if httpx.get(f"{said.group(1)}/healthz").status_code == 200:
+                    return first
             except httpx.HTTPError:
                 time.sleep(0.2)
-        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200 and port > 0
+        raise AssertionError(f"{said.group(1)}/healthz did not answer: {first}")
     finally:
         proc.terminate()
         proc.wait(15)
@@ -253,22 +262,8 @@ def test_serve_on_ipv6_loopback_names_a_url_that_works(tmp_path, host):
     url = f"sqlite:///{tmp_path}/v6.db"
     cmd = [VANTAGE, "serve", "--host", host, "--port", "0", "--insecure-no-auth",
            "--database-url", url]  # fmt: skip
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    try:
-        first = proc.stderr.readline()
-        said = re.search(r"Vantage API on (http://\[::1\]:\d+) ", first)
-        assert said, first
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{said.group(1)}/healthz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        assert httpx.get(f"{said.group(1)}/healthz").status_code == 200
-    finally:
-        proc.terminate()
-        proc.wait(15)
+    first = _serve_said_and_answers(cmd)
+    assert re.search(r"Vantage API on http://\[::1\]:\d+ ", first), first
 
 
 def test_runs_prune_keeps_step_metrics(tmp_path):

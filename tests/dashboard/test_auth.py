@@ -185,8 +185,10 @@ def test_a_callback_that_fails_is_logged_with_its_traceback(server):
         body = {
             "output": prompts["output"],
             "outputs": outputs,
-            "inputs": [{"id": i["id"], "property": i["property"], "value": values[i["id"]]}
-                       for i in prompts["inputs"]],  # fmt: skip
+            "inputs": [
+                {"id": i["id"], "property": i["property"], "value": values[i["id"]]}
+                for i in prompts["inputs"]
+            ],  # fmt: skip
             # a run id of another type than the page's store holds: the callback fails
             "state": [{"id": "run-id", "property": "data", "value": {"not": "an id"}}],
             "changedPropIds": ["run-tabs.value"],

@@ -435,9 +435,11 @@ def test_alert_chips_of_rules_of_one_name_say_their_scope():
     (a trial): chips of one name say whose rule they are; a lone chip stays short."""
     from vantage.dashboard import components
 
-    alerts = [{"rule": "acr_stall", "rule_project": None, "rule_run_id": None, "value": 0.5},
-              {"rule": "acr_stall", "rule_project": "projA", "rule_run_id": None, "value": 0.5},
-              {"rule": "mine", "rule_project": None, "rule_run_id": "r1", "value": 0.5}]  # fmt: skip
+    alerts = [
+        {"rule": "acr_stall", "rule_project": None, "rule_run_id": None, "value": 0.5},
+        {"rule": "acr_stall", "rule_project": "projA", "rule_run_id": None, "value": 0.5},
+        {"rule": "mine", "rule_project": None, "rule_run_id": "r1", "value": 0.5},
+    ]
     chips = components.alert_chips(alerts)
     assert [c.children for c in chips] == [
         "acr_stall (every run)",

@@ -97,6 +97,22 @@ def _create_keys(database_url: str) -> tuple[str, str]:
     return trainer, viewer
 
 
+def _revoke_key(database_url: str, plaintext: str) -> None:
+    """Revoke the trainer's key once it has trained: it has nothing left to send, and demos
+    run against a kept database left an ingest key behind each (a trial). The viewer's key
+    stays, to browse the run later."""
+    from .db import make_engine, session_factory
+    from .keys import revoke_key
+
+    engine = make_engine(database_url)
+    try:
+        with session_factory(engine)() as session:
+            revoke_key(session, plaintext)
+            session.commit()
+    finally:
+        engine.dispose()
+
+
 def _install_rule(api: httpx.Client, project: str) -> dict[str, Any]:
     # Scoped by the demo's own project: the run does not exist until the trainer registers it.
     body = {
@@ -217,6 +233,7 @@ def run_demo(args: argparse.Namespace) -> int:
             trained = _train(
                 args.model, args.quick, base, trainer_key, run_id, project, work / "run"
             )
+            _revoke_key(database_url, trainer_key)
             time.sleep(0.5)
             summary = _summarize(api, run_id, dashboard_url, trained.get("accuracy_start"))
         _print_summary(summary)

@@ -15,6 +15,8 @@ def test_demo_quick_detects_and_mitigates_collapse(postgres_url, tmp_path):
             [VANTAGE, "demo", "--quick", "--no-browser", "--database-url", url, "--port", "0"],
             capture_output=True, text=True, timeout=900, cwd=tmp_path,
         )  # fmt: skip
+        keys = subprocess.run([VANTAGE, "keys", "list", "--database-url", url],
+                              capture_output=True, text=True, timeout=60).stdout  # fmt: skip
     finally:
         drop()
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -23,3 +25,8 @@ def test_demo_quick_detects_and_mitigates_collapse(postgres_url, tmp_path):
     assert summary["alert_step"] is not None, "the collapse alert never fired"
     assert summary["mitigation_applied_step"] >= summary["alert_step"]
     assert summary["acr_effective_after"] < summary["acr_before"]
+    # the trainer's key is revoked once it has trained; the viewer's stays (a trial)
+    trainer = [line for line in keys.splitlines() if "demo-trainer-" in line]
+    viewer = [line for line in keys.splitlines() if "demo-viewer-" in line]
+    assert len(trainer) == 1 and "revoked" in trainer[0], keys
+    assert len(viewer) == 1 and "revoked" not in viewer[0], keys

@@ -1129,6 +1129,8 @@ def test_a_project_key_asking_for_another_project_is_told_so(server, api):
     with server.client("team-a") as team:
         mine = new_run(team, name="mine")
         assert mine["project"] == "team-a"
+        typo = team.get("/api/v1/runs", params={"projct": "team-a"})  # listed every run
+        assert typo.status_code == 422 and typo.json()["detail"][0]["loc"] == ["query", "projct"]
         r = team.get("/api/v1/runs", params={"project": "team-b"})
         assert r.status_code == 403 and "limited to project 'team-a'" in r.text, r.text
         listed = team.get("/api/v1/runs", params={"project": "team-a"}).json()["runs"]

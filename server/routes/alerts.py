@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy import or_, select
 
 from ..alert_models import AlertRule, Silence
@@ -164,16 +165,22 @@ def rules_delete(rule_id: RuleId, key: ControlKey, session: SessionDep) -> Respo
     return Response(status_code=204)
 
 
+class AlertFilters(BaseModel):
+    """`GET /alerts`'s query: an unknown parameter is a 422, not a filter silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+    run_id: str | None = None
+    rule: str | None = None
+    state: Literal["pending", "firing", "resolved"] | None = None
+    since: datetime | None = None
+
+
 @router.get("/alerts")
 def alerts_index(
-    key: ReadKey,
-    session: SessionDep,
-    run_id: str | None = None,
-    rule: str | None = None,
-    state: Literal["pending", "firing", "resolved"] | None = None,
-    since: datetime | None = None,
+    key: ReadKey, session: SessionDep, query: Annotated[AlertFilters, Query()]
 ) -> dict:
     """Alert episodes newest first, resolved ones included unless `state` filters them."""
+    run_id, rule, state, since = query.run_id, query.rule, query.state, query.since
     if run_id is not None:
         load_run(session, run_id, key)
     if since is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import IntegrityError
 from vantage.client.schema import Finish, Heartbeat, RunCreate, RunPatch
 
@@ -65,10 +66,18 @@ def create_run(
     return {**run_dict(run), "attempt": attempt}
 
 
+class RunFilters(BaseModel):
+    """`GET /runs`'s query: an unknown parameter is a 422, not a filter silently dropped
+    (`?projct=vision` listed every run: a trial)."""
+
+    model_config = ConfigDict(extra="forbid")
+    project: str | None = None
+    tag: str | None = None
+
+
 @router.get("")
-def runs_index(
-    key: ReadKey, session: SessionDep, project: str | None = None, tag: str | None = None
-) -> dict:
+def runs_index(key: ReadKey, session: SessionDep, query: Annotated[RunFilters, Query()]) -> dict:
+    project, tag = query.project, query.tag
     if key.project is not None and project not in (None, key.project):
         # it listed the key's own project's runs as if they were the other's (a trial)
         raise HTTPException(403, f"this key is limited to project '{key.project}'")

@@ -261,6 +261,11 @@ def test_reward_crash_fires_once_and_resolves_once(api, receiver):
     )
     far = api.get("/api/v1/alerts", params={"since": "0001-01-01T00:00:00Z"})
     assert far.status_code == 422 and far.json()["detail"][0]["loc"] == ["query", "since"]
+    # a misspelt filter is a 422 naming it: it listed every alert (a trial)
+    typo = api.get("/api/v1/alerts", params={"run": run["run_id"]})
+    assert typo.status_code == 422 and typo.json()["detail"][0]["loc"] == ["query", "run"]
+    bad_state = api.get("/api/v1/alerts", params={"state": "open"})
+    assert bad_state.status_code == 422 and bad_state.json()["detail"][0]["loc"][-1] == "state"
     everything = api.get("/api/v1/alerts").json()["alerts"]
     assert any(a["alert_id"] == ep["alert_id"] for a in everything)
     created = [a["alert_id"] for a in everything]

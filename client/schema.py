@@ -638,6 +638,20 @@ MitigationJSON = Annotated[StorableJSON, AfterValidator(small_mitigation)]
 ConfigJSON = Annotated[StorableJSON, AfterValidator(small_config)]
 
 
+# Sampling temperatures a run takes (set_sampling, the trainer's config). Below 0.01 sampling is
+# greedy in all but name, so every group collapses; and logits divided by 1e-50 overflow, which
+# made the policy's weights NaN and failed the run (a trial).
+TEMPERATURE_RANGE = (0.01, 10.0)
+
+
+def temperature_problem(t: Any) -> str | None:
+    """Why ``t`` is no sampling temperature (a number in [0.01, 10]), or None."""
+    low, high = TEMPERATURE_RANGE
+    if isinstance(t, bool) or not isinstance(t, int | float) or not low <= t <= high:
+        return f"the temperature must be a number from {low:g} to {high:g}; got {t!r}"
+    return None
+
+
 def validate_command_params(kind: str, params: dict[str, Any]) -> None:
     """Raise ValueError when a command's params cannot be applied by the trainer."""
     check_storable(params)
@@ -649,9 +663,8 @@ def validate_command_params(kind: str, params: dict[str, Any]) -> None:
             raise ValueError(f"set_mitigation needs params.mode in {list(MITIGATION_MODES)}")
         _check_mitigation_params(params)
     elif kind == "set_sampling":
-        t = params.get("temperature")
-        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 10:
-            raise ValueError("set_sampling needs params.temperature, a number in (0, 10]")
+        if problem := temperature_problem(params.get("temperature")):
+            raise ValueError(f"set_sampling needs params.temperature: {problem}")
         _only(kind, params, ("temperature",))
     elif params:  # checkpoint, stop
         raise ValueError(f"{kind} takes no params; got {sorted(params)}")

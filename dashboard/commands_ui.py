@@ -13,6 +13,8 @@ from dash import dcc, html
 from vantage.client.schema import (
     AVSPO_THRESHOLDS,
     MITIGATION_DEFAULTS,
+    TEMPERATURE_RANGE,
+    temperature_problem,
     validate_command_params,
 )
 
@@ -59,10 +61,11 @@ def _command(action: str, values: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         return kind, {"mode": "none"}
     if action == "temperature":
         t = values.get("temperature")
+        low, high = TEMPERATURE_RANGE
         if t is None or t == "":
-            raise ValueError("enter a temperature, a number in (0, 10]")
-        if not 0 < float(t) <= 10:
-            raise ValueError(f"the temperature must be above 0 and at most 10; got {t}")
+            raise ValueError(f"enter a temperature, a number from {low:g} to {high:g}")
+        if problem := temperature_problem(float(t)):
+            raise ValueError(problem)
         return kind, {"temperature": float(t)}
     return kind, {}
 

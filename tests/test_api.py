@@ -1090,6 +1090,8 @@ def test_a_compressed_body_gets_415_naming_its_encoding(api):
         ("set_mitigation", {"mode": "avspo", "threshold": "sometimes"}, "threshold must be one of"),
         ("set_mitigation", {"mode": "avspo", "beta": 1}, "unknown ['beta']"),
         ("set_sampling", {"temperature": 0.5, "top_p": 2}, "unknown ['top_p']"),
+        # 1e-50 was stored and applied, and failed the run with NaN weights (a trial)
+        ("set_sampling", {"temperature": 1e-50}, "a number from 0.01 to 10; got 1e-50"),
         ("checkpoint", {"x": 1}, "checkpoint takes no params"),
         ("stop", {"now": True}, "stop takes no params"),
     ],

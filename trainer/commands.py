@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from vantage.client.schema import MITIGATION_DEFAULTS
+from vantage.client.schema import MITIGATION_DEFAULTS, temperature_problem
 
 from .config import TrainConfig
 from .monitoring import Command
@@ -61,10 +61,10 @@ def apply_command(trainer: GRPOTrainer, command: Command) -> str:
         return set_mitigation(trainer, params)
     if command.type == "set_sampling":
         temperature = params.get("temperature")
-        # (0, 10] as the server checks and the config requires: at 0 (greedy) the G completions
-        # of a prompt are identical, so every group collapses and GRPO learns nothing
-        if not is_number(temperature) or not 0 < float(temperature) <= 10:
-            raise ValueError(f"set_sampling needs a temperature in (0, 10]; got {temperature!r}")
+        # as the server checks and the config requires: near 0 (greedy) the G completions of a
+        # prompt are identical, so every group collapses and GRPO learns nothing
+        if problem := temperature_problem(temperature):
+            raise ValueError(f"set_sampling: {problem}")
         trainer.temperature = float(temperature)
         return f"temperature {trainer.temperature}"
     if command.type == "checkpoint":

@@ -15,6 +15,7 @@ from vantage.client.schema import (
     MAX_GROUPS_PER_REQUEST,
     MITIGATION_DEFAULTS,
     MITIGATION_NUMBERS,
+    temperature_problem,
 )
 from vantage.client.sender import server_url_problem
 
@@ -158,8 +159,8 @@ class TrainConfig:
                 f"prompt_template {self.prompt_template!r} cannot be filled ({exc!r}); it may "
                 "use {question} (and, for arithmetic, {expression}); write {{ and }} for braces"
             ) from None
-        if self.temperature > 10:  # the range set_sampling takes: (0, 10]
-            raise ValueError(f"temperature must be at most 10; got {self.temperature!r}")
+        if problem := temperature_problem(self.temperature):  # the range set_sampling takes
+            raise ValueError(problem)
         self._validate_shapes()
         if self.reward_max <= self.reward_min:
             raise ValueError("reward_max must exceed reward_min")

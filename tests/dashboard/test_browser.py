@@ -133,7 +133,7 @@ def test_a_temperature_that_cannot_work_is_said_before_any_confirmation(control_
     button.wait_for()
     with server.api() as api:
         count = len(api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"])
-    for typed, said in (("-1", "must be above 0 and at most 10"), ("", "enter a temperature")):
+    for typed, said in (("-1", "must be a number from 0.01 to 10"), ("", "enter a temperature")):
         page.fill("#temperature-value", typed)
         page.press("#temperature-value", "Tab")  # the box reports its value when left
         button.click()

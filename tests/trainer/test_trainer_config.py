@@ -108,7 +108,8 @@ def test_server_off_trains_unmonitored_even_with_vantage_server_set(monkeypatch)
         ("tiny_heads=3", "tiny_hidden_size (256) must be a multiple of tiny_heads (3)"),
         ("tiny_max_positions=4", "tiny_max_positions (4) must exceed max_new_tokens"),
         ("steps=", "steps needs a value"),
-        ("temperature=11", "temperature must be at most 10; got 11.0"),
+        ("temperature=11", "the temperature must be a number from 0.01 to 10; got 11.0"),
+        ("temperature=1e-50", "the temperature must be a number from 0.01 to 10; got 1e-50"),
         ("run_name=../../escape", "cannot name a folder under runs/"),
     ],
 )

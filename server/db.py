@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -69,6 +70,15 @@ def check_url(url: str) -> str:
         raise ValueError(
             "names an in-memory SQLite database, which each connection sees empty: give a file, "
             "sqlite:///PATH"
+        )
+    if backend == "postgresql" and not (
+        parsed.database or parsed.query.get("dbname") or os.environ.get("PGDATABASE")
+    ):
+        # libpq then connects to the database named after the user, and the schema went into
+        # the `postgres` maintenance database (a trial)
+        raise ValueError(
+            "names no database: give postgresql://USER@HOST/DATABASE (libpq would pick the "
+            "database named after the user)"
         )
     return backend
 

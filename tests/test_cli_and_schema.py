@@ -90,7 +90,9 @@ def test_keys_on_a_database_that_is_not_vantages_say_so_in_one_line(tmp_path):
                           # the server said it was ready, then answered every request with a 500
                           ("sqlite://", "an in-memory SQLite database"),
                           # a driver the server extra does not install (No module named: exit 1)
-                          ("postgresql+asyncpg://u:pw@db/v", "driver asyncpg")):  # fmt: skip
+                          ("postgresql+asyncpg://u:pw@db/v", "driver asyncpg"),
+                          # libpq took the user's database: the schema went into `postgres`
+                          ("postgresql://u:pw@127.0.0.1:5432", "names no database")):  # fmt: skip
             out = run_cli(*command, "--database-url", url, check=False)
             assert out.returncode == 2 and says in out.stderr, out
             assert out.stderr.startswith("error: --database-url "), out.stderr

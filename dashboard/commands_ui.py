@@ -305,7 +305,7 @@ def panel(
             html.Div(
                 [
                     html.Label("Reason (kept in the log): ", htmlFor="cmd-reason"),
-                    dcc.Input(id="cmd-reason", type="text", style={"width": "40%"}),
+                    dcc.Input(id="cmd-reason", type="text", maxLength=1000, style={"width": "40%"}),
                 ],
                 style={"marginTop": ".6rem"},
             ),

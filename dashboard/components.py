@@ -73,7 +73,11 @@ def mitigation_text(run: dict) -> tuple[str, str]:
         f"reported: {reported or 'not reported'}; last acked: {app or 'none'}; last requested: "
         f"{req or 'none'}."
     )
-    return f"{state} · {mode}", help_text
+    # "· auto" read as nothing to a CTO (a trial): what the alerts do in this mode
+    return f"{state} · {ALERTS_DO.get(mode, mode)}", help_text
+
+
+ALERTS_DO = {"auto": "alerts act", "suggest": "alerts suggest", "off": "alerts notify only"}
 
 
 def run_ended(run: dict) -> bool:
@@ -144,7 +148,11 @@ RUNS_COLUMNS = [
     ("Last step", "Newest training step received."),
     ("Latest ACR", explain.ACR),
     ("ACR trend", "ACR over the latest steps; the dotted line is the 0.35 stall threshold."),
-    ("Mitigation", "Applied mitigation (→ requested) · automatic mitigation mode."),
+    (
+        "Mitigation",
+        "Applied mitigation (→ requested) · what alerts do: act (issue their "
+        "mitigation), suggest it, or notify only.",
+    ),
     ("Alerts", "Alerts firing now (grey: firing when the run ended); hover for the value."),
     ("Client", "Delivery health of the trainer's client: spooled, dropped or refused data."),
     ("Started", "When the run was created (UTC)."),

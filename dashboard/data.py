@@ -211,9 +211,10 @@ def run_marks(info, run_ids: list[str]) -> list[list]:
 
 
 def compare(info, run_ids: list[str], max_points: int = 2000) -> dict[str, Any]:
-    """Runs, their metrics (downsampled) and window metrics, for the compare page."""
+    """Runs, their metrics (downsampled), window metrics and mitigation timelines, for the
+    compare page."""
     q = _queries()
-    runs, metrics, windows = [], {}, {}
+    runs, metrics, windows, timelines = [], {}, {}, {}
     with context.session() as s:
         for rid in dict.fromkeys(run_ids):  # each run once, in the order given
             run = q.get_run(s, rid)
@@ -221,5 +222,7 @@ def compare(info, run_ids: list[str], max_points: int = 2000) -> dict[str, Any]:
                 continue
             runs.append(run)
             metrics[rid] = q.run_metrics(s, rid, max_points=max_points)["points"]
-            windows[rid] = (q.run_summary(s, rid) or {}).get("window", {})
-    return {"runs": runs, "metrics": metrics, "windows": windows}
+            summary = q.run_summary(s, rid) or {}
+            windows[rid] = summary.get("window", {})
+            timelines[rid] = summary.get("mitigation_timeline", [])
+    return {"runs": runs, "metrics": metrics, "windows": windows, "timelines": timelines}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -233,12 +234,9 @@ def _base_layout(title: str, height: int = 380) -> dict:
     }
 
 
-def mitigation_bands(timeline: Iterable[dict], last_step: int | None) -> list[dict]:
-    """Shaded x-ranges where a mitigation was on, each named after the command that began it.
-
-    A band starts at the step where a ``set_mitigation`` command was applied (or issued, while it
-    is pending) and ends where the next one applies, or at the last step.
-    """
+def mitigation_changes(timeline: Iterable[dict]) -> list[tuple[int, str, dict]]:
+    """(step, mode, command) of each ``set_mitigation`` the trainer applied (or that is still
+    delivered-but-unacked with a step), by step: where a run's mitigation changed."""
     changes = []
     for item in timeline:
         if item.get("type") != "set_mitigation" or item.get("status") in ("rejected", "expired"):
@@ -246,9 +244,18 @@ def mitigation_bands(timeline: Iterable[dict], last_step: int | None) -> list[di
         step = item.get("step")
         if step is None:
             continue
-        mode = (item.get("params") or {}).get("mode", "none")
-        changes.append((step, mode, item))
+        changes.append((step, (item.get("params") or {}).get("mode", "none"), item))
     changes.sort(key=lambda c: c[0])
+    return changes
+
+
+def mitigation_bands(timeline: Iterable[dict], last_step: int | None) -> list[dict]:
+    """Shaded x-ranges where a mitigation was on, each named after the command that began it.
+
+    A band starts at the step where a ``set_mitigation`` command was applied (or issued, while it
+    is pending) and ends where the next one applies, or at the last step.
+    """
+    changes = mitigation_changes(timeline)
     on = [i for i, (_, mode, _) in enumerate(changes) if mode != "none"]
     span = max(last_step or 0, changes[-1][0] if changes else 0, 1)
     bands = []
@@ -291,6 +298,41 @@ def _band_label(mode: str, item: dict, width: float, last: bool, n_bands: int) -
         cid = str(item.get("command_id", ""))[:8]
         return f"{mode.upper()} · {item.get('status', '')} · cmd {cid} by {who}"
     return mode.upper() if width >= 0.05 or last else ""
+
+
+def attempt_starts(points: Sequence[Point]) -> list[tuple[int, int]]:
+    """(step, attempt) where the points' attempt changes: where a resumed run's newer attempt
+    took over (the first point's attempt is not a change)."""
+    starts, previous = [], None
+    for p in points:
+        attempt = p.get("attempt")
+        if previous is not None and attempt != previous:
+            starts.append((p["step"], attempt))
+        previous = attempt
+    return starts
+
+
+def attempt_lines(starts: Iterable[tuple[int, int]]) -> list[dict]:
+    """A dashed vertical line a resume, labelled with its attempt (a resumed run's page said
+    "attempt 2" in its header only: a trial)."""
+    return [
+        {
+            "type": "line",
+            "xref": "x",
+            "yref": "paper",
+            "x0": step,
+            "x1": step,
+            "y0": 0,
+            "y1": 1,
+            "line": {"color": "#6b7280", "width": 1, "dash": "dash"},
+            "label": {
+                "text": f"attempt {attempt}",
+                "textposition": "start",
+                "font": {"size": 10, "color": "#374151"},
+            },
+        }
+        for step, attempt in starts
+    ]
 
 
 def threshold_line(value: float = explain.STALL_THRESHOLD) -> dict:
@@ -401,7 +443,8 @@ def acr_figure(
     # from just below 0: a share of 0 (the effective ACR once AVSPO works) was drawn half
     # under the x axis and could not be seen (a trial)
     layout["yaxis"] = {"title": {"text": "share of groups"}, "range": [-0.03, 1.02]}
-    layout["shapes"] = [threshold_line(), *mitigation_bands(timeline, last)]
+    starts = attempt_starts(points)
+    layout["shapes"] = [threshold_line(), *attempt_lines(starts), *mitigation_bands(timeline, last)]
     if not points:
         layout["annotations"] = [dict(NO_STEPS_NOTE)]
     return {"data": data, "layout": layout}
@@ -570,70 +613,127 @@ def mitigation_modes(run: dict) -> tuple[str | None, str | None]:
     )
 
 
-def _legend_mitigation(run: dict) -> str | None:
+def _legend_mitigation(run: dict, changes: Sequence[tuple[int, str, dict]] = ()) -> str | None:
     """What the legend says of a run's mitigation: the mode in effect (what the trainer last
-    reported, else the applied command's), and a requested one that differs after an arrow
-    (not applied yet, or applied in an attempt that a resume without it replaced)."""
+    reported, else the applied command's) and after which step it was applied, when the run
+    changed to it (a plain GRPO run that got AVSPO at step 108 read "avspo" for its whole curve:
+    a trial); a requested one that differs after an arrow (not applied yet, or applied in an
+    attempt that a resume without it replaced)."""
     applied, requested = mitigation_modes(run)
     reported = (run.get("mitigation_reported") or {}).get("mode")
     current = reported or applied
     if requested and requested != current:
         return f"{current or 'none'} → {requested}"
-    return current if current and current != "none" else None
+    if not current or current == "none":
+        return None
+    if changes and changes[-1][1] == current:
+        return f"{current} after step {changes[-1][0]}"
+    return current
 
 
-def compare_figure(runs: Sequence[dict], metrics: dict[str, Sequence[Point]]) -> Figure:
-    """ACR (top) and reward mean (bottom) of several runs, overlaid by step."""
-    data = []
+COMPARE_TITLES = (
+    "ACR, lower is better (dotted: effective ACR, after AVSPO/AAPO; ◆: a mitigation applied)",
+    "Reward mean (higher is better)",
+)
+
+
+def compare_figure(
+    runs: Sequence[dict],
+    metrics: dict[str, Sequence[Point]],
+    timelines: dict[str, Sequence[dict]] | None = None,
+) -> Figure:
+    """ACR (top) and reward mean (bottom) of several runs, overlaid by step: two traces a run
+    first, in the runs' order; then each run's effective ACR (dotted, where the trainer sent
+    it: AVSPO and AAPO leave the raw ACR as it is, so raw ACR alone never showed them
+    working) and a marker where each mitigation was applied (``timelines``: run id → its
+    summary's ``mitigation_timeline``)."""
+    data, extra = [], []
     for i, run in enumerate(runs):
         color = RUN_COLORS[i % len(RUN_COLORS)]
         pts = metrics.get(run["run_id"], [])
         steps = [p["step"] for p in pts]
+        changes = mitigation_changes((timelines or {}).get(run["run_id"], []))
         # Plotly reads trace names as HTML: a run's name is text (a trial's "<b>x</b>" showed
         # bold in the legend, plain in the table)
         label = html.escape(run.get("name") or run["run_id"][:8], quote=False)
-        mode = _legend_mitigation(run)
+        mode = _legend_mitigation(run, changes)
         name = f"{label} ({mode})" if mode else label
         for row, (key, what, digits) in enumerate(
             (("acr", "ACR", ".2f"), ("reward_mean", "reward", ".3f"))
         ):
-            xref, yref = _axis_ref(row)
-            data.append(
-                {
-                    "type": "scatter",
-                    "mode": "lines" if len(steps) > 1 else "markers",  # one step: a dot
-                    "x": steps,
-                    "y": [p.get(key) for p in pts],
-                    "name": name,
-                    "legendgroup": run["run_id"],
-                    "showlegend": row == 0,
-                    "line": {"color": color},
-                    "marker": {"color": color},
-                    "xaxis": xref,
-                    "yaxis": yref,
-                    # the name by reference: a name holding "%{" stays text
-                    "hovertemplate": f"%{{fullData.name}}<br>step %{{x}}<br>{what} "
-                    f"%{{y:{digits}}}<extra></extra>",
-                }
+            data.append(_compare_trace(run, row, steps, [p.get(key) for p in pts], color, name))
+            # the name by reference: a name holding "%{" stays text
+            data[-1]["hovertemplate"] = (
+                f"%{{fullData.name}}<br>step %{{x}}<br>{what} %{{y:{digits}}}<extra></extra>"
             )
-    layout = json.loads(
-        _grid_layout(
-            2,
-            1,
-            (
-                "ACR: share of groups that taught nothing (lower is better)",
-                "Reward mean (higher is better)",
-            ),
-            True,
-        )
-    )
+        extra.extend(_effective_and_changes(run, pts, changes, color, name))
+    layout = json.loads(_grid_layout(2, 1, COMPARE_TITLES, True))
     base = _base_layout("Runs compared by step", 620)
     base.pop("xaxis")
     layout.update(base, hovermode="x")
     layout["yaxis"].update(range=[0, 1.02], title={"text": "ACR"})
     layout["yaxis2"].update(title={"text": "reward"})
     layout["xaxis2"].update(title={"text": "step"})
-    return {"data": data, "layout": layout}
+    return {"data": data + extra, "layout": layout}
+
+
+def _compare_trace(
+    run: dict, row: int, steps: list, values: list, color: str, name: str, legend: bool = True
+) -> dict:
+    xref, yref = _axis_ref(row)
+    return {
+        "type": "scatter",
+        "mode": "lines" if len(steps) > 1 else "markers",  # one step: a dot
+        "x": steps,
+        "y": values,
+        "name": name,
+        "legendgroup": run["run_id"],
+        "showlegend": legend and row == 0,
+        "line": {"color": color},
+        "marker": {"color": color},
+        "xaxis": xref,
+        "yaxis": yref,
+    }
+
+
+def _effective_and_changes(
+    run: dict, pts: Sequence[Point], changes: Sequence[tuple], color: str, name: str
+) -> list[dict]:
+    """A run's effective ACR (dotted) and its mitigation changes (diamonds on its ACR)."""
+    out = []
+    effective = [(p["step"], p.get("acr_effective")) for p in pts]
+    if any(v is not None for _, v in effective):
+        steps, values = [s for s, _ in effective], [v for _, v in effective]
+        trace = _compare_trace(run, 0, steps, values, color, name, legend=False)
+        trace["line"] = {"color": color, "dash": "dot"}
+        trace["hovertemplate"] = (
+            "%{fullData.name}<br>step %{x}<br>effective ACR %{y:.2f}<extra></extra>"
+        )
+        out.append(trace)
+    if changes and pts:
+        acr_at = _acr_at(pts)
+        marks = [(step, acr_at(step), mode) for step, mode, _ in changes]
+        trace = _compare_trace(run, 0, [m[0] for m in marks], [m[1] for m in marks], color, name,
+                               legend=False)  # fmt: skip
+        trace.update(
+            mode="markers",
+            marker={"color": color, "symbol": "diamond", "size": 10, "line": {"width": 1}},
+            text=[f"{mode} applied after step {step}" for step, _, mode in marks],
+            hovertemplate="%{fullData.name}<br>%{text}<extra></extra>",
+        )
+        out.append(trace)
+    return out
+
+
+def _acr_at(pts: Sequence[Point]) -> Callable[[int], float | None]:
+    """The ACR of the first point at or after a step (the last point's past the end)."""
+    steps = [p["step"] for p in pts]
+
+    def at(step: int) -> float | None:
+        i = min(bisect_left(steps, step), len(pts) - 1)
+        return pts[i].get("acr")
+
+    return at
 
 
 def sparkline_svg(

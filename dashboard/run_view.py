@@ -184,6 +184,7 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
     state["last_step"] = points[-1]["step"] if points else None
     state["can_control"] = can_control
     state["timeline"] = summary.get("mitigation_timeline") or []
+    state["attempt_starts"] = figures.attempt_starts(points)  # a new attempt reloads the page
     state["non_finite"] = figures.non_finite_scalar(points)
     state["scalars"] = figures.scalar_names(points)[: figures.MAX_SCALAR_CHARTS]  # charted
     state["shown"] = figures.scalars_shown(points)
@@ -269,6 +270,7 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
     # Mitigation bands are a handful of shapes: replace them (they stretch to the last step).
     acr["layout"]["shapes"] = [
         figures.threshold_line(),
+        *figures.attempt_lines(state.get("attempt_starts") or []),
         *figures.mitigation_bands(timeline, new_state["last_step"]),
     ]
     new_state["timeline"] = timeline

@@ -14,7 +14,7 @@ WINDOW_COLUMNS = [
     ("acr_100", "ACR first 100", explain.ACR_100),
     ("acr_ema", "ACR EMA", explain.ACR_EMA),
     ("acr_volatility", "ACR volatility", "Std of the last 25 step ACRs: a jumpy run is unstable."),
-    ("acr_streak", "steps > 0.35", explain.ACR_STREAK),
+    ("acr_streak", "current streak > 0.35", explain.ACR_STREAK),
 ]
 
 
@@ -32,8 +32,10 @@ def layout(runs: str | None = None, **_query) -> html.Div:
             html.H2("Compare runs"),
             html.P(
                 "Pick runs of the same task (for example plain GRPO, AVSPO and AAPO) to see "
-                "whether a mitigation lowers collapse and what it does to reward. Lower ACR with "
-                "equal or higher reward is the win.",
+                "whether a mitigation lowers collapse and what it does to reward. AVSPO and AAPO "
+                "leave the raw ACR (solid) as it is and give the collapsed groups a gradient: "
+                "their effect is the effective ACR (dotted). Lower effective ACR with equal or "
+                "higher reward is the win.",
                 className="muted",
             ),
             html.P(
@@ -85,11 +87,12 @@ def show_comparison(run_ids, _n, marks):
 
 def _comparison(result: dict) -> tuple:
     """The figure and the table of ``data.compare``'s result."""
-    fig = figures.compare_figure(result["runs"], result["metrics"])
+    fig = figures.compare_figure(result["runs"], result["metrics"], result.get("timelines"))
     if not result["runs"]:
         return fig, html.P("Choose runs above.", className="muted")
     head = html.Tr(
         [html.Th("run"), html.Th("mitigation"), html.Th("last step"), html.Th("latest ACR")]
+        + [html.Th("latest effective ACR", title=explain.ACR_EFFECTIVE)]
         + [html.Th(label, title=help_text) for _k, label, help_text in WINDOW_COLUMNS]
         + [html.Th("CSV")]
     )
@@ -113,6 +116,7 @@ def _comparison(result: dict) -> tuple:
                         explain.fmt(run.get("latest_acr")),
                         className=components.acr_class(run.get("latest_acr")),
                     ),
+                    html.Td(explain.fmt(_latest_effective(result["metrics"], run["run_id"]))),
                 ]
                 + [
                     html.Td(
@@ -135,3 +139,11 @@ def _comparison(result: dict) -> tuple:
         )
     table = html.Table([html.Thead(head), html.Tbody(rows)], className="runs", id="compare-tbl")
     return fig, table
+
+
+def _latest_effective(metrics: dict, run_id: str) -> float | None:
+    """The newest effective ACR a run's points carry (None: its trainer sends none)."""
+    for point in reversed(metrics.get(run_id) or []):
+        if point.get("acr_effective") is not None:
+            return point["acr_effective"]
+    return None

@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 
 import dash
 from dash import ALL, Input, Output, State, callback, ctx, dash_table, dcc, html, no_update
+from pydantic import ValidationError
 from vantage.dashboard import commands_ui, components, context, data, explain, figures, run_view
 
 dash.register_page(
@@ -296,6 +297,13 @@ def ask_confirmation(_cmd, _suggest, _cancel, threshold, alpha, d_low, d_high, t
     return False, commands_ui.describe(kind, params), pending, ""
 
 
+def _said(exc: Exception) -> str:
+    """An error as one line: pydantic's validation errors as "field: message" each."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return str(exc)
+
+
 def _pending_command(
     pending: object, run_id: object, reason: object
 ) -> tuple[str, dict, int | None]:
@@ -304,6 +312,8 @@ def _pending_command(
     Raises ValueError saying what is wrong."""
     if not isinstance(run_id, str) or not (reason is None or isinstance(reason, str)):
         raise ValueError("the page's run or reason is not text; reload the page")
+    if reason is not None and len(reason) > 1000:  # pydantic's dump said so (a trial)
+        raise ValueError(f"the reason has {len(reason):,} characters; at most 1,000")
     if not isinstance(pending, dict):
         raise ValueError("the command to send is not a command; choose it again")
     kind, params = pending.get("type"), pending.get("params")
@@ -338,7 +348,7 @@ def send_command(_submit, pending, run_id, reason):
             info, run_id, kind, params, reason or "from the dashboard", alert_id=alert_id
         )
     except (PermissionError, ValueError, LookupError) as exc:
-        error = html.Span(f"Not sent: {exc}", className="result-error", id="cmd-error")
+        error = html.Span(f"Not sent: {_said(exc)}", className="result-error", id="cmd-error")
         return error, None, no_update, True, None  # the reason stays for another try
     # the command log below follows its status; a status here stayed "pending" for good
     text = (

@@ -148,6 +148,30 @@ def test_compare_figure_overlays_acr_and_reward_per_run():
     assert fig["data"][2]["mode"] == "lines"
 
 
+def test_compare_says_when_a_mitigation_applied_and_draws_the_effective_acr():
+    """A plain GRPO run that got AVSPO at step 108 read "avspo" for its whole curve, and only
+    the raw ACR was drawn, which AVSPO leaves as it is (a trial): the legend says after which
+    step, a diamond marks it, and the effective ACR is dotted."""
+    run = {"run_id": "b" * 8, "name": "mine", "mitigation_applied": {"mode": "avspo"}}
+    timeline = [
+        {"type": "set_sampling", "status": "applied", "step": 0, "params": {"temperature": 1}},
+        {"type": "set_mitigation", "status": "rejected", "step": 1, "params": {"mode": "aapo"}},
+        {"type": "set_mitigation", "status": "applied", "step": 2, "params": {"mode": "avspo"}},
+    ]
+    pts = [point(s, 0.75, acr_effective=0.75 if s <= 2 else 0.0) for s in range(6)]
+    fig = figures.compare_figure([run], {run["run_id"]: pts}, {run["run_id"]: timeline})
+    go.Figure(fig)
+    acr, reward, effective, marks = fig["data"]
+    assert acr["name"] == "mine (avspo after step 2)" == effective["name"] == marks["name"]
+    assert effective["line"]["dash"] == "dot" and effective["y"] == [0.75] * 3 + [0.0] * 3
+    assert not effective["showlegend"] and effective["yaxis"] == "y"
+    assert marks["x"] == [2] and marks["y"] == [0.75] and marks["mode"] == "markers"
+    assert marks["text"] == ["avspo applied after step 2"]
+    # without effective ACR from the trainer nor a change, nothing is added
+    plain = figures.compare_figure([run], {run["run_id"]: [point(0), point(1)]}, {})
+    assert len(plain["data"]) == 2 and plain["data"][0]["name"] == "mine (avspo)"
+
+
 def test_sparkline_is_an_svg_with_the_threshold():
     svg = figures.sparkline_svg([0.1, None, 0.9])
     assert svg.startswith("<svg") and "polyline" in svg
@@ -311,13 +335,13 @@ def test_the_mitigation_shown_is_what_the_trainer_reports_in_effect():
     from vantage.dashboard import components
 
     run = {"mitigation_mode": "auto", "mitigation_applied": {"mode": "aapo"}}
-    assert components.mitigation_text(run)[0] == "aapo · auto"  # acked, nothing reported
+    assert components.mitigation_text(run)[0] == "aapo · alerts act"  # acked, nothing reported
     run["mitigation_reported"] = {"mode": "avspo", "alpha": 0.5}  # a resume went back to it
     text, help_text = components.mitigation_text(run)
-    assert text == "avspo (alpha=0.5) · auto"  # with the settings it reports
+    assert text == "avspo (alpha=0.5) · alerts act"  # with the settings it reports
     assert "last reported: avspo; last acked: aapo" in help_text
     run["mitigation_requested"] = {"mode": "none", "status": "pending"}
-    assert components.mitigation_text(run)[0] == "avspo (alpha=0.5) → none (pending) · auto"
+    assert components.mitigation_text(run)[0] == "avspo (alpha=0.5) → none (pending) · alerts act"
 
 
 def test_a_run_without_scalars_gets_a_note_not_four_empty_charts():
@@ -454,3 +478,15 @@ def test_bidirectional_controls_in_prompt_ids_are_shown_not_obeyed():
     table (a trial): the table shows the control as a code point instead."""
     assert explain.visible("🚀 \u202e rtl") == "🚀 <U+202E> rtl"
     assert explain.visible("plain-id") == "plain-id"
+
+
+def test_the_acr_chart_marks_where_a_resumed_attempt_took_over():
+    """A resumed run's page said "attempt 2" in its header only (a trial): a dashed line
+    labelled with the attempt marks its first step; a run of one attempt has none."""
+    pts = [point(s, attempt=1 if s < 3 else 2) for s in range(5)]
+    shapes = figures.acr_figure(pts)["layout"]["shapes"]
+    lines = [s for s in shapes if s.get("label", {}).get("text", "").startswith("attempt")]
+    assert [(s["x0"], s["label"]["text"]) for s in lines] == [(3, "attempt 2")]
+    one = figures.acr_figure([point(s, attempt=1) for s in range(5)])["layout"]["shapes"]
+    assert not [s for s in one if "attempt" in s.get("label", {}).get("text", "")]
+    go.Figure(figures.acr_figure(pts))

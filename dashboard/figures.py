@@ -671,7 +671,8 @@ def compare_figure(
     base = _base_layout("Runs compared by step", 620)
     base.pop("xaxis")
     layout.update(base, hovermode="x")
-    layout["yaxis"].update(range=[0, 1.02], title={"text": "ACR"})
+    # from just below 0, as the run page: an effective ACR of 0 lay on the axis line
+    layout["yaxis"].update(range=[-0.03, 1.02], title={"text": "ACR"})
     layout["yaxis2"].update(title={"text": "reward"})
     layout["xaxis2"].update(title={"text": "step"})
     return {"data": data + extra, "layout": layout}

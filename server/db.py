@@ -22,6 +22,8 @@ from tenacity import (
     wait_exponential,
 )
 
+from .settings import hide_passwords
+
 log = logging.getLogger("vantage.db")
 
 
@@ -180,7 +182,7 @@ def session_factory(engine: Engine) -> Callable[[], Session]:
 def safe_url(url: str) -> str:
     """The URL with its password hidden, for messages."""
     try:
-        return make_url(normalize_url(url)).render_as_string(hide_password=True)
+        return hide_passwords(make_url(normalize_url(url)).render_as_string(hide_password=True))
     except Exception:  # noqa: BLE001 - a URL that does not parse has nothing to hide yet
         return "<a URL that does not parse>"
 

@@ -114,12 +114,19 @@ def load_settings(**values: object) -> Settings:
         raise SettingsError("; ".join(map(_problem, exc.errors()))) from None
 
 
-# The password of a URL's user (a database URL's, a webhook's), hidden when a value is echoed.
+# The password of a URL's user (a database URL's, a webhook's), and libpq's password parameters
+# in its query (`?password=`: it was echoed in clear, a trial), hidden when a value is echoed.
 _PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
+_QUERY_PASSWORD = re.compile(r"([?&](?:password|sslpassword)=)[^&'\"\s]*", re.IGNORECASE)
+
+
+def hide_passwords(text: str) -> str:
+    """``text`` with the passwords of the URLs in it shown as ``***`` (user info and query)."""
+    return _QUERY_PASSWORD.sub(r"\1***", _PASSWORD.sub(r"\1***@", text))
 
 
 def _problem(error: Any) -> str:
     """One bad value: its variable, its value (any URL password hidden) and what is wrong."""
     name = "VANTAGE_" + "_".join(map(str, error["loc"])).upper()
-    value = _PASSWORD.sub(r"\1***@", repr(error.get("input")))
+    value = hide_passwords(repr(error.get("input")))
     return f"{name}={value}: {error['msg'].removeprefix('Value error, ')}"

@@ -92,7 +92,9 @@ def test_keys_on_a_database_that_is_not_vantages_say_so_in_one_line(tmp_path):
                           # a driver the server extra does not install (No module named: exit 1)
                           ("postgresql+asyncpg://u:pw@db/v", "driver asyncpg"),
                           # libpq took the user's database: the schema went into `postgres`
-                          ("postgresql://u:pw@127.0.0.1:5432", "names no database")):  # fmt: skip
+                          ("postgresql://u:pw@127.0.0.1:5432", "names no database"),
+                          # a password in the query was echoed in clear (a trial)
+                          ("postgresql://u@h:5432?password=pw", "names no database")):  # fmt: skip
             out = run_cli(*command, "--database-url", url, check=False)
             assert out.returncode == 2 and says in out.stderr, out
             assert out.stderr.startswith("error: --database-url "), out.stderr

@@ -10,9 +10,12 @@ from contextlib import contextmanager
 from typing import Any
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):
     """SIGTERM or Ctrl-C during set-up (loading, the SFT warm start): no step boundary to stop
-    at, nothing to checkpoint yet. ``signum``: the signal's number."""
+    at, nothing to checkpoint yet. ``signum``: the signal's number. A BaseException, as
+    KeyboardInterrupt is: raised inside an import that catches ``Exception`` (some of torch's
+    and transformers' optional imports do), it was swallowed and the run trained on (a CI run
+    timed out waiting for it)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)

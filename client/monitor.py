@@ -46,6 +46,7 @@ from .schema import (
     MAX_GROUPS_PER_REQUEST,
     MAX_SCALARS_PER_RECORD,
     RunCreate,
+    errors_in_one_line,
     storable_scalar,
 )
 from .sender import (
@@ -222,11 +223,7 @@ class Monitor:
                 tags=list(tags),
             )
         except ValidationError as exc:  # one line per bad argument, not pydantic's model dump
-            # a check of two fields (reward_min < reward_max) has no field of its own to name
-            bad = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors()
-            )
-            raise ValueError(f"Monitor: {bad}") from None
+            raise ValueError(f"Monitor: {errors_in_one_line(exc)}") from None
         self._run_body = run.model_dump(exclude_none=True)
         checks.rank_in(self.rank, self.world_size)  # every record of this rank would be refused
 

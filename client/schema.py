@@ -24,6 +24,7 @@ from pydantic import (
     Strict,
     StringConstraints,
     Tag,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -636,6 +637,14 @@ def small_mitigation(value: dict[str, Any] | None) -> dict[str, Any] | None:
 small_config = json_size_at_most(MAX_CONFIG_BYTES, "the run's hyperparameters")
 MitigationJSON = Annotated[StorableJSON, AfterValidator(small_mitigation)]
 ConfigJSON = Annotated[StorableJSON, AfterValidator(small_config)]
+
+
+def errors_in_one_line(exc: ValidationError) -> str:
+    """Pydantic's errors as ``field: message; ...`` (not its multi-line dump with a link); a
+    check of several fields, which has no field of its own, is named ``arguments``."""
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors()
+    )
 
 
 # Sampling temperatures a run takes (set_sampling, the trainer's config). Below 0.01 sampling is

@@ -9,6 +9,7 @@ from urllib.parse import urlencode
 import dash
 from dash import ALL, Input, Output, State, callback, ctx, dash_table, dcc, html, no_update
 from pydantic import ValidationError
+from vantage.client.schema import errors_in_one_line
 from vantage.dashboard import commands_ui, components, context, data, explain, figures, run_view
 
 dash.register_page(
@@ -300,7 +301,7 @@ def ask_confirmation(_cmd, _suggest, _cancel, threshold, alpha, d_low, d_high, t
 def _said(exc: Exception) -> str:
     """An error as one line: pydantic's validation errors as "field: message" each."""
     if isinstance(exc, ValidationError):
-        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return errors_in_one_line(exc)
     return str(exc)
 
 

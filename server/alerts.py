@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from .alert_metrics import SERIES_METRICS, Window, series_values, stale_value, step_value
 from .alert_models import AlertEpisode, AlertRule, AlertState, Silence
 from .alert_steps import evaluable_steps, evaluated_frontier, mark_evaluated, unevaluated_steps
-from .commands import create_command, mitigation_state
+from .commands import ENDED_STATES, create_command, mitigation_state
 from .locks import RunState, run_lock, save_run_state
 from .models import Command, Run, Step, as_utc, iso, utcnow
 from .notify import enqueue
@@ -554,8 +554,14 @@ def _mitigate(
     already asked for), and not while the run already asks for it (`_in_effect`). Called when
     the alert fires and, until the episode has done so, at each later step whose value meets
     the condition: an alert that fired in `suggest` mode, or within a cooldown, acts once the
-    run is switched to `auto` or the cooldown ends (found by a fresh-user trial)."""
+    run is switched to `auto` or the cooldown ends (found by a fresh-user trial). Nothing is
+    issued for a run that has finished or failed (steps evaluated after the finish, such as a
+    rank's late steps): no trainer reads its commands, and one left `pending` would reach a
+    relaunch as if new (a fresh-user trial); a relaunch makes the run `running` again, and the
+    episode acts at its next step that meets the condition."""
     if not rule.mitigation or ctx.run.mitigation_mode != "auto" or step is None:
+        return
+    if ctx.run.status in ENDED_STATES:
         return
     last, cooldown = st.last_mitigation_step, rule.cooldown_steps or 0
     mit = rule.mitigation

@@ -431,6 +431,27 @@ def test_a_sampling_or_stop_already_asked_for_is_not_issued_again(api):
     assert len(issued("checkpoint", {})) == 3
 
 
+def test_a_run_that_has_ended_gets_no_command_until_it_is_relaunched(api):
+    """Steps evaluated after the run finished (a rank's late steps, a `vantage sync`) still
+    fire the alert but issue no command: no trainer reads it, and a pending one would reach a
+    relaunch as new (a fresh-user trial found one left pending). A relaunch acts again."""
+    run = new_run(api, launch_id="first")
+    rid = run["run_id"]
+    avspo = {"type": "set_mitigation", "params": {"mode": "avspo"}}
+    make_rule(api, name="ended", run_id=rid, metric="acr", op=">=", threshold=0.9,
+              mitigation=avspo)  # fmt: skip
+    post_steps(api, run, [{"step": 0, "groups": LIVE}])
+    assert api.post(f"/api/v1/runs/{rid}/finish", json={"status": "finished"}).status_code == 200
+    answer = post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])
+    assert [e["fired_step"] for e in alerts_of(api, rid, "ended")] == [1]
+    assert answer["commands"] == []
+    assert api.get(f"/api/v1/runs/{rid}/commands").json()["commands"] == []
+    again = new_run(api, run_id=rid, launch_id="second")
+    assert again["attempt"] == 2
+    answer = post_steps(api, again, [{"step": 2, "groups": ALL_FAIL}])
+    assert [c["params"] for c in answer["commands"]] == [{"mode": "avspo"}]
+
+
 @pytest.mark.parametrize("mode", ["suggest", "off"])
 def test_suggest_and_off_modes_issue_no_command(api, mode):
     run = new_run(api)

@@ -23,6 +23,7 @@ import os
 import re
 import reprlib
 import shlex
+import sys
 import tempfile
 import threading
 import time
@@ -88,6 +89,16 @@ class Command:
     params: dict[str, Any] = field(default_factory=dict)
     reason: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+def _uncaught_error() -> BaseException | None:
+    """The exception that is ending the program, as Python keeps it for an uncaught one
+    (``sys.last_exc``, ``sys.last_value`` before 3.12) until the exit handlers have run; None
+    in an interactive session, where it may be any earlier mistake the session went on after.
+    A ``sys.exit(n)`` leaves nothing there: its status cannot be seen from an exit handler."""
+    if hasattr(sys, "ps1") or sys.flags.interactive or "IPython" in sys.modules:
+        return None
+    return getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
 
 
 def _default_spool_dir() -> Path:
@@ -314,6 +325,7 @@ class Monitor:
         self._key_refused: str | None = None  # the last batch's 401/403, until one is taken
         self._thread = threading.Thread(target=self._run, name="vantage-sender", daemon=True)
         self._thread.start()
+        self._error_before = _uncaught_error()  # an error from before this run ended nothing
         ref = weakref.ref(self)
         self._atexit = lambda: (m := ref()) is not None and m._at_exit()
         atexit.register(self._atexit)
@@ -620,16 +632,19 @@ class Monitor:
         return f"{said}; its last error: {self.last_error}"
 
     def _at_exit(self) -> None:
-        """Interpreter exit: close if the user did not; give a sender still at work up to
-        EXIT_SPOOL_S to move what is left to the spool (local disk: past close's deadline it
-        makes no more requests), then stop it before the interpreter tears down under it (what
-        it has not spooled by then is lost with the process). A close(timeout=0) just before
-        exit lost a fifth of 12,000 groups, abandoned mid-spooling (a trial). A sender waiting
-        on a request cannot spool: this thread moves the queue, and rank 0's final status, to
-        the spool itself (a server that took 30 s to answer lost 7,000 of 12,000 groups and the
-        run's end: a trial)."""
+        """Interpreter exit: close if the user did not (the run marked ``failed`` when an
+        uncaught exception, Ctrl-C's included, ends the program, else ``finished``); give a
+        sender still at work up to EXIT_SPOOL_S to move what is left to the spool (local disk:
+        past close's deadline it makes no more requests), then stop it before the interpreter
+        tears down under it (what it has not spooled by then is lost with the process). A
+        close(timeout=0) just before exit lost a fifth of 12,000 groups, abandoned
+        mid-spooling (a trial). A sender waiting on a request cannot spool: this thread moves
+        the queue, and rank 0's final status, to the spool itself (a server that took 30 s to
+        answer lost 7,000 of 12,000 groups and the run's end: a trial)."""
         if not self._closed:
-            self.close(timeout=10.0)
+            error = _uncaught_error()
+            ended_by_error = error is not None and error is not self._error_before
+            self.close(timeout=10.0, status="failed" if ended_by_error else "finished")
         if self._thread.is_alive():
             self._spool_rest()
         self._thread.join(EXIT_SPOOL_S)
@@ -660,7 +675,10 @@ class Monitor:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self.close(status="failed" if exc_type is not None else "finished")
+        """Close, with the run marked ``failed`` when an exception ends the block (a
+        ``sys.exit(n)`` with n other than 0 or None included), else ``finished``."""
+        clean = exc_type is None or (isinstance(exc, SystemExit) and exc.code in (0, None))
+        self.close(status="finished" if clean else "failed")
 
     # ------------------------------------------------------------------ counters
     @property
@@ -975,9 +993,12 @@ class Monitor:
             return False
         remaining = self._deadline - time.monotonic()
         if remaining > 0.1:  # the final counts (a batch may have been dead-lettered since)
-            self._transport.post(
+            dropped = self.dropped_groups
+            reply = self._transport.post(
                 f"/runs/{self.run_id}/heartbeat", self._health(), timeout=remaining / 2
             )
+            if reply.kind == "ok":
+                self._spool.note_reported(dropped)
         if self._finish_status is None:
             return False
         remaining = self._deadline - time.monotonic()

@@ -374,9 +374,11 @@ def _send_health(
         "dropped_groups": spool.dropped_groups,
         "dead_letter_batches": spool.dead_letter_batches,
     }
-    transport.post(
+    reply = transport.post(
         f"/runs/{run_id}/heartbeat", orjson.dumps(body), timeout=deadline - time.monotonic()
     )
+    if reply.kind == "ok":
+        spool.note_reported(body["dropped_groups"])
 
 
 def _send_kept_finish(

@@ -146,6 +146,7 @@ class Spool:
             self._db.execute("SELECT COUNT(*) FROM dead_letter").fetchone()[0]
         )
         self.dropped_groups = int(self.get_meta("dropped_groups", 0))
+        self.reported_dropped = int(self.get_meta("reported_dropped", 0))
         self.pending_acks = int(self._db.execute("SELECT COUNT(*) FROM acks").fetchone()[0])
         self.pending_finish: str | None = self.get_meta("finish")
 
@@ -185,6 +186,13 @@ class Spool:
         if n_groups:
             self.dropped_groups += n_groups
             self.set_meta("dropped_groups", self.dropped_groups)
+
+    @_locked
+    def note_reported(self, dropped_groups: int) -> None:
+        """The server has confirmed a heartbeat that counted ``dropped_groups`` (this file's
+        drops included): a file holding nothing but those drops need not be kept for them."""
+        self.reported_dropped = max(self.reported_dropped, dropped_groups)
+        self.set_meta("reported_dropped", self.reported_dropped)
 
     @_locked
     def head(self) -> SpoolRow | None:
@@ -292,14 +300,15 @@ class Spool:
     @_locked
     def close(self, remove_if_clean: bool = False) -> bool:
         """Close the file; with ``remove_if_clean``, delete it when nothing in it is worth keeping
-        (no pending batch, ack or final status, no dead letter, no drop). Returns True when it
-        was removed."""
+        (no pending batch, ack or final status, no dead letter, no drop the server has not been
+        told of: a file kept for reported drops alone piled up, re-reported by every sync, a
+        trial). Returns True when it was removed."""
         clean = (
             remove_if_clean
             and self.empty
             and self.pending_finish is None
             and self.dead_letter_batches == 0
-            and self.dropped_groups == 0
+            and self.dropped_groups <= self.reported_dropped
         )
         if self.closed:
             return False

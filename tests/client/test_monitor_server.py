@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 from client_helpers import Server, free_port, queue_refused_record
 from vantage.client import Monitor
 from vantage.client.spool import SPOOL_SUFFIX, Spool, sync
@@ -218,6 +219,9 @@ def test_full_spool_counts_and_reports_drops(tmp_path: Path):
         mon.close(timeout=10)
         stored = sum(p["n_groups"] for p in srv.metrics(mon.run_id))
         assert stored == kept == total - dropped
+        # the server has the drops, so nothing is left to keep the file for (it was kept, and
+        # re-reported by every `vantage sync` of the folder: a trial)
+        assert not mon.spool_path.exists()
     finally:
         srv.cleanup()
 
@@ -440,6 +444,33 @@ def test_effective_scalars_and_finish_reach_the_server(server: Server, tmp_path:
     assert run["status"] == "finished" and run["attempt"] == 1
 
 
+@pytest.mark.parametrize(("ending", "with_block", "status"), [
+    ("pass", False, "finished"),
+    ("raise RuntimeError('CUDA out of memory')", False, "failed"),
+    ("raise KeyboardInterrupt", False, "failed"),  # Ctrl-C
+    ("sys.exit(0)", True, "finished"),
+    ("sys.exit(3)", True, "failed"),
+])  # fmt: skip
+def test_the_run_ends_failed_when_an_error_ends_the_program(
+    server: Server, tmp_path: Path, ending: str, with_block: bool, status: str
+):
+    """A program that never calls close() had its run marked `finished` at exit even when an
+    exception or Ctrl-C ended it (a trial): an uncaught error now marks it `failed`, and so does
+    `sys.exit(n)` out of a `with Monitor(...)` block, for n other than 0."""
+    make = f"Monitor({server.url!r}, None, run_name='ending', spool_dir={str(tmp_path)!r})"
+    lines = ["import sys", "from vantage.client import Monitor"]
+    lines += [f"with {make} as mon:"] if with_block else [f"mon = {make}", "if True:"]
+    lines += ["    print(mon.run_id, flush=True)", "    mon.log_groups(0, [[1, 0], [1, 1]])"]
+    lines += [f"    {ending}"]
+    proc = subprocess.run([sys.executable, "-c", "\n".join(lines)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    run_id = proc.stdout.split()[0]
+    with server.api() as api:
+        run = api.get(f"/api/v1/runs/{run_id}").json()
+    assert run["status"] == status, proc.stderr
+    assert run["last_step"] == 0
+
+
 def torch_free_number(x: float):
     """A number-like object that is not a float (as a 0-d tensor would be)."""
 
@@ -480,6 +511,23 @@ def test_server_with_a_new_database_gets_the_run_created_again(own_server: Serve
     points = server.metrics(mon.run_id)
     assert [p["step"] for p in points] == list(range(10, 20))  # 404 → run created again → sent
     assert all(p["n_groups"] == 8 for p in points)
+
+
+def test_a_spool_kept_for_its_drops_goes_once_the_server_has_them(server: Server, tmp_path: Path):
+    """An offline run with an unreadable group keeps its file after close (the server has not
+    heard of the drop); the sync that reports it removes the file, so a second sync finds
+    nothing (every sync of the folder reported the same drop again: a trial)."""
+    offline = Monitor(None, None, run_name="drops", spool_dir=tmp_path / "spool")
+    offline.log_groups(0, [[1, 0], [1, 1]])
+    offline.log_groups(1, [["1", "0"]])  # strings: dropped by the sender, counted
+    offline.close(timeout=5)
+    assert offline.spool_path.exists() and offline.dropped_groups == 1
+    first = sync(tmp_path / "spool", server.url)
+    assert first["sent_groups"] == 2 and first["dropped_groups"] == 1 and not first["failed"]
+    with server.api() as api:
+        assert api.get(f"/api/v1/runs/{offline.run_id}").json()["client"]["dropped_groups"] == 1
+    assert not offline.spool_path.exists()
+    assert sync(tmp_path / "spool", server.url)["dropped_groups"] == 0
 
 
 def test_vantage_sync_cli_uploads_an_offline_spool(server: Server, tmp_path: Path):

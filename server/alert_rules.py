@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -23,8 +24,10 @@ from vantage.client.schema import Name, Split, text, validate_command_params
 
 from .alert_metrics import check_metric
 from .alert_models import AlertRule, Silence
+from .alerts import end_rule_episodes
 from .models import Run, as_utc, iso, run_not_found, utcnow
 from .notify import RefusedTarget, check_target
+from .settings import Settings
 
 Op = Literal[">", ">=", "<", "<="]
 RULE_FIELDS = (
@@ -236,8 +239,12 @@ def create_rule(session: Session, body: RuleCreate, allow: str | None) -> dict[s
 
 
 def update_rule(
-    session: Session, rule: AlertRule, body: RulePatch, allow: str | None
+    session: Session, rule: AlertRule, body: RulePatch, settings: Settings
 ) -> dict[str, Any]:
+    """Change a rule's given fields (the caller commits). Its open episodes that the change
+    leaves behind close (`end_what_it_left`). Raises ValueError for a field set to null or a
+    value `_apply` refuses, RuleExists for a name taken in the rule's scope."""
+    before = SimpleNamespace(**{c.key: getattr(rule, c.key) for c in AlertRule.__table__.c})
     fields = body.model_dump(exclude_unset=True)
     for required in (
         "name",
@@ -255,9 +262,37 @@ def update_rule(
     ):
         if required in fields and fields[required] is None:
             raise ValueError(f"'{required}' cannot be null")
-    _apply(session, rule, fields, allow)
+    _apply(session, rule, fields, settings.webhook_allow)
     session.flush()
+    end_what_it_left(session, before, rule, settings)
     return rule_dict(rule)
+
+
+def end_what_it_left(
+    session: Session, before: SimpleNamespace, rule: AlertRule, settings: Settings
+) -> None:
+    """Close the episodes a changed rule no longer watches: all of them when it was disabled or
+    now watches another metric or split; those on runs out of its new scope when its run or
+    project changed. A firing alert whose rule stops looking at it would never resolve."""
+    if before.enabled and not rule.enabled:
+        end_rule_episodes(session, before, settings, "its rule was disabled")
+    elif (before.metric, before.split) != (rule.metric, rule.split):
+        end_rule_episodes(session, before, settings, "its rule now watches another metric")
+    elif (before.run_id, before.project) != (rule.run_id, rule.project):
+
+        def in_scope(run: Run) -> bool:
+            return rule.run_id in (None, run.id) and rule.project in (None, run.project)
+
+        why = "its rule no longer applies to this run"
+        end_rule_episodes(session, before, settings, why, keep=in_scope)
+
+
+def delete_rule(session: Session, rule: AlertRule, settings: Settings) -> None:
+    """Delete a rule, its states and episodes (the caller commits); its firing alerts that were
+    told resolve first, so the chat that heard of them hears of the end."""
+    end_rule_episodes(session, rule, settings, "its rule was deleted")
+    session.delete(rule)
+    session.flush()
 
 
 def list_rules(session: Session, project: str | None = None) -> list[AlertRule]:

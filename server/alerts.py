@@ -619,10 +619,14 @@ def _in_effect(session: Session, run_id: str, mitigation: dict[str, Any]) -> boo
 def _notify(
     ctx: _Context, rule: RuleRow, ep: AlertEpisode, state: str, step: int | None, value: float
 ) -> bool:
-    """Queue the webhook messages of a transition; False when there is nobody to tell."""
-    if not rule.notify or ctx.silenced(rule):
+    """Queue the webhook messages of a transition; False when there is nobody to tell. A
+    resolution whose firing was told is told too, even if a silence began in between (chat
+    showed the alert firing for ever: a trial); a silence mutes the episodes it finds firing
+    from then on."""
+    if not rule.notify or (state == "firing" and ctx.silenced(rule)):
         return False
-    enqueue(ctx.session, list(rule.notify), webhook_body(ctx, rule, state, step, value), ep.id)
+    body = webhook_body(ctx.settings, ctx.run, rule, ep.id, state, step, value)
+    enqueue(ctx.session, list(rule.notify), body, ep.id)
     ctx.queued = True
     return True
 
@@ -634,14 +638,25 @@ def dashboard_url(settings: Settings, run_id: str) -> str | None:
 
 
 def webhook_body(
-    ctx: _Context, rule: RuleRow, state: str, step: int | None, value: float
+    settings: Settings,
+    run: Any,
+    rule: Any,
+    alert_id: int,
+    state: str,
+    step: int | None,
+    value: float | None,
+    why: str | None = None,
 ) -> dict[str, Any]:
-    """The §6 body; `text` is a Slack-compatible line that names only the new state."""
-    run, url = ctx.run, dashboard_url(ctx.settings, ctx.run.id)
+    """The §6 body, plus `alert_id` (the episode: a receiver that retries may de-duplicate on
+    it and `state`); `text` is a Slack-compatible line that names only the new state, and
+    ``why`` instead of the value when no step resolved the alert (its rule was disabled,
+    changed or deleted). ``run`` and ``rule``: anything with a run's `id` and `name` and a
+    rule's columns as attributes."""
+    url = dashboard_url(settings, run.id)
     at = f" at step {step}" if step is not None else ""
     icon = ":rotating_light:" if state == "firing" else ":white_check_mark:"
     verb = "FIRING" if state == "firing" else "RESOLVED"
-    shown = f"{_slack(rule.metric)} = {value:.4g}"
+    shown = _slack(why) if why else f"{_slack(rule.metric)} = {value:.4g}"
     cond = f" ({_slack(rule.op)} {rule.threshold:g})" if state == "firing" else ""
     link = f" <{url}|dashboard>" if url else ""
     return {
@@ -655,7 +670,50 @@ def webhook_body(
         "step": step,
         "severity": rule.severity,
         "dashboard_url": url,
+        "alert_id": alert_id,
     }
+
+
+def end_rule_episodes(
+    session: Session,
+    rule: Any,
+    settings: Settings,
+    why: str,
+    keep: Callable[[Run], bool] = lambda run: False,
+) -> int:
+    """Close the open episodes of a rule that stops watching their runs (it was disabled,
+    deleted, or its metric, split or scope changed; DESIGN.md §6 is silent), except on the runs
+    ``keep`` keeps: a pending one is dropped, a firing one resolves now, at no step, and when
+    its firing was told, a resolved message saying ``why`` goes where it went (``rule``: the
+    rule as it was, its `notify` included). Without this, a disabled rule's alert stayed firing
+    for ever (a trial). Each run's lock is held, as evaluation holds it; the caller commits.
+    Returns how many episodes resolved."""
+    now, resolved = utcnow(), 0
+    run_ids = session.scalars(
+        select(AlertState.run_id)
+        .where(AlertState.rule_id == rule.id, AlertState.episode_id.is_not(None))
+        .order_by(AlertState.run_id)  # one order of locks for every caller
+    ).all()
+    for run_id in run_ids:
+        with run_lock(session, run_id):
+            run = session.get(Run, run_id)
+            st = session.get(AlertState, (rule.id, run_id))
+            if run is None or st is None or st.episode_id is None or keep(run):
+                continue
+            ep = session.get(AlertEpisode, st.episode_id)
+            st.episode_id, st.streak, st.clear_streak = None, 0, 0
+            if ep is None:
+                continue
+            if ep.state == "pending":
+                session.delete(ep)
+                continue
+            ep.state, ep.resolved_at, ep.updated_at = "resolved", now, now
+            resolved += 1
+            if ep.notified and rule.notify:
+                body = webhook_body(settings, run, rule, ep.id, "resolved", None, ep.value, why)
+                enqueue(session, list(rule.notify), body, ep.id)
+    session.flush()
+    return resolved
 
 
 def _slack(text: str) -> str:

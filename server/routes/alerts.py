@@ -18,6 +18,7 @@ from ..alert_rules import (
     SilenceMatchers,
     create_rule,
     create_silence,
+    delete_rule,
     list_rules,
     list_silences,
     rule_dict,
@@ -148,7 +149,7 @@ def rules_update(
         project = body.project if "project" in changed else rule.project
         _same_project(session.get(Run, run_id) if run_id else None, project)
     try:
-        out = update_rule(session, rule, body, settings.webhook_allow)
+        out = update_rule(session, rule, body, settings)
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from exc
     except RuleExists as exc:
@@ -158,9 +159,11 @@ def rules_update(
 
 
 @router.delete("/alert-rules/{rule_id}", status_code=204)
-def rules_delete(rule_id: RuleId, key: ControlKey, session: SessionDep) -> Response:
-    """Delete a rule and its episodes."""
-    session.delete(_own_rule(session, rule_id, key))
+def rules_delete(
+    rule_id: RuleId, key: ControlKey, session: SessionDep, settings: SettingsDep
+) -> Response:
+    """Delete a rule and its episodes (its firing alerts that were told resolve first)."""
+    delete_rule(session, _own_rule(session, rule_id, key), settings)
     session.commit()
     return Response(status_code=204)
 

@@ -507,6 +507,67 @@ def test_silence_mutes_notifications_but_not_evaluation(api, receiver):
     assert [m["state"] for m in receiver.wait_for(1)] == ["firing"]
 
 
+def test_a_silence_begun_while_firing_lets_the_resolution_through(api, receiver):
+    """An alert told as firing is told as resolved though a silence began in between (chat
+    showed it firing for ever: a trial); the silence mutes the next episode."""
+    run = new_run(api)
+    make_rule(api, name="late-hush", run_id=run["run_id"], metric="acr", op=">=",
+              threshold=0.9, notify=[receiver.url])  # fmt: skip
+    flap(api, run, "C")
+    assert [m["state"] for m in receiver.wait_for(1)] == ["firing"]
+    until = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    silence = {"matchers": {"run_id": run["run_id"]}, "until": until}
+    assert api.post("/api/v1/silences", json=silence).status_code == 201
+    post_steps(api, run, [{"step": 2, "groups": LIVE}, {"step": 3, "groups": ALL_FAIL}])
+    post_steps(api, run, [{"step": 4, "groups": LIVE}])
+    assert len(alerts_of(api, run["run_id"], "late-hush")) == 2
+    time.sleep(1.5)
+    assert [m["state"] for m in receiver.wait_for(2)] == ["firing", "resolved"]
+
+
+@pytest.mark.parametrize("change", ["disable", "delete", "other metric", "other project"])
+def test_a_rule_that_stops_watching_a_firing_alert_resolves_it(api, receiver, change):
+    """Disabling a rule, deleting it, pointing it at another metric or moving it to another
+    project left its firing alert firing for ever, with no resolved message (a trial): it
+    resolves now, at no step, and the chat that heard of it hears why. Runs still in the
+    rule's scope keep their alert."""
+    mine, other = new_run(api, project="proj-a"), new_run(api, project="proj-b")
+    rule = make_rule(api, name=f"stop-{change}", project=None, metric="acr", op=">=",
+                     threshold=0.9, notify=[receiver.url])  # fmt: skip
+    for run in (mine, other):
+        flap(api, run, "C")
+    assert [m["state"] for m in receiver.wait_for(2)] == ["firing", "firing"]
+    path = f"/api/v1/alert-rules/{rule['id']}"
+    if change == "delete":
+        assert api.delete(path).status_code == 204
+    else:
+        body = {"disable": {"enabled": False}, "other metric": {"metric": "acr_all_fail"},
+                "other project": {"project": "proj-b"}}[change]  # fmt: skip
+        assert api.put(path, json=body).status_code == 200, body
+    messages = receiver.wait_for(4 if change != "other project" else 3)
+    time.sleep(1.2)  # nothing more comes
+    ended = [m for m in receiver.messages if m["state"] == "resolved"]
+    ended_runs = {m["run_id"] for m in ended}
+    assert ended_runs == ({mine["run_id"]} if change == "other project" else
+                          {mine["run_id"], other["run_id"]}), messages  # fmt: skip
+    why = {"disable": "disabled", "delete": "deleted", "other metric": "another metric",
+           "other project": "no longer applies"}[change]  # fmt: skip
+    assert all(why in m["text"] and m["step"] is None for m in ended), ended
+    firing_ids = {m["alert_id"] for m in receiver.messages if m["state"] == "firing"}
+    assert {m["alert_id"] for m in ended} <= firing_ids
+    if change == "delete":
+        return
+    (alert,) = alerts_of(api, mine["run_id"], rule["name"])
+    assert alert["state"] == "resolved" and alert["resolved_step"] is None
+    (kept,) = alerts_of(api, other["run_id"], rule["name"])
+    assert kept["state"] == ("firing" if change == "other project" else "resolved")
+    if change == "disable":  # enabled again, the rule starts over on the next step
+        assert api.put(path, json={"enabled": True}).status_code == 200
+        post_steps(api, mine, [{"step": 2, "groups": ALL_FAIL}])
+        states = [a["state"] for a in alerts_of(api, mine["run_id"], rule["name"])]
+        assert sorted(states) == ["firing", "resolved"]
+
+
 def test_scalars_and_reward_drop_metrics(api):
     run = new_run(api)
     make_rule(api, name="loss", run_id=run["run_id"], metric="scalars.loss", op=">", threshold=5)

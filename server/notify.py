@@ -165,12 +165,18 @@ class OutboxSender:
         self.session_factory = session_factory
         self.http = httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False)
         self.wake = threading.Event()
+        self._busy: set[str] = set()  # URLs with a send in flight
+        self._busy_lock = threading.Lock()
 
     def close(self) -> None:
         self.http.close()
 
     def run_once(self) -> int:
-        """Send at most one message per URL that has one due; returns how many were sent."""
+        """Start sending the oldest due message of each URL that has one and no send in flight
+        (at most MAX_PARALLEL_URLS at once), each in a thread of its own, and return how many
+        sends started without waiting for them: a slow target holds up its own URL only (a
+        pass that waited for every send held a ready target's message up to the 5 s timeout of
+        a slow one: a trial). Daemon threads: a request in flight never delays the exit."""
         with self.session_factory() as session:
             urls = list(
                 session.scalars(
@@ -182,26 +188,29 @@ class OutboxSender:
                     .distinct()
                 )
             )
-        if not urls:
-            return 0
-        if len(urls) == 1:
-            return self._send_for_url(urls[0])
-        # URLs in parallel, so that a slow target does not hold up the others. Daemon threads:
-        # a request in flight never delays the process's exit.
-        sent = [0] * len(urls)
-        for start in range(0, len(urls), MAX_PARALLEL_URLS):
-            threads = []
-            for i in range(start, min(len(urls), start + MAX_PARALLEL_URLS)):
+        started = 0
+        for url in urls:
+            with self._busy_lock:
+                if url in self._busy or len(self._busy) >= MAX_PARALLEL_URLS:
+                    continue
+                self._busy.add(url)
+            threading.Thread(
+                target=self._send_and_release, args=(url,), name="vantage-webhook", daemon=True
+            ).start()
+            started += 1
+        return started
 
-                def send(i: int = i) -> None:
-                    sent[i] = self._send_for_url(urls[i])
+    def idle(self) -> bool:
+        """Whether no send is in flight."""
+        with self._busy_lock:
+            return not self._busy
 
-                t = threading.Thread(target=send, name="vantage-webhook", daemon=True)
-                t.start()
-                threads.append(t)
-            for t in threads:
-                t.join()
-        return sum(sent)
+    def _send_and_release(self, url: str) -> None:
+        try:
+            self._send_for_url(url)
+        finally:
+            with self._busy_lock:
+                self._busy.discard(url)
 
     def _send_for_url(self, url: str) -> int:
         try:
@@ -209,10 +218,10 @@ class OutboxSender:
                 claimed = self._claim(session, url)
             if claimed is None:
                 return 0
-            error, permanent = self._post(url, claimed.payload)
+            error, outcome = self._post(url, claimed.payload)
             with self.session_factory() as session:
-                self._record(session, url, claimed.id, error, permanent)
-            return int(error is None)
+                self._record(session, url, claimed.id, error, outcome)
+            return int(outcome == "sent")
         except Exception:  # noqa: BLE001 - one bad URL or a database hiccup must not stop the loop
             log.exception("webhook sender failed for %s", redact_url(url))
             return 0
@@ -262,8 +271,11 @@ class OutboxSender:
         return msg
 
     def _record(
-        self, session: Session, url: str, msg_id: int, error: str | None, permanent: bool
+        self, session: Session, url: str, msg_id: int, error: str | None, outcome: str
     ) -> None:
+        """Move the URL's send slot on, and record a message's try: ``outcome`` "sent" (with
+        ``error`` when it went without an answer), "retry" (with backoff, until the give-up
+        time) or "failed"."""
         now = utcnow()
         session.execute(
             update(WebhookTarget)
@@ -275,34 +287,57 @@ class OutboxSender:
             session.commit()
             return
         msg.attempts += 1
-        if error is None:
-            msg.status, msg.sent_at, msg.last_error = "sent", now, None
+        payload = msg.payload or {}
+        about = f" (rule {payload.get('rule')!r}, run {payload.get('run_id')})"
+        shown = redact_url(url)  # the log is read by more people than the rule's owners
+        if outcome == "sent":
+            msg.status, msg.sent_at, msg.last_error = "sent", now, error
+            if error is not None:
+                log.warning("webhook %s%s: %s", shown, about, error.replace(url, shown))
         else:
             msg.last_error = error[:1000]
             delay = min(self.settings.webhook_max_backoff_s, 0.5 * 2 ** (msg.attempts - 1))
             msg.next_attempt_at = now + timedelta(seconds=delay)
             give_up = timedelta(seconds=self.settings.webhook_give_up_s)
-            if permanent or now - as_utc(msg.created_at) > give_up:
+            if outcome == "failed" or now - as_utc(msg.created_at) > give_up:
                 msg.status = "failed"
             gave_up = "; given up" if msg.status == "failed" else ""
-            shown = redact_url(url)  # the log is read by more people than the rule's owners
-            said = error.replace(url, shown)
-            log.warning("webhook %s failed (attempt %d): %s%s", shown, msg.attempts, said, gave_up)
+            said = (error or "").replace(url, shown)
+            log.warning(
+                "webhook %s%s failed (attempt %d): %s%s", shown, about, msg.attempts, said, gave_up
+            )
         session.commit()
 
-    def _post(self, url: str, payload: dict[str, Any]) -> tuple[str | None, bool]:
-        """(error or None, whether the error is permanent). Targets are checked again here: a
-        host name may resolve elsewhere than when the rule was saved."""
+    def _post(self, url: str, payload: dict[str, Any]) -> tuple[str | None, str]:
+        """(error or None, outcome: "sent", "retry" or "failed"). Targets are checked again
+        here: a host name may resolve elsewhere than when the rule was saved.
+
+        A message the target took but did not answer within ``webhook_timeout_s`` counts as
+        sent: it reached the target, and sending it again posted it again and again to a
+        receiver slower than the timeout (six copies in a minute: a trial). Messages never go
+        out twice on purpose (one on firing, one on resolving, DESIGN.md §6); a target that
+        took it and then failed has lost it, which the log says."""
         try:
             check_target(url, self.settings.webhook_allow)
         except RefusedTarget as exc:
-            return str(exc), True
+            return str(exc), "failed"
         try:
             r = self.http.post(url, json=payload)
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}", False
+        except httpx.ReadTimeout:
+            waited = self.settings.webhook_timeout_s
+            return (
+                f"sent, but no answer within {waited:g} s (VANTAGE_WEBHOOK_TIMEOUT_S); not "
+                "sent again, as the target has it and a second send could post it twice"
+            ), "sent"
+        except httpx.HTTPError as exc:  # not connected, or the message not written: not sent
+            return f"{type(exc).__name__}: {exc}", "retry"
         if 200 <= r.status_code < 300:
-            return None, False
+            return None, "sent"
+        said = f"HTTP {r.status_code}: {r.text[:200]}"
+        if 300 <= r.status_code < 400:  # will redirect again; following it is not safe
+            where = r.headers.get("location")
+            moved = f" to {redact_url(where)}" if where and "://" in where else ""
+            return f"{said} (a redirect{moved}, not followed: give the rule that URL)", "failed"
         # a 4xx will be answered again (a wrong URL, a refused body), except timeouts and limits
         permanent = 400 <= r.status_code < 500 and r.status_code not in (408, 429)
-        return f"HTTP {r.status_code}: {r.text[:200]}", permanent
+        return said, "failed" if permanent else "retry"

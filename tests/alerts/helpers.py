@@ -15,10 +15,15 @@ class Receiver:
     """A webhook target: a tiny http.server in a thread that records every JSON body."""
 
     def __init__(
-        self, port: int | None = None, status: int = 200, status_for: Callable | None = None
+        self,
+        port: int | None = None,
+        status: int = 200,
+        status_for: Callable | None = None,
+        delay: float = 0.0,
     ) -> None:
         self.port = port or free_port()
         self.status = status
+        self.delay = delay  # seconds before answering (the body is recorded at once)
         self.status_for = status_for  # body → the status to answer, instead of ``status``
         self.messages: list[dict] = []
         self.times: list[float] = []
@@ -30,7 +35,10 @@ class Receiver:
                 times.append(time.monotonic())
                 received.append(json.loads(body))
                 status = outer.status_for(received[-1]) if outer.status_for else outer.status
+                time.sleep(outer.delay)
                 self.send_response(status)
+                if 300 <= status < 400:
+                    self.send_header("location", "https://elsewhere.example/hook")
                 self.end_headers()
 
             def log_message(self, *args) -> None:  # noqa: ANN002

@@ -44,6 +44,7 @@ FAST = {
     "VANTAGE_PUBLIC_URL": "https://vantage.example.com/",
     "VANTAGE_COMMAND_TTL_S": "2",
     "VANTAGE_WEBHOOK_GIVE_UP_S": "2",
+    "VANTAGE_WEBHOOK_TIMEOUT_S": "3",
 }
 
 
@@ -130,10 +131,44 @@ def test_a_message_that_keeps_failing_does_not_hold_back_the_next(fast_server, r
         assert receiver.messages[-1]["state"] == "resolved"
         # the server log names the failing target by host, not by its secret (a trial)
         logged = fast_server.log_path.read_text()
-        assert f"webhook http://127.0.0.1:{receiver.port}/… failed" in logged
+        shown = f"webhook http://127.0.0.1:{receiver.port}/… (rule 'refused-{refusal}', run "
+        assert shown in logged and "failed (attempt 1)" in logged
         assert "s3cr3t" not in logged
     finally:
         receiver.close()
+
+
+def fire(api, name: str, url: str) -> None:
+    """A run whose rule notifies ``url`` fires at once."""
+    run = new_run(api, name=name)
+    make_rule(api, name=name, run_id=run["run_id"], metric="acr", op=">=", threshold=0.9,
+              notify=[url])  # fmt: skip
+    post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])
+
+
+def test_a_slow_target_gets_one_copy_and_holds_up_no_other(fast_server):
+    """A target slower than the webhook timeout (3 s here) got the same message again at each
+    retry (six copies in a minute: a trial): it gets one. Meanwhile a ready target's message
+    goes out at once (it waited for the slow send's timeout). A redirect is given up at once."""
+    slow, ready, moved = Receiver(delay=5.0), Receiver(), Receiver(status=307)
+    try:
+        with fast_server.client("all") as api:
+            fire(api, "slow-target", slow.url)
+            assert slow.wait_for(1, timeout=10)
+            fired = time.monotonic()
+            fire(api, "ready-target", ready.url)
+            assert ready.wait_for(1, timeout=10)
+            assert ready.times[0] - fired < 2.0  # DESIGN §6: within 2 s of the transition
+            fire(api, "moved-target", moved.url)
+            assert moved.wait_for(1, timeout=10)
+        time.sleep(7)  # past the timeout, a retry's backoff and the give-up time (2 s)
+        assert len(slow.messages) == 1 and len(moved.messages) == 1
+        logged = fast_server.log_path.read_text()
+        assert "'slow-target'" in logged and "no answer within 3 s" in logged
+        assert "a redirect to https://elsewhere.example/…, not followed" in logged
+    finally:
+        for receiver in (slow, ready, moved):
+            receiver.close()
 
 
 def test_incomplete_step_is_evaluated_by_the_periodic_pass(fast_server):

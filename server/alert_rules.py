@@ -18,7 +18,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, and_, or_, select, true
 from sqlalchemy.orm import Session
 from vantage.client.schema import Name, Split, text, validate_command_params
 
@@ -295,13 +295,24 @@ def delete_rule(session: Session, rule: AlertRule, settings: Settings) -> None:
     session.flush()
 
 
+def visible_to(project: str | None) -> ColumnElement[bool]:
+    """SQL condition on `alert_rules`: the rules a key limited to ``project`` sees (None: every
+    rule): its project's, those of its project's runs, and those of every run. A rule of
+    another project's run was shown to every project key, run id and all (a trial)."""
+    if project is None:
+        return true()
+    of_its_runs = AlertRule.run_id.in_(select(Run.id).where(Run.project == project))
+    everyone = AlertRule.run_id.is_(None)
+    return or_(
+        AlertRule.project == project, and_(AlertRule.project.is_(None), everyone | of_its_runs)
+    )
+
+
 def list_rules(session: Session, project: str | None = None) -> list[AlertRule]:
-    """Every rule by id, or a project's and the global ones (those a project key sees)."""
-    q = select(AlertRule).order_by(AlertRule.id)
-    rules = session.scalars(q).all()
-    if project is not None:
-        rules = [r for r in rules if r.project in (None, project)]
-    return list(rules)
+    """The rules a key limited to ``project`` sees (`visible_to`), by id."""
+    return list(
+        session.scalars(select(AlertRule).where(visible_to(project)).order_by(AlertRule.id))
+    )
 
 
 # ---------------------------------------------------------------------------------- silences

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import or_, select
+from sqlalchemy import select
 
 from ..alert_models import AlertRule, Silence
 from ..alert_rules import (
@@ -23,6 +23,7 @@ from ..alert_rules import (
     list_silences,
     rule_dict,
     update_rule,
+    visible_to,
 )
 from ..alerts import list_alerts
 from ..deps import ControlKey, ReadKey, SessionDep, SettingsDep, check_key, load_run
@@ -49,8 +50,9 @@ SilenceId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 
 def _rule(session: SessionDep, rule_id: int, key: KeyInfo) -> AlertRule:
-    rule = session.get(AlertRule, rule_id)
-    if rule is None or (key.project is not None and rule.project not in (None, key.project)):
+    """The rule, if the key sees it (`visible_to`); else a 404."""
+    rule = session.scalar(select(AlertRule).where(AlertRule.id == rule_id, visible_to(key.project)))
+    if rule is None:
         raise HTTPException(404, f"alert rule {rule_id} not found")
     return rule
 
@@ -226,9 +228,7 @@ def _unknown_rule(matchers: SilenceMatchers, session: SessionDep, key: KeyInfo) 
     a trial)."""
     if matchers.rule is None:
         return None
-    named = select(AlertRule.id).where(AlertRule.name == matchers.rule)
-    if key.project is not None:
-        named = named.where(or_(AlertRule.project.is_(None), AlertRule.project == key.project))
+    named = select(AlertRule.id).where(AlertRule.name == matchers.rule, visible_to(key.project))
     named = named.limit(1)
     if session.scalar(named) is not None:
         return None

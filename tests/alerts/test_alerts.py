@@ -786,6 +786,13 @@ def test_a_project_key_changes_and_mutes_its_projects_alerts_only(server, api):
         assert key.delete(rules).status_code == 403
         assert api.get(rules).json()["enabled"] is True  # unchanged
         assert key.put(f"/api/v1/alert-rules/{language['id']}", json={}).status_code == 404
+        # a rule of another project's run, made by a key of every project: hidden as the run
+        # is (it was listed, run id and all, to every project key: a trial)
+        of_run = make_rule(api, name="pk-their-run", run_id=other_run["run_id"], **rule)
+        assert of_run["project"] is None
+        assert key.get(f"/api/v1/alert-rules/{of_run['id']}").status_code == 404
+        listed = {r["name"] for r in key.get("/api/v1/alert-rules").json()["rules"]}
+        assert "pk-their-run" not in listed and {"pk-global", "pk-vision"} <= listed
         r = key.put(f"/api/v1/alert-rules/{vision['id']}", json={"project": None})
         assert r.status_code == 200 and r.json()["project"] == "vision"
         created = key.post("/api/v1/alert-rules", json={"name": "pk-own", **rule}).json()

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -67,12 +68,23 @@ class Mitigation(BaseModel):
         return self
 
 
+def _trimmed(name: str) -> str:
+    """A rule's name without blanks at its ends: a silence matches names exactly, and `"x "`
+    beside `"x"` was a second rule that a silence of `x` missed (a trial)."""
+    if name != name.strip():
+        raise ValueError("a rule's name cannot start or end with a blank")
+    return name
+
+
+RuleName = Annotated[Name, AfterValidator(_trimmed)]
+
+
 class RulePatch(BaseModel):
     """Body of `PUT /api/v1/alert-rules/{id}`: the fields to change (others keep their value)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    name: Name | None = None
+    name: RuleName | None = None
     """Unique among the rules of the same run_id and project."""
     run_id: text(64) | None = None
     """Only this run (with neither run_id nor project: every run)."""
@@ -126,7 +138,7 @@ class RulePatch(BaseModel):
 class RuleCreate(RulePatch):
     """Body of `POST /api/v1/alert-rules`; §6 defaults for what is left out."""
 
-    name: Name
+    name: RuleName
     """Unique among the rules of the same run_id and project."""
     metric: text(200, 1)
     """A step metric (acr, acr_all_pass, ...), a window metric (acr_ema, acr_100, acr_volatility,
@@ -147,9 +159,9 @@ def rule_dict(r: AlertRule) -> dict[str, Any]:
 
 
 def check_notify(urls: list[str], allow: str | None) -> list[str]:
-    """Raises ValueError naming a refused webhook target."""
+    """The URLs, each once, in order; raises ValueError naming a refused webhook target."""
     try:
-        return [check_target(u, allow) for u in urls]
+        return [check_target(u, allow) for u in dict.fromkeys(urls)]
     except RefusedTarget as exc:
         raise ValueError(str(exc)) from exc
 

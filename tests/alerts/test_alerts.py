@@ -100,6 +100,10 @@ def test_rule_crud_defaults_and_scopes(server, api):
     assert rule["id"] and rule["for_steps"] == 1 and rule["min_valid_groups"] == 1
     assert rule["cooldown_steps"] == 0 and rule["severity"] == "warning"
     assert rule["clear_threshold"] is None and rule["notify"] == [] and rule["mitigation"] is None
+    twice = ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b", "http://127.0.0.1:9/a"]
+    r = api.put(f"/api/v1/alert-rules/{rule['id']}", json={"notify": twice})
+    assert r.status_code == 200 and r.json()["notify"] == twice[:2], r.text  # each URL once
+    assert api.put(f"/api/v1/alert-rules/{rule['id']}", json={"notify": []}).status_code == 200
     with server.client("read") as reader:
         assert (
             reader.post(
@@ -117,6 +121,7 @@ def test_rule_crud_defaults_and_scopes(server, api):
         {"split": "../"},  # no record could carry it
         {"metric": "scalars." + "x" * 129},  # nor this scalar name (over 128 characters)
         {"name": "   "},  # no name a person could tell from another
+        {"name": "crud "},  # nor one a silence of "crud" would miss (a trial)
     ):
         r = api.post(
             "/api/v1/alert-rules",

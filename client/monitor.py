@@ -71,6 +71,9 @@ log = logging.getLogger("vantage.client")
 _DIGITS = re.compile(r"\d+")
 
 BATCH_GROUPS = 1_000
+# While closing, retries come at least this often (seconds): a server back 5 s into a close
+# was found only by the next retry of the backoff, 16 s later (a trial).
+CLOSING_RETRY_S = 2.0
 EXIT_SPOOL_S = 10.0  # at interpreter exit, how long the sender may take to spool the rest
 BATCH_INTERVAL_S = 1.0
 # A server that keeps failing is reported once it has failed for this long, then every
@@ -1046,7 +1049,10 @@ class Monitor:
                     if failed is not None:
                         self.stats["retries"] += 1
                         self.last_error = failed.error
-                        retry_at = time.monotonic() + backoff.next_delay(failed.retry_after)
+                        delay = backoff.next_delay(failed.retry_after)
+                        if closing and failed.retry_after is None:  # back soon: seen soon
+                            delay = min(delay, CLOSING_RETRY_S)
+                        retry_at = time.monotonic() + delay
                         if not self._progress:
                             self._note_failing(failed)
             except Exception:  # the sender must outlive any bug of ours

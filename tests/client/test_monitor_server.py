@@ -346,6 +346,26 @@ def test_commands_delivered_once_and_acknowledged(server: Server, tmp_path: Path
     mon.close(timeout=10)
 
 
+def test_close_finds_a_server_back_within_seconds(tmp_path: Path):
+    """A server that comes back during close() is found within seconds: close retried on its
+    backoff, which had grown to 15-30 s while the server was down (a trial waited 16 s)."""
+    srv = Server(tmp_path)  # down
+    mon = monitor(srv.url, tmp_path)
+    for step in range(5):
+        mon.log_groups(step, step_rewards(step))
+    time.sleep(16)  # at least five failed tries: the next delay is 8 to 16 s, then 15 to 30
+    closed = threading.Event()
+    threading.Thread(target=lambda: (mon.close(timeout=90), closed.set()), daemon=True).start()
+    srv.start()
+    back = time.monotonic()
+    try:
+        assert closed.wait(60)
+        assert time.monotonic() - back < 8.0
+        assert [p["step"] for p in srv.metrics(mon.run_id)] == list(range(5))
+    finally:
+        srv.cleanup()
+
+
 def test_close_is_bounded_when_the_server_is_down_then_sync_uploads(tmp_path: Path):
     srv = Server(tmp_path)
     mon = monitor(srv.url, tmp_path)

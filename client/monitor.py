@@ -234,7 +234,7 @@ class Monitor:
                 trainer_eps=trainer_eps,
                 world_size=self.world_size,
                 heartbeat_s=heartbeat_s,
-                tags=list(tags),
+                tags=[tags] if isinstance(tags, str) else list(tags),  # "a" is one tag
             )
         except ValidationError as exc:  # one line per bad argument, not pydantic's model dump
             raise ValueError(f"Monitor: {errors_in_one_line(exc)}") from None
@@ -343,10 +343,12 @@ class Monitor:
             self._queue_dropped += n_groups
             self._warn(
                 "queue_full",
-                "vantage: the queue holds %s groups (max_queue_groups); %s groups dropped "
-                "(%s so far): the sender cannot keep up, or its spool is full",
-                f"{queued:,}",
+                "vantage: %s groups dropped: the queue already holds %s groups and takes at "
+                "most max_queue_groups=%s (%s dropped so far): the sender cannot keep up, or "
+                "its spool is full",
                 f"{n_groups:,}",
+                f"{queued:,}",
+                f"{self._max_queue_groups:,}",
                 f"{self._queue_dropped:,}",
             )
             return False

@@ -452,7 +452,8 @@ def test_unreachable_server_never_blocks_logging(tmp_path: Path):
 
 
 def test_effective_scalars_and_finish_reach_the_server(server: Server, tmp_path: Path):
-    with monitor(server.url, tmp_path, config={"lr": 1e-4, "obj": object()}) as mon:
+    config = {"lr": 1e-4, "obj": object()}
+    with monitor(server.url, tmp_path, config=config, tags="prod") as mon:
         mon.log_groups(0, [[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [0.5, 0.0]])
         mon.log_effective(0, n_valid=4, n_zero_advantage=1, n_virtual=2)
         mon.log_scalars(0, {"loss": 0.5, "kl": torch_free_number(0.01)})
@@ -462,6 +463,7 @@ def test_effective_scalars_and_finish_reach_the_server(server: Server, tmp_path:
     with server.api() as api:
         run = api.get(f"/api/v1/runs/{mon.run_id}").json()
     assert run["status"] == "finished" and run["attempt"] == 1
+    assert run["tags"] == ["prod"]  # one string is one tag (it was one tag per character)
 
 
 @pytest.mark.parametrize(("ending", "with_block", "status"), [

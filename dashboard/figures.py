@@ -372,10 +372,18 @@ def alert_markers(alerts: Iterable[dict], points: Sequence[Point]) -> tuple[list
         rule, severity = _text(str(a.get("rule", "?"))), _text(str(a.get("severity", "warning")))
         texts.append(  # the rule's name and severity are text (a name was HTML in the hover)
             f"<b>alert {rule}</b> ({severity}, {a.get('state')})"
-            f"<br>value {explain.fmt(value)} at step {step}"
-            + (f", resolved at {a['resolved_step']}" if a.get("resolved_step") else "")
+            f"<br>value {explain.fmt(value)} at step {step}" + _resolved(a)
         )
     return xs, ys, texts
+
+
+def _resolved(alert: dict) -> str:
+    """Where a resolved alert's hover says it ended: at a step (step 0 included), or, with no
+    step, when its rule stopped watching it (disabled, deleted or re-scoped)."""
+    if alert.get("state") != "resolved":
+        return ""
+    step = alert.get("resolved_step")
+    return f", resolved at {step}" if step is not None else ", resolved when its rule changed"
 
 
 def _traces(xy, series: Sequence[Series], **extra) -> list[dict]:

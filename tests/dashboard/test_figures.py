@@ -99,13 +99,17 @@ def test_alert_markers_sit_on_the_acr_line_with_a_tooltip():
     alerts = [{"rule": "acr_stall", "fired_step": 3, "value": 0.41, "state": "firing",
                "severity": "warning"}, {"rule": "never_fired", "state": "pending"},
               {"rule": "pending", "state": "pending", "pending_step": 1, "fired_step": None},
-              {"rule": "at_0", "state": "resolved", "pending_step": 0, "fired_step": 0},
+              {"rule": "at_0", "state": "resolved", "pending_step": 0, "fired_step": 0,
+               "resolved_step": 0},
+              {"rule": "changed", "state": "resolved", "fired_step": 2, "resolved_step": None},
               ]  # fmt: skip
     xs, ys, texts = figures.alert_markers(alerts, pts)
-    assert (xs, ys) == ([3, 0], [0.4, 0.4])
-    assert "acr_stall" in texts[0] and "0.41" in texts[0]
+    assert (xs, ys) == ([3, 0, 2], [0.4, 0.4, 0.4])
+    assert "acr_stall" in texts[0] and "0.41" in texts[0] and "resolved" not in texts[0]
+    assert texts[1].endswith("resolved at 0")  # step 0 was taken for no step
+    assert texts[2].endswith("resolved when its rule changed")  # disabled, say
     fig = figures.acr_figure(pts, alerts=alerts)
-    assert fig["data"][-1]["x"] == [3, 0]
+    assert fig["data"][-1]["x"] == [3, 0, 2]
 
 
 def test_extend_patch_appends_each_series_to_its_trace():

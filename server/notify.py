@@ -6,7 +6,10 @@ URL's send slot (`webhook_targets`) and that URL's oldest due message with condi
 UPDATEs (no lock is held while a request is in flight), sends it, and moves the slot one second
 ahead: at most one message per second per URL,
 in order. Failures retry with exponential backoff, until ``webhook_give_up_s`` (a 4xx other
-than 408/429 at once), so that one failing message does not hold its URL's later ones;
+than 408/429, or a redirect, at once), so that one failing message does not hold its URL's
+later ones; a message the target took without answering in time counts as sent (at most once
+to a slow target); each URL's send runs in a thread of its own, so a slow target holds up no
+other;
 targets in link-local and cloud-metadata ranges are refused, and ``VANTAGE_WEBHOOK_ALLOW``
 restricts targets further.
 """
@@ -199,11 +202,6 @@ class OutboxSender:
             ).start()
             started += 1
         return started
-
-    def idle(self) -> bool:
-        """Whether no send is in flight."""
-        with self._busy_lock:
-            return not self._busy
 
     def _send_and_release(self, url: str) -> None:
         try:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal
@@ -24,8 +26,9 @@ from sqlalchemy.orm import Session
 from vantage.client.schema import Name, Split, text, validate_command_params
 
 from .alert_metrics import check_metric
-from .alert_models import AlertRule, Silence
+from .alert_models import AlertRule, AlertState, Silence
 from .alerts import end_rule_episodes
+from .locks import lock_runs
 from .models import Run, as_utc, iso, run_not_found, utcnow
 from .notify import RefusedTarget, check_target
 from .settings import Settings
@@ -297,6 +300,20 @@ def end_what_it_left(
 
         why = "its rule no longer applies to this run"
         end_rule_episodes(session, before, settings, why, keep=in_scope)
+
+
+@contextmanager
+def change_lock(session: Session, rule: AlertRule, run_id: str | None = None) -> Iterator[None]:
+    """The run locks a change of ``rule`` takes before it writes (`lock_runs`): the runs where
+    it has an open episode, which the change may close, its run, and ``run_id``, a run the
+    change points it at (the rule's foreign key locks that run's row). Commit inside."""
+    open_on = session.scalars(
+        select(AlertState.run_id).where(
+            AlertState.rule_id == rule.id, AlertState.episode_id.is_not(None)
+        )
+    ).all()
+    with lock_runs(session, [*open_on, *(r for r in (rule.run_id, run_id) if r)]):
+        yield
 
 
 def delete_rule(session: Session, rule: AlertRule, settings: Settings) -> None:

@@ -7,7 +7,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from sqlalchemy import Engine, create_engine, event, text
@@ -16,10 +16,13 @@ from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import (
     RetryCallState,
+    Retrying,
     retry,
     retry_if_exception,
+    stop_after_attempt,
     stop_after_delay,
     wait_exponential,
+    wait_random,
 )
 
 from .settings import hide_passwords
@@ -219,3 +222,33 @@ def wait_for_database(engine: Engine) -> None:
     a database that cannot come to answer (`_may_pass`) fails at once."""
     with engine.connect() as conn:
         conn.execute(text("SELECT 1"))
+
+
+T = TypeVar("T")
+
+
+def deadlocked(exc: BaseException) -> bool:
+    """Whether PostgreSQL chose this transaction as a deadlock's victim (SQLSTATE 40P01): it
+    was rolled back whole, so doing it again is safe."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) == "40P01"
+
+
+def redo_on_deadlock(session: Session, work: Callable[[], T], tries: int = 3) -> T:
+    """``work()`` (a transaction that commits), done again up to ``tries`` times in all when
+    PostgreSQL ends it as a deadlock's victim (rare: a transaction that must lock a run it did
+    not foresee). Other errors, and the last deadlock, are raised."""
+
+    def once() -> T:
+        try:
+            return work()
+        except Exception:
+            session.rollback()
+            raise
+
+    retrying = Retrying(
+        retry=retry_if_exception(deadlocked),
+        stop=stop_after_attempt(tries),
+        wait=wait_random(0.01, 0.1),
+        reraise=True,
+    )
+    return retrying(once)

@@ -6,7 +6,7 @@ processes on one database never double-fire)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -103,6 +103,27 @@ def run_lock(session: Session, run_id: str) -> Iterator[LockedRun]:
     with _SQLITE_LOCK:
         conn.execute(_TOUCH, params)
         yield _locked(conn.execute(_READ, params).one_or_none())
+
+
+@contextmanager
+def lock_runs(session: Session, run_ids: Iterable[str]) -> Iterator[None]:
+    """Hold several runs' locks until the caller's transaction ends; commit inside the block.
+    Taken in id order before the caller writes anything, so that two such callers never wait
+    on each other in a circle, and an ingest (which holds one run's lock) never waits on one
+    (PostgreSQL found deadlocks, and SQLite "database is locked", when a rule's change locked
+    its runs one by one between writes: a trial). SQLite: the process lock for the whole
+    block, and SQLite's write lock at once."""
+    conn = session.connection()
+    ids = sorted(set(run_ids))
+    if conn.dialect.name == "postgresql":
+        for run_id in ids:
+            conn.execute(_READ_FOR_UPDATE, {"run_id": run_id})
+        yield
+        return
+    with _SQLITE_LOCK:
+        for run_id in ids:
+            conn.execute(_TOUCH, {"run_id": run_id})
+        yield
 
 
 def _locked(row: Row | None) -> LockedRun:

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from ..alert_models import AlertRule, Silence
 from ..alert_rules import (
@@ -16,6 +17,7 @@ from ..alert_rules import (
     RulePatch,
     SilenceCreate,
     SilenceMatchers,
+    change_lock,
     create_rule,
     create_silence,
     delete_rule,
@@ -26,10 +28,12 @@ from ..alert_rules import (
     visible_to,
 )
 from ..alerts import list_alerts
+from ..db import redo_on_deadlock
 from ..deps import ControlKey, ReadKey, SessionDep, SettingsDep, check_key, load_run
 from ..keys import KeyInfo
 from ..models import Run, as_utc
 from ..notify import redact_url
+from ..settings import Settings
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 
@@ -141,6 +145,12 @@ def rules_update(
     rule_id: RuleId, body: RulePatch, key: ControlKey, session: SessionDep, settings: SettingsDep
 ) -> dict:
     """Change a rule (built-in ones too); fields left out keep their value."""
+    return redo_on_deadlock(session, lambda: _update(rule_id, body, key, session, settings))
+
+
+def _update(
+    rule_id: int, body: RulePatch, key: KeyInfo, session: Session, settings: Settings
+) -> dict:
     rule = _own_rule(session, rule_id, key)
     changed = body.model_fields_set
     if "project" in changed or "run_id" in changed:
@@ -150,13 +160,14 @@ def rules_update(
         run_id = body.run_id if "run_id" in changed else rule.run_id
         project = body.project if "project" in changed else rule.project
         _same_project(session.get(Run, run_id) if run_id else None, project)
-    try:
-        out = update_rule(session, rule, body, settings)
-    except ValueError as exc:
-        raise HTTPException(422, str(exc)) from exc
-    except RuleExists as exc:
-        raise HTTPException(409, str(exc)) from exc
-    session.commit()
+    with change_lock(session, rule, body.run_id if "run_id" in changed else None):
+        try:
+            out = update_rule(session, rule, body, settings)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from exc
+        except RuleExists as exc:
+            raise HTTPException(409, str(exc)) from exc
+        session.commit()
     return out
 
 
@@ -165,8 +176,14 @@ def rules_delete(
     rule_id: RuleId, key: ControlKey, session: SessionDep, settings: SettingsDep
 ) -> Response:
     """Delete a rule and its episodes (its firing alerts that were told resolve first)."""
-    delete_rule(session, _own_rule(session, rule_id, key), settings)
-    session.commit()
+
+    def delete() -> None:
+        rule = _own_rule(session, rule_id, key)
+        with change_lock(session, rule):
+            delete_rule(session, rule, settings)
+            session.commit()
+
+    redo_on_deadlock(session, delete)
     return Response(status_code=204)
 
 

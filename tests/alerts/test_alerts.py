@@ -6,6 +6,8 @@ suites (a schemathesis run) may delete the built-in rules or add a silence for e
 
 from __future__ import annotations
 
+import random
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -571,6 +573,56 @@ def test_a_rule_that_stops_watching_a_firing_alert_resolves_it(api, receiver, ch
         post_steps(api, mine, [{"step": 2, "groups": ALL_FAIL}])
         states = [a["state"] for a in alerts_of(api, mine["run_id"], rule["name"])]
         assert sorted(states) == ["firing", "resolved"]
+
+
+def test_rules_changed_while_their_runs_ingest_never_fail(server, api):
+    """Rules disabled, re-enabled, re-pointed and moved between projects while their runs
+    ingest: no request fails (a change that locked its runs one by one between writes met
+    ingest and other changes in deadlocks on PostgreSQL, and "database is locked" on SQLite:
+    a trial), and a rule left disabled has no alert still firing."""
+    runs = [new_run(api, name=f"race-{i}", project=("pa", "pb")[i % 2]) for i in range(4)]
+    rules = [make_rule(api, name=f"race-{j}", metric="acr", op=">", threshold=0.5)
+             for j in range(4)]  # fmt: skip
+    changes = [{"enabled": False}, {"enabled": True}, {"metric": "acr_eps"}, {"metric": "acr"},
+               {"project": "pa", "run_id": None}, {"project": None, "run_id": None},
+               *({"run_id": r["run_id"], "project": None} for r in runs)]  # fmt: skip
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def ingest(run: dict) -> None:
+        with server.client("all") as client:
+            for step in range(1, 1000):
+                if stop.is_set():
+                    return
+                groups = LIVE if step % 5 == 0 else ALL_FAIL
+                body = {"attempt": 1, "records": [{"step": step, "groups": groups}]}
+                r = client.post(f"/api/v1/runs/{run['run_id']}/steps", json=body)
+                if r.status_code != 200:
+                    failures.append(f"ingest {r.status_code}: {r.text[:300]}")
+
+    def change(rule: dict, seed: int) -> None:
+        rng = random.Random(seed)
+        with server.client("all") as client:
+            while not stop.is_set():
+                body = rng.choice(changes)
+                r = client.put(f"/api/v1/alert-rules/{rule['id']}", json=body)
+                if r.status_code != 200:
+                    failures.append(f"PUT {body} {r.status_code}: {r.text[:300]}")
+
+    threads = [threading.Thread(target=ingest, args=(r,)) for r in runs[:2]]
+    threads += [threading.Thread(target=change, args=(r, i)) for i, r in enumerate(rules)]
+    for t in threads:
+        t.start()
+    time.sleep(8)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert failures == []
+    for rule in rules:
+        off = api.put(f"/api/v1/alert-rules/{rule['id']}", json={"enabled": False})
+        assert off.status_code == 200
+        for run in runs:
+            assert alerts_of(api, run["run_id"], rule["name"], state="firing") == []
 
 
 def test_scalars_and_reward_drop_metrics(api):

@@ -659,6 +659,12 @@ class Monitor:
             self._wake.set()
             self._thread.join(2.0)
 
+    def _a_run_to_end(self) -> bool:
+        """Whether there is a run for `vantage sync` to mark ended: one the server registered,
+        or one the spool will register (it holds batches, or drops it keeps the file for: a
+        spool of nothing but unreadable groups left its run `running` after sync, a trial)."""
+        return bool(self.attempt or not self._spool.empty or self._spool.dropped_groups)
+
     def _spool_rest(self, with_finish: bool = False) -> None:
         """Move the queue to the spool from this thread (and, ``with_finish``, keep rank 0's
         final status there for `vantage sync`), unless the sender is doing its own final
@@ -669,7 +675,7 @@ class Monitor:
             if self._spool.closed:
                 return
             self._drain(limit=None)
-            if with_finish and self._finish_status and (self.attempt or not self._spool.empty):
+            if with_finish and self._finish_status and self._a_run_to_end():
                 self._spool.keep_finish(self._finish_status)
         except Exception:  # noqa: BLE001 - at exit: say it, never raise
             log.exception("vantage: could not spool the queue at exit")
@@ -762,7 +768,7 @@ class Monitor:
                     self._warn(
                         _kind("rewards", exc),
                         "vantage: step %s: rewards could not be read (%s: %s); "
-                        "dropped %d groups of this call, kept the rest",
+                        "dropped this call's %d groups (other calls are kept)",
                         step,
                         type(exc).__name__,
                         exc,
@@ -1099,7 +1105,7 @@ class Monitor:
             # Record the queue's drops in the file too, so that `vantage sync` reports them.
             moved, self._queue_dropped = self._queue_dropped, 0
             self._spool.count_dropped(moved)
-            if self._finish_status and not finished and (self.attempt or not self._spool.empty):
+            if self._finish_status and not finished and self._a_run_to_end():
                 self._spool.keep_finish(self._finish_status)  # for `vantage sync`
             self._spool.close(remove_if_clean=True)
 

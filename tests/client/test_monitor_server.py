@@ -550,6 +550,14 @@ def test_a_spool_kept_for_its_drops_goes_once_the_server_has_them(server: Server
         assert api.get(f"/api/v1/runs/{offline.run_id}").json()["client"]["dropped_groups"] == 1
     assert not offline.spool_path.exists()
     assert sync(tmp_path / "spool", server.url)["dropped_groups"] == 0
+    # nothing but an unreadable group: the run the sync registers ends too (it stayed running)
+    unread = Monitor(None, None, run_name="unread", spool_dir=tmp_path / "spool")
+    unread.log_groups(0, [["x", "y"]])
+    unread.close(timeout=5)
+    assert sync(tmp_path / "spool", server.url)["dropped_groups"] == 1
+    with server.api() as api:
+        run = api.get(f"/api/v1/runs/{unread.run_id}").json()
+    assert run["status"] == "finished" and run["client"]["dropped_groups"] == 1
 
 
 def test_vantage_sync_cli_uploads_an_offline_spool(server: Server, tmp_path: Path):

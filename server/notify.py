@@ -286,7 +286,10 @@ class OutboxSender:
             return
         msg.attempts += 1
         payload = msg.payload or {}
-        about = f" (rule {payload.get('rule')!r}, run {payload.get('run_id')})"
+        about = (
+            f" ({payload.get('state')} message of alert {payload.get('alert_id')}, rule "
+            f"{payload.get('rule')!r}, run {payload.get('run_id')})"
+        )
         shown = redact_url(url)  # the log is read by more people than the rule's owners
         if outcome == "sent":
             msg.status, msg.sent_at, msg.last_error = "sent", now, error

@@ -131,8 +131,9 @@ def test_a_message_that_keeps_failing_does_not_hold_back_the_next(fast_server, r
         assert receiver.messages[-1]["state"] == "resolved"
         # the server log names the failing target by host, not by its secret (a trial)
         logged = fast_server.log_path.read_text()
-        shown = f"webhook http://127.0.0.1:{receiver.port}/… (rule 'refused-{refusal}', run "
-        assert shown in logged and "failed (attempt 1)" in logged
+        shown = f"webhook http://127.0.0.1:{receiver.port}/… (firing message of alert "
+        assert shown in logged and f"rule 'refused-{refusal}', run " in logged
+        assert "failed (attempt 1)" in logged
         assert "s3cr3t" not in logged
     finally:
         receiver.close()

@@ -142,18 +142,20 @@ PRIMER = (
     ),
     (
         "How do I read the ACR chart?",
-        "The black line is ACR per step. The shaded area splits it: green groups were all right "
-        "(prompts too easy), red all wrong (too hard), grey a constant reward (check the reward "
-        "function). The dotted blue line is what chance alone would give at the current pass "
-        "rate; ACR far above it means the prompt mix no longer fits the policy. Shaded bands "
-        "show when a mitigation was on; red triangles show alerts.",
+        "The black line is ACR per step. The shaded area splits it: light blue groups were all "
+        "right (prompts too easy), orange all wrong (too hard), grey a constant reward (check "
+        "the reward function). The dotted green line is what chance alone would give at the "
+        "current pass rate; ACR far above it means the prompt mix no longer fits the policy. "
+        "The pink line is the effective ACR, after a mitigation gave collapsed groups a "
+        "gradient again. Shaded bands show when a mitigation was on (blue AVSPO, yellow AAPO); "
+        "red triangles show alerts.",
     ),
     (
         "What should I do when it is high?",
         "Above 0.35 for 50+ steps a run has usually stalled. Switch on AVSPO (no extra rollouts) "
         "or AAPO below, raise the sampling temperature for more diverse completions, or change "
         "the data: drop prompts that are always solved, move always-failed ones later. Watch "
-        "the effective ACR (orange) fall and the reward keep rising.",
+        "the effective ACR (pink) fall and the reward keep rising.",
     ),
     (
         "What these numbers do not say",

@@ -494,3 +494,22 @@ def test_the_acr_chart_marks_where_a_resumed_attempt_took_over():
     one = figures.acr_figure([point(s, attempt=1) for s in range(5)])["layout"]["shapes"]
     assert not [s for s in one if "attempt" in s.get("label", {}).get("text", "")]
     go.Figure(figures.acr_figure(pts))
+
+
+def test_the_primer_names_the_colours_the_charts_use():
+    """The "New here?" primer named green, red and a blue expected ACR, and told to watch an
+    orange effective ACR, while the charts drew light blue, orange, green and pink (a trial):
+    the primer's colour names must be those of the palette."""
+    from vantage.dashboard.explain import PRIMER
+
+    text = " ".join(answer for _, answer in PRIMER)
+    named = {  # palette entry -> the name the primer gives its colour
+        "all_pass": ("rgba(86, 180, 233, 0.40)", "light blue groups were all right"),
+        "all_fail": ("rgba(213, 94, 0, 0.30)", "orange all wrong"),
+        "expected_acr": ("#009e73", "dotted green line"),
+        "acr_effective": ("#cc79a7", "pink line is the effective ACR"),
+    }
+    for series, (colour, words) in named.items():
+        assert figures.COLORS[series] == colour, series
+        assert words in text, words
+    assert "effective ACR (pink) fall" in text

@@ -91,8 +91,9 @@ def confirm_box() -> html.Div:
     )
 
 
-def describe(kind: str, params: dict[str, Any]) -> str:
-    """One sentence for the confirmation."""
+def describe(kind: str, params: dict[str, Any], run_name: str = "") -> str:
+    """One sentence for the confirmation, naming the run (with several run pages open, a
+    confirmation that did not was easy to give on the wrong one: a trial)."""
     shown = ", ".join(f"{k}={v}" for k, v in params.items()) or "no parameters"
     what = {
         "set_mitigation": "switch the advantage estimator",
@@ -101,8 +102,8 @@ def describe(kind: str, params: dict[str, Any]) -> str:
         "stop": "STOP training",
     }.get(kind, kind)
     return (
-        f"Send '{kind}' ({shown})? The trainer will {what} at its next step boundary and report "
-        f"back in the command log."
+        f"Send '{kind}' ({shown}) to run '{run_name}'? Its trainer will {what} at its next step "
+        "boundary and report back in the command log."
     )
 
 

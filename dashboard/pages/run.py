@@ -4,7 +4,7 @@ commands with confirmation; prompts that keep collapsing; the run's config."""
 from __future__ import annotations
 
 import json
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode
 
 import dash
 from dash import ALL, Input, Output, State, callback, ctx, dash_table, dcc, html, no_update
@@ -48,6 +48,7 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
     return html.Div(
         [
             dcc.Store(id="run-id", data=run_id),
+            dcc.Store(id="run-name", data=run.get("name") or run_id),
             dcc.Store(id="run-state"),
             dcc.Store(id="run-pending-command"),
             dcc.Store(id="run-command-sent"),
@@ -124,8 +125,9 @@ def _missing(run_id: str) -> html.Div:
         [
             html.H2("Run not found"),
             html.P(
-                f"No run {components.shown_id(run_id)} is visible to this key: it was deleted, "
-                "belongs to a project this key cannot see, or has not registered yet. This page "
+                f"No run {components.shown_id(unquote(run_id))} is visible to this key: it was "
+                "deleted, belongs to a project this key cannot see, or has not registered yet. "
+                "This page "
                 "shows it as soon as it appears (the demo's run registers after its warm start)."
             ),
             dcc.Link("All runs", href=components.URL_BASE),
@@ -269,9 +271,10 @@ def disable_commands_when_the_run_ends(stopped, ended_at_load, run_id):
     State("aapo-delta-low", "value"),
     State("aapo-delta-high", "value"),
     State("temperature-value", "value"),
+    State("run-name", "data"),
     prevent_initial_call=True,
 )
-def ask_confirmation(_cmd, _suggest, _cancel, threshold, alpha, d_low, d_high, temp):
+def ask_confirmation(_cmd, _suggest, _cancel, threshold, alpha, d_low, d_high, temp, name):
     trigger = ctx.triggered_id
     if trigger == "cmd-confirm-cancel":
         return True, no_update, None, ""
@@ -295,7 +298,7 @@ def ask_confirmation(_cmd, _suggest, _cancel, threshold, alpha, d_low, d_high, t
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         return True, no_update, None, html.Span(str(exc), className="result-error")
     pending = {"type": kind, "params": params, "alert_id": alert_id}
-    return False, commands_ui.describe(kind, params), pending, ""
+    return False, commands_ui.describe(kind, params, str(name or "")), pending, ""
 
 
 def _said(exc: Exception) -> str:

@@ -152,6 +152,8 @@ def test_a_crafted_send_of_a_malformed_command_is_said_not_a_500(server):
             ("str", None, "not a command"),
             ({"type": "bogus"}, None, "no type or parameters"),
             ({**stop, "alert_id": [1]}, None, "not an alert id"),
+            # another run's alert, or none: the log linked a command to it (a trial)
+            ({**stop, "alert_id": 99_999}, None, "alert 99999 is not an alert of this run"),
             ({"type": "bogus", "params": {}}, None, "type: Input should be"),  # one line
             # pydantic's dump with a link said so (a trial); the box holds 1,000 since
             (stop, "r" * 1001, "the reason has 1,001 characters; at most 1,000"),

@@ -271,6 +271,7 @@ def test_command_forms():
     with pytest.raises(ValueError, match="alpha must be a number above 0 and at most 100"):
         commands_ui.build_command("avspo", {**values, "avspo_alpha": 1000})
     assert "STOP" in commands_ui.describe("stop", {})
+    assert "to run 'qwen-7b'?" in commands_ui.describe("stop", {}, "qwen-7b")  # which run
 
 
 def test_the_temperature_box_starts_at_the_runs_temperature():

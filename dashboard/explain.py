@@ -77,8 +77,8 @@ KPI_HELP = {
     "wasted": WASTED,
     "reward_mean": REWARD_MEAN,
     "steps_per_min": (
-        "Training speed over the latest steps. Zero with status 'stale' means the trainer stopped "
-        "sending data: check the job."
+        "Training speed over the latest steps ('—' until two steps carry a time). With status "
+        "'stale' the trainer stopped sending data: check the job."
     ),
 }
 

@@ -118,6 +118,12 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
     """The KPI cards: id, title, value text, help text and a severity (ok / warn / bad)."""
     latest = state.get("latest") or {}
     acr = latest.get("acr")
+    # What the policy learns from once a mitigation acts: a run whose AVSPO brought it to 0
+    # looked failing on every card (a trial), so the ACR cards say it and take its colour.
+    effective = latest.get("acr_effective")
+    mitigated = (
+        f"effective {explain.fmt(effective)} after mitigation" if effective is not None else None
+    )
     tail = state.get("tail") or []
     wasted = wasted_share(tail, run.get("group_size"))
     speed = steps_per_minute(tail)
@@ -137,9 +143,10 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
             "id": "acr",
             "title": "Latest ACR",
             "value": explain.fmt(acr),
-            "sub": f"step {explain.fmt(latest.get('step'))}",
+            "sub": f"step {explain.fmt(latest.get('step'))}"
+            + (f" · {mitigated}" if mitigated else ""),
             "help": explain.ACR,
-            "level": level(acr, 0.3, explain.STALL_THRESHOLD),
+            "level": level(acr if effective is None else effective, 0.3, explain.STALL_THRESHOLD),
         },
         {
             "id": "acr_100",
@@ -161,9 +168,9 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
             "id": "acr_streak",
             "title": "Steps above 0.35",
             "value": explain.fmt(int(streak)),
-            "sub": "stalled after 50",
+            "sub": "raw ACR; " + mitigated if mitigated else "stalled after 50",
             "help": explain.ACR_STREAK,
-            "level": level(streak, 10, 50),
+            "level": level(streak, 10, 50) if effective is None else level(effective, 0.3, 0.35),
         },
         {
             "id": "wasted",

@@ -237,6 +237,15 @@ def test_kpi_cards_explain_each_number():
     state = kpis.initial_state({}, tail, False, 1)
     cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
     assert cards["wasted"]["sub"] == "last 3 steps, before mitigation"
+    # a run whose mitigation brought the effective ACR to 0 looked failing on every ACR card
+    # (a trial): they say so and take its colour
+    mitigated = [point(s, 0.9, acr_effective=0.0) for s in range(3)]
+    state = kpis.initial_state({"acr_streak": 60}, mitigated, False, 1)
+    cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
+    assert cards["acr"]["value"] == "0.90" and cards["acr"]["level"] == "ok"
+    assert cards["acr"]["sub"] == "step 2 · effective 0.00 after mitigation"
+    assert cards["acr_streak"]["sub"] == "raw ACR; effective 0.00 after mitigation"
+    assert cards["acr_streak"]["level"] == "ok"
 
 
 def test_texts_never_promise_an_accuracy_prediction():

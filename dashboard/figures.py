@@ -43,6 +43,8 @@ COLORS = {
     "alert": "#dc2626",
 }
 RUN_COLORS = ["#0072b2", "#d55e00", "#009e73", "#e69f00", "#cc79a7", "#56b4e9", "#000000"]
+RUN_DASHES = ["solid", "longdash", "dashdot"]  # "dot" is each run's effective ACR
+LEGEND_CHARS = 40  # a 200-character run name's legend entry took the chart's whole width
 # AAPO's band was the orange of the all-fail share beside it in the legend (a trial): yellow
 MITIGATION_COLORS = {"avspo": "rgba(37, 99, 235, 0.10)", "aapo": "rgba(240, 228, 66, 0.25)"}
 
@@ -663,13 +665,15 @@ def compare_figure(
         changes = mitigation_changes((timelines or {}).get(run["run_id"], []))
         # Plotly reads trace names as HTML: a run's name is text (a trial's "<b>x</b>" showed
         # bold in the legend, plain in the table)
-        label = html.escape(run.get("name") or run["run_id"][:8], quote=False)
+        label = html.escape(_short(run.get("name") or run["run_id"][:8]), quote=False)
         mode = _legend_mitigation(run, changes)
         name = f"{label} ({mode})" if mode else label
         for row, (key, what, digits) in enumerate(
             (("acr", "ACR", ".2f"), ("reward_mean", "reward", ".3f"))
         ):
             data.append(_compare_trace(run, row, steps, [p.get(key) for p in pts], color, name))
+            # past the palette's 7 colours, runs that share one differ by their line's dashes
+            data[-1]["line"]["dash"] = RUN_DASHES[i // len(RUN_COLORS) % len(RUN_DASHES)]
             # the name by reference: a name holding "%{" stays text
             data[-1]["hovertemplate"] = (
                 f"%{{fullData.name}}<br>step %{{x}}<br>{what} %{{y:{digits}}}<extra></extra>"
@@ -684,6 +688,11 @@ def compare_figure(
     layout["yaxis2"].update(title={"text": "reward"})
     layout["xaxis2"].update(title={"text": "step"})
     return {"data": data + extra, "layout": layout}
+
+
+def _short(name: str) -> str:
+    """A run's name for a legend: at most LEGEND_CHARS characters, cut with an ellipsis."""
+    return name if len(name) <= LEGEND_CHARS else name[: LEGEND_CHARS - 1] + "…"
 
 
 def _compare_trace(

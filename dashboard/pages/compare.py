@@ -39,7 +39,8 @@ def layout(runs: str | None = None, **_query) -> html.Div:
                 className="muted",
             ),
             html.P(
-                f"Not found or not visible to this key: {', '.join(missing)}",
+                f"Not found or not visible to this key: {', '.join(missing[:10])}"
+                + (f" and {len(missing) - 10:,} more" if len(missing) > 10 else ""),
                 id="compare-missing",
                 className="muted",
             )

@@ -148,7 +148,7 @@ def _prompts_tab(run_id: str | None) -> html.Div:
             dcc.RadioItems(
                 id="prompts-side",
                 options=[
-                    {"label": "any collapse", "value": ""},
+                    {"label": "all prompts, most collapsed first", "value": ""},
                     {"label": "all-pass", "value": "all_pass"},
                     {"label": "all-fail", "value": "all_fail"},
                     {"label": "constant", "value": "constant"},

@@ -236,14 +236,16 @@ def test_a_run_that_ends_while_its_page_is_open_disables_its_actions(control_pag
 def test_compare_page_overlays_chosen_runs(login_as, server):
     first = next(iter(server.runs.values()))
     # each run once however often the link names it; an unknown id is said, not dropped silently
-    ids = ",".join([*server.runs.values(), first, "no-such-run"])
+    unknown = [f"gone-{i}" for i in range(12)]  # past 10, counted (2,000 were all listed)
+    ids = ",".join([*server.runs.values(), first, "no-such-run", *unknown])
     page = login_as("read", f"/dashboard/compare?runs={ids}")
     try:
         page.wait_for_selector("#compare-tbl")
         text = page.inner_text("#compare-tbl")
         assert all(name in text for name in server.runs)
         assert page.locator("#compare-tbl tbody tr").count() == len(server.runs)
-        assert "no-such-run" in page.inner_text("#compare-missing")
+        missing = page.inner_text("#compare-missing")
+        assert "no-such-run" in missing and missing.endswith(" and 3 more"), missing
         # a reward trace a run (its ACR too, and, where the run has them, its effective ACR
         # and mitigation marks, which other tests' commands may have given it)
         plot = "document.querySelector('#compare-graph .js-plotly-plot')"

@@ -150,6 +150,13 @@ def test_compare_figure_overlays_acr_and_reward_per_run():
     assert acr["name"] == "&lt;b&gt;x&lt;/b&gt; %{y}" and "<b>" not in acr["hovertemplate"]
     assert acr["mode"] == "markers" and fig["data"][0]["mode"] == "markers"
     assert fig["data"][2]["mode"] == "lines"
+    # twenty runs: past the seven colours, dashes tell runs of one colour apart (a trial saw
+    # two orange lines); a 200-character name is cut in the legend
+    many = [{"run_id": f"r{i:07d}", "name": "n" * 200 if i == 0 else f"run {i}"} for i in range(20)]
+    acrs = figures.compare_figure(many, {})["data"][0:40:2]
+    styles = {(t["line"]["color"], t["line"]["dash"]) for t in acrs}
+    assert len(styles) == 20
+    assert acrs[0]["name"] == "n" * 39 + "…"
 
 
 def test_compare_says_when_a_mitigation_applied_and_draws_the_effective_acr():

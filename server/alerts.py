@@ -686,8 +686,11 @@ def end_rule_episodes(
     ``keep`` keeps: a pending one is dropped, a firing one resolves now, at no step, and when
     its firing was told, a resolved message saying ``why`` goes where it went (``rule``: the
     rule as it was, its `notify` included). Without this, a disabled rule's alert stayed firing
-    for ever (a trial). Each run's lock is held, as evaluation holds it; the caller commits.
-    Returns how many episodes resolved."""
+    for ever (a trial). Each run's lock is held, as evaluation holds it; the caller took those
+    of the runs it foresaw (`alert_rules.change_lock`) and commits. A run it did not foresee (an
+    episode opened since) is locked without waiting, as this transaction has written: a lock
+    held elsewhere raises for the caller to redo it all (`db.redo_on_deadlock`), never an
+    ingest's deadlock (a trial's ingests got 500s). Returns how many episodes resolved."""
     now, resolved = utcnow(), 0
     run_ids = session.scalars(
         select(AlertState.run_id)
@@ -695,7 +698,7 @@ def end_rule_episodes(
         .order_by(AlertState.run_id)  # one order of locks for every caller
     ).all()
     for run_id in run_ids:
-        with run_lock(session, run_id):
+        with run_lock(session, run_id, nowait=True):
             run = session.get(Run, run_id)
             st = session.get(AlertState, (rule.id, run_id))
             if run is None or st is None or st.episode_id is None or keep(run):

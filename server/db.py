@@ -227,16 +227,18 @@ def wait_for_database(engine: Engine) -> None:
 T = TypeVar("T")
 
 
-def deadlocked(exc: BaseException) -> bool:
-    """Whether PostgreSQL chose this transaction as a deadlock's victim (SQLSTATE 40P01): it
-    was rolled back whole, so doing it again is safe."""
-    return getattr(getattr(exc, "orig", None), "sqlstate", None) == "40P01"
+def must_redo(exc: BaseException) -> bool:
+    """Whether PostgreSQL ended this transaction as a deadlock's victim (SQLSTATE 40P01) or
+    refused it a lock it would not wait for (55P03, ``NOWAIT``): it is rolled back whole, so
+    doing it again is safe."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) in ("40P01", "55P03")
 
 
-def redo_on_deadlock(session: Session, work: Callable[[], T], tries: int = 3) -> T:
+def redo_on_deadlock(session: Session, work: Callable[[], T], tries: int = 5) -> T:
     """``work()`` (a transaction that commits), done again up to ``tries`` times in all when
-    PostgreSQL ends it as a deadlock's victim (rare: a transaction that must lock a run it did
-    not foresee). Other errors, and the last deadlock, are raised."""
+    PostgreSQL ends it as a deadlock's victim or refuses it a lock it asked for without
+    waiting (`must_redo`; rare: a transaction that must lock a run it did not foresee). Other
+    errors, and the last such refusal, are raised."""
 
     def once() -> T:
         try:
@@ -246,7 +248,7 @@ def redo_on_deadlock(session: Session, work: Callable[[], T], tries: int = 3) ->
             raise
 
     retrying = Retrying(
-        retry=retry_if_exception(deadlocked),
+        retry=retry_if_exception(must_redo),
         stop=stop_after_attempt(tries),
         wait=wait_random(0.01, 0.1),
         reraise=True,

@@ -79,6 +79,7 @@ _READ = select(
     exists().where(Command.run_id == RUNS.c.id, Command.status.in_(OPEN_STATES)).label("has_open"),
 ).where(RUNS.c.id == bindparam("run_id"))
 _READ_FOR_UPDATE = _READ.with_for_update(of=RUNS)
+_READ_FOR_UPDATE_NOWAIT = _READ.with_for_update(of=RUNS, nowait=True)
 _TOUCH = update(RUNS).where(RUNS.c.id == bindparam("run_id")).values(attempt=RUNS.c.attempt)
 _SAVE = (
     update(RUNS)
@@ -88,9 +89,11 @@ _SAVE = (
 
 
 @contextmanager
-def run_lock(session: Session, run_id: str) -> Iterator[LockedRun]:
+def run_lock(session: Session, run_id: str, nowait: bool = False) -> Iterator[LockedRun]:
     """Hold the run's lock until the caller's transaction ends; commit inside the block, after
-    `save_run_state` if the run's state changed.
+    `save_run_state` if the run's state changed. ``nowait``: on PostgreSQL, a lock another
+    transaction holds raises (SQLSTATE 55P03, `db.must_redo`) instead of waiting, for a
+    transaction that has written already and could otherwise close a circle of waits.
 
     PostgreSQL: the run row's lock (``SELECT ... FOR UPDATE``), which also reads the row as
     it is now, in the same statement. SQLite: a process lock plus SQLite's own write lock, taken
@@ -98,7 +101,8 @@ def run_lock(session: Session, run_id: str) -> Iterator[LockedRun]:
     conn = session.connection()
     params = {"run_id": run_id}
     if conn.dialect.name == "postgresql":
-        yield _locked(conn.execute(_READ_FOR_UPDATE, params).one_or_none())
+        statement = _READ_FOR_UPDATE_NOWAIT if nowait else _READ_FOR_UPDATE
+        yield _locked(conn.execute(statement, params).one_or_none())
         return
     with _SQLITE_LOCK:
         conn.execute(_TOUCH, params)

@@ -119,8 +119,8 @@ def fmt(value, digits: int = 2) -> str:
         return str(value)
     if not math.isfinite(number):
         return f"{number}"
-    if abs(number) >= 1e9:  # 3.87e+18 steps a minute (steps that jumped) ran off its card
-        return f"{number:.3g}"
+    if abs(number) >= 1e6:  # 3.87e+18 steps a minute (steps that jumped), and 2221330.5 of a
+        return f"{number:.3g}"  # burst, ran off or wrapped in their card (trials)
     with localcontext(prec=400):  # enough digits for any float's integer part
         rounded = Decimal(number).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
     return f"{rounded:.{digits}f}"

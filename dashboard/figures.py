@@ -691,8 +691,12 @@ def compare_figure(
 
 
 def _short(name: str) -> str:
-    """A run's name for a legend: at most LEGEND_CHARS characters, cut with an ellipsis."""
-    return name if len(name) <= LEGEND_CHARS else name[: LEGEND_CHARS - 1] + "…"
+    """A run's name for a legend: at most LEGEND_CHARS characters, cut in the middle, so that
+    names told apart by their ends (``…-seed1``, ``…-seed2``) stay apart (a trial)."""
+    if len(name) <= LEGEND_CHARS:
+        return name
+    tail = LEGEND_CHARS // 3
+    return name[: LEGEND_CHARS - tail - 1] + "…" + name[-tail:]
 
 
 def _compare_trace(

@@ -156,7 +156,11 @@ def test_compare_figure_overlays_acr_and_reward_per_run():
     acrs = figures.compare_figure(many, {})["data"][0:40:2]
     styles = {(t["line"]["color"], t["line"]["dash"]) for t in acrs}
     assert len(styles) == 20
-    assert acrs[0]["name"] == "n" * 39 + "…"
+    assert acrs[0]["name"] == "n" * 26 + "…" + "n" * 13
+    seeds = [{"run_id": f"s{i}", "name": f"qwen2.5-7b-instruct-grpo-math500-lr1e-6-seed{i}"}
+             for i in (1, 2)]  # fmt: skip
+    names = [t["name"] for t in figures.compare_figure(seeds, {})["data"][0:4:2]]
+    assert names[0] != names[1] and names[1].endswith("lr1e-6-seed2"), names  # cut mid-name
 
 
 def test_compare_says_when_a_mitigation_applied_and_draws_the_effective_acr():
@@ -434,7 +438,7 @@ def test_logged_names_are_text_in_charts():
     [(0.625, 2, "0.63"), (-0.625, 2, "-0.63"), (0.615, 2, "0.61"), (1.005, 2, "1.00"),
      (0.1234, 3, "0.123"), (None, 2, "—"), (12345, 2, "12,345"), (float("inf"), 2, "inf"),
      # steps a minute of steps that jumped to 2**62: 19 digits ran off the card (a trial)
-     (3.873e18, 1, "3.87e+18"), (123456789.25, 1, "123456789.3")],
+     (3.873e18, 1, "3.87e+18"), (2221330.5, 1, "2.22e+06"), (999999.25, 1, "999999.3")],
 )  # fmt: skip
 def test_a_card_rounds_as_the_chart_hover_does(value, digits, shown):
     """ACR 0.625 was 0.62 on its card and 0.63 under the cursor: a card rounds a tie of the

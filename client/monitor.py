@@ -99,9 +99,19 @@ def _uncaught_error() -> BaseException | None:
     (``sys.last_exc``, ``sys.last_value`` before 3.12) until the exit handlers have run; None
     in an interactive session, where it may be any earlier mistake the session went on after.
     A ``sys.exit(n)`` leaves nothing there: its status cannot be seen from an exit handler."""
-    if hasattr(sys, "ps1") or sys.flags.interactive or "IPython" in sys.modules:
+    if hasattr(sys, "ps1") or sys.flags.interactive or _in_ipython():
         return None
     return getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+
+
+def _in_ipython() -> bool:
+    """Whether an IPython shell or Jupyter kernel runs this process (a library may import
+    IPython in a plain script: tqdm.auto does)."""
+    ipython = sys.modules.get("IPython")
+    try:
+        return ipython is not None and ipython.get_ipython() is not None
+    except Exception:  # noqa: BLE001 - an IPython too old or half imported: a plain script
+        return False
 
 
 def _default_spool_dir() -> Path:

@@ -470,6 +470,9 @@ def test_effective_scalars_and_finish_reach_the_server(server: Server, tmp_path:
     ("pass", False, "finished"),
     ("raise RuntimeError('CUDA out of memory')", False, "failed"),
     ("raise KeyboardInterrupt", False, "failed"),  # Ctrl-C
+    # IPython imported by a library (tqdm.auto does) in a plain script: still a script
+    ("sys.modules['IPython'] = type(sys)('IPython'); sys.modules['IPython'].get_ipython = "
+     "lambda: None; raise RuntimeError('x')", False, "failed"),
     ("sys.exit(0)", True, "finished"),
     ("sys.exit(3)", True, "failed"),
 ])  # fmt: skip

@@ -157,8 +157,6 @@ def issue_command(
         if not context.can_see(info, run):
             raise PermissionError("run not found or not visible to this key")
         server_commands.check_run_listens(run_id, run["status"])
-        if alert_id is not None and not _alert_of_run(s, alert_id, run_id):
-            raise ValueError(f"alert {alert_id} is not an alert of this run; choose it again")
         cmd = server_commands.create_command(
             s,
             run_id,
@@ -170,15 +168,6 @@ def issue_command(
         )
         s.commit()
     return cmd
-
-
-def _alert_of_run(session: Any, alert_id: int, run_id: str) -> bool:
-    """Whether the alert a command answers is one of the run's: the id comes from the
-    browser, and a crafted Send linked a command to another project's alert (a trial)."""
-    from vantage.server.alert_models import AlertEpisode
-
-    episode = session.get(AlertEpisode, alert_id)
-    return episode is not None and episode.run_id == run_id
 
 
 def prompts(

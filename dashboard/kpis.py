@@ -170,7 +170,9 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
             "value": explain.fmt(int(streak)),
             "sub": "raw ACR; " + mitigated if mitigated else "stalled after 50",
             "help": explain.ACR_STREAK,
-            "level": level(streak, 10, 50) if effective is None else level(effective, 0.3, 0.35),
+            "level": level(streak, 10, 50)
+            if effective is None
+            else level(effective, 0.3, explain.STALL_THRESHOLD),
         },
         {
             "id": "wasted",

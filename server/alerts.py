@@ -689,7 +689,7 @@ def end_rule_episodes(
     for ever (a trial). Each run's lock is held, as evaluation holds it; the caller took those
     of the runs it foresaw (`alert_rules.change_lock`) and commits. A run it did not foresee (an
     episode opened since) is locked without waiting, as this transaction has written: a lock
-    held elsewhere raises for the caller to redo it all (`db.redo_on_deadlock`), never an
+    held elsewhere raises for the caller to redo it all (`db.redo_on_lock_conflict`), never an
     ingest's deadlock (a trial's ingests got 500s). Returns how many episodes resolved."""
     now, resolved = utcnow(), 0
     run_ids = session.scalars(

@@ -13,6 +13,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from vantage.client.schema import CommandCreate
 
+from .alert_models import AlertEpisode
 from .models import Command, Run, as_utc, iso, run_not_found, utcnow
 
 OPEN_STATES = ("pending", "delivered")
@@ -63,10 +64,16 @@ def create_command(
     alert_id: int | None = None,
     ttl_s: float = DEFAULT_TTL_S,
 ) -> dict[str, Any]:
-    """Queue a command for a run (the caller commits). Raises ValueError on bad params or an
-    unknown run."""
+    """Queue a command for a run (the caller commits), linked to ``alert_id`` when an alert
+    issued or suggested it. Raises LookupError for an unknown run, ValueError on bad params or
+    an alert that is not the run's (the dashboard's Send takes the id from the browser, and a
+    crafted one linked a command to another project's alert: a trial)."""
     if session.get(Run, run_id) is None:
         raise LookupError(run_not_found(run_id))
+    if alert_id is not None:
+        episode = session.get(AlertEpisode, alert_id)
+        if episode is None or episode.run_id != run_id:
+            raise ValueError(f"alert {alert_id} is not an alert of this run; choose it again")
     body = CommandCreate(type=type, params=params or {}, reason=reason)  # validates params
     now = utcnow()
     cmd = Command(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -117,16 +117,11 @@ def lock_runs(session: Session, run_ids: Iterable[str]) -> Iterator[None]:
     (PostgreSQL found deadlocks, and SQLite "database is locked", when a rule's change locked
     its runs one by one between writes: a trial). SQLite: the process lock for the whole
     block, and SQLite's write lock at once."""
-    conn = session.connection()
-    ids = sorted(set(run_ids))
-    if conn.dialect.name == "postgresql":
-        for run_id in ids:
-            conn.execute(_READ_FOR_UPDATE, {"run_id": run_id})
-        yield
-        return
-    with _SQLITE_LOCK:
-        for run_id in ids:
-            conn.execute(_TOUCH, {"run_id": run_id})
+    with ExitStack() as held:
+        if session.connection().dialect.name != "postgresql":
+            held.enter_context(_SQLITE_LOCK)  # even with no run: the caller writes under it
+        for run_id in sorted(set(run_ids)):
+            held.enter_context(run_lock(session, run_id))
         yield
 
 

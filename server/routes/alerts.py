@@ -28,7 +28,7 @@ from ..alert_rules import (
     visible_to,
 )
 from ..alerts import list_alerts
-from ..db import redo_on_deadlock
+from ..db import redo_on_lock_conflict
 from ..deps import ControlKey, ReadKey, SessionDep, SettingsDep, check_key, load_run
 from ..keys import KeyInfo
 from ..models import Run, as_utc
@@ -145,7 +145,7 @@ def rules_update(
     rule_id: RuleId, body: RulePatch, key: ControlKey, session: SessionDep, settings: SettingsDep
 ) -> dict:
     """Change a rule (built-in ones too); fields left out keep their value."""
-    return redo_on_deadlock(session, lambda: _update(rule_id, body, key, session, settings))
+    return redo_on_lock_conflict(session, lambda: _update(rule_id, body, key, session, settings))
 
 
 def _update(
@@ -183,7 +183,7 @@ def rules_delete(
             delete_rule(session, rule, settings)
             session.commit()
 
-    redo_on_deadlock(session, delete)
+    redo_on_lock_conflict(session, delete)
     return Response(status_code=204)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -22,6 +23,15 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
+def _in_finalizer(frame: Any) -> bool:
+    """Whether ``frame`` (a signal handler's) or a caller of it runs an object's ``__del__``."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextmanager
 def interrupt_on_signals() -> Iterator[None]:
     """While open, SIGTERM and SIGINT raise Interrupted (SIGTERM killed the process without a
@@ -31,7 +41,13 @@ def interrupt_on_signals() -> Iterator[None]:
         yield
         return
 
-    def interrupt(signum: int, _frame: Any) -> None:
+    def interrupt(signum: int, frame: Any) -> None:
+        if _in_finalizer(frame):
+            # Python prints and drops an exception raised in a __del__ ("Exception ignored
+            # in"), so a Ctrl-C that landed in one (regex's, during the imports) was lost and
+            # loading went on (a CI run): send the signal again once the finalizer is done.
+            threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+            return
         raise Interrupted(signum)
 
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}

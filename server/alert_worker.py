@@ -47,21 +47,63 @@ class AlertWorker:
         self.sender.close()
 
     def _periodic(self) -> None:
+        failing = Failing("periodic alert pass")
         while not self.stopping.is_set():
             try:
                 self.evaluator.periodic_pass(self.session_factory)
-            except Exception:  # noqa: BLE001 - a database hiccup must not end the loop
-                log.exception("periodic alert pass failed")
+                failing.ok()
+            except Exception as exc:  # noqa: BLE001 - a database hiccup must not end the loop
+                self.stopping.wait(failing.failed(exc))
             self.stopping.wait(self.settings.periodic_pass_s)
 
     def _outbox(self) -> None:
+        failing = Failing("webhook outbox pass")
         while not self.stopping.is_set():
             sent = 0
             try:
                 sent = self.sender.run_once()
-            except Exception:  # noqa: BLE001
-                log.exception("webhook outbox pass failed")
+                failing.ok()
+            except Exception as exc:  # noqa: BLE001
+                # no wake-up while it fails: a poll every 0.25 s logged 5 tracebacks a second
+                # with the database down (a trial)
+                self.stopping.wait(failing.failed(exc))
             if not sent:
                 # Other replicas' transitions are found by polling; ours wake the sender.
                 self.sender.wake.wait(self.settings.outbox_poll_s)
             self.sender.wake.clear()
+
+
+class Failing:
+    """The state of a loop whose passes fail (the database is down, say): the first failure is
+    logged with its traceback, later ones as one line at most once a minute, and the return to
+    work once. `failed` answers how long to pause before the next pass: 1 s, doubling to 60 s."""
+
+    MAX_PAUSE_S = 60.0
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.count = 0
+        self.logged_at = 0.0
+
+    def failed(self, exc: BaseException) -> float:
+        """Note a failed pass (log as said above); the seconds to pause."""
+        self.count += 1
+        now = time.monotonic()
+        if self.count == 1:
+            log.exception("%s failed; retrying with back-off", self.what, exc_info=exc)
+            self.logged_at = now
+        elif now - self.logged_at >= self.MAX_PAUSE_S:
+            log.error("%s still failing (%d times): %s", self.what, self.count, _one_line(exc))
+            self.logged_at = now
+        return min(self.MAX_PAUSE_S, 2.0 ** (self.count - 1))
+
+    def ok(self) -> None:
+        """Note a pass that worked."""
+        if self.count:
+            log.warning("%s works again after %d failures", self.what, self.count)
+        self.count = 0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"

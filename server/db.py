@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 import orjson
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DisconnectionError
+from sqlalchemy.exc import ArgumentError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import (
     RetryCallState,
@@ -26,6 +27,10 @@ from tenacity import (
 )
 
 from .settings import hide_passwords
+
+# What a database that cannot be reached, or is too busy, raises: refused or lost connections, an
+# exhausted pool, a lock or deadlock (the API answers them 503 with Retry-After).
+UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout, DisconnectionError)
 
 log = logging.getLogger("vantage.db")
 

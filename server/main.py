@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,7 +19,7 @@ from vantage.client.schema import MAX_REQUEST_BYTES
 
 from . import alerts
 from .alert_worker import AlertWorker
-from .db import make_engine, session_factory
+from .db import UNAVAILABLE, make_engine, session_factory
 from .routes import EXTRA_SCHEMAS, acr, commands, health, ingest, metrics, plain_body_errors, runs
 from .routes import alerts as alert_routes
 from .settings import Settings
@@ -42,6 +43,37 @@ async def _data_error(request: Request, exc: DataError) -> JSONResponse:
     reason = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
     error = _error(f"the database refused a value: {reason}", kind="database_refused")
     return JSONResponse({"detail": [error]}, status_code=422)
+
+
+log = logging.getLogger("vantage.server")
+
+# Retry-After of a 503 whose cause is the database: the client's sender waits that long
+DATABASE_RETRY_AFTER_S = 5
+
+
+async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """503 with Retry-After for a database that cannot be reached or is too busy (connection
+    refused or lost, pool exhausted, a lock or deadlock that outlived the route's redo): a
+    condition that passes, where a 500 read as a bug and was plain text (a trial). The answer
+    names only the error's type: its text can name hosts and ports."""
+    reason = _one_line(exc)
+    log.warning("%s %s: database unavailable: %s", request.method, request.url.path, reason)
+    detail = f"the database is unavailable or busy ({_cause(exc)}); try again shortly"
+    return JSONResponse(
+        {"detail": detail},
+        status_code=503,
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+    )
+
+
+def _cause(exc: Exception) -> str:
+    orig = getattr(exc, "orig", None)
+    return type(orig if orig is not None else exc).__name__
+
+
+def _one_line(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -235,6 +267,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.evaluator = evaluator
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(DataError, _data_error)
+    for unavailable in UNAVAILABLE:
+        app.add_exception_handler(unavailable, _database_unavailable)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     for module in (health, runs, ingest, metrics, commands, acr, alert_routes):
         app.include_router(module.router)

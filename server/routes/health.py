@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import text
 
+from ..db import UNAVAILABLE
 from ..deps import SessionDep, SettingsDep
 from ..queries import prometheus_text
 from ..telemetry import counters_text
@@ -35,6 +36,14 @@ def metrics(request: Request, session: SessionDep, settings: SettingsDep) -> Pla
         token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         if not secrets.compare_digest(token, settings.metrics_token):
             raise HTTPException(401, "this /metrics needs 'Authorization: Bearer <metrics token>'")
+    try:
+        runs, up = prometheus_text(session), 1
+    except UNAVAILABLE:  # the process's counters still tell what it did: a scrape is not lost
+        runs, up = "", 0
+    database = (
+        "# HELP vantage_database_up Whether this scrape could read the database (1) or not (0).\n"
+        f"# TYPE vantage_database_up gauge\nvantage_database_up {up}\n"
+    )
     return PlainTextResponse(
-        counters_text() + prometheus_text(session), media_type="text/plain; version=0.0.4"
+        counters_text() + database + runs, media_type="text/plain; version=0.0.4"
     )

@@ -79,6 +79,7 @@ def _ingest(request: Request, run_id: str, batch: StepsBatch, key) -> dict:  # n
         503,
         f"run {run_id}, or other batches of the same steps and ranks, changed while this batch "
         "was stored; send it again",
+        headers={"Retry-After": "1"},  # the client's sender waits that long, not its back-off
     )
 
 

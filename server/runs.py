@@ -29,7 +29,8 @@ FIXED_FIELDS = ("reward_min", "reward_max", "trainer_eps")
 
 
 class RunSettingsConflict(ValueError):
-    """A known run registered again with different reward bounds or eps (answered 409)."""
+    """A known run registered again with different reward bounds, eps or project (answered
+    409)."""
 
 
 def _check_same_settings(run: Run, body: RunCreate) -> None:
@@ -42,6 +43,13 @@ def _check_same_settings(run: Run, body: RunCreate) -> None:
                 f"{getattr(body, name)!r}; a run's reward bounds and eps cannot change (start a "
                 "new run for new ones)"
             )
+    if body.project is not None and body.project != run.project:
+        # It was ignored: the launch reported to a run its key's project may not see (a trial).
+        # The run's own project is not named: the key may belong to another project.
+        raise RunSettingsConflict(
+            f"run {run.id} was created in another project than {body.project!r} (or in none); "
+            "a run's project cannot change (start a new run, or leave `project` out)"
+        )
 
 
 # How far apart two machines' clocks may be: a launch is refused as older than the newest
@@ -89,8 +97,8 @@ def create_or_resume_run(
     rank and retry); a new or absent launch_id on a known run is the next attempt. The caller
     holds the run's lock (`vantage.server.locks.run_lock`) and commits; two first registrations
     of a new run race on its primary key (IntegrityError), which the route retries once. Raises
-    RunSettingsConflict when a known run is sent other reward bounds or eps, and RunNameRequired
-    for a new run without a name.
+    RunSettingsConflict when a known run is sent other reward bounds, eps or project, and
+    RunNameRequired for a new run without a name.
     """
     run_id = body.run_id or str(uuid.uuid4())
     run = session.get(Run, run_id)  # read under the run's lock, which the caller holds

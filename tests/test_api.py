@@ -872,6 +872,21 @@ def test_registering_a_run_again_with_other_reward_bounds_is_409(api):
     assert api.post("/api/v1/runs", json={"run_id": run["run_id"]}).json()["attempt"] == 3
 
 
+def test_registering_a_run_again_in_another_project_is_409(api, server):
+    """It answered 200 and kept the run where it was, so the launch reported to a run outside
+    the project it named (a trial)."""
+    run = new_run(api, project="team-b")
+    again = {"run_id": run["run_id"], "launch_id": "second"}
+    r = api.post("/api/v1/runs", json={**again, "project": "team-c"})
+    assert r.status_code == 409 and "project cannot change" in r.json()["detail"], r.text
+    assert api.get(f"/api/v1/runs/{run['run_id']}").json()["project"] == "team-b"
+    assert api.post("/api/v1/runs", json={**again, "project": "team-b"}).json()["attempt"] == 2
+    assert api.post("/api/v1/runs", json=again).json()["attempt"] == 2  # left out: kept
+    with server.client("team-a") as team:  # another project's key learns no project name
+        r = team.post("/api/v1/runs", json={**again, "project": "team-a"})
+        assert r.status_code == 409 and "team-b" not in r.text, r.text
+
+
 def test_prompts_count_valid_groups_only(api):
     run = new_run(api)
     groups = [{"prompt_id": "q", "rewards": [1, 1]}, {"prompt_id": "q", "rewards": [1, None]}]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -111,6 +112,8 @@ def _plain_name(text: str) -> str:
         raise ValueError("a name needs a visible character, not only spaces")
     if not BIDI_CONTROLS.isdisjoint(text):
         raise ValueError("a name cannot hold bidirectional control characters (U+202A-E, U+2066-9)")
+    if any(unicodedata.category(c) == "Cc" for c in text):  # as key names (a trial)
+        raise ValueError("a name cannot hold control characters (line breaks, tabs, bells)")
     return text
 
 

@@ -230,7 +230,11 @@ def _session(args: argparse.Namespace, create: bool = False):  # noqa: ANN202
     if not upgrade_or_explain(url):
         raise SystemExit(1)
     if fresh:
-        print(f"note: created a new Vantage database at {safe_url(url)}", file=sys.stderr)
+        print(
+            f"note: created a new Vantage database at {safe_url(url)} (it had no Vantage tables);"
+            " a server on another database will not know what is stored here",
+            file=sys.stderr,
+        )
     return session_factory(make_engine(url))()
 
 

@@ -1054,6 +1054,12 @@ def test_a_blank_or_bidi_spoofed_run_name_is_refused(api):
     r = api.post("/api/v1/runs", json={"name": "rtl \u202e gnp.exe"})  # reads "rtl exe.png"
     assert r.status_code == 422 and "bidirectional control" in r.text, r.text
     assert api.post("/api/v1/runs", json={"name": "עברית run"}).status_code == 201
+    for name in ("a\u0007b", "two\nlines", "a\tb", "a\x85b"):  # as key names (a trial)
+        r = api.post("/api/v1/runs", json={"name": name})
+        assert r.status_code == 422 and "control characters" in r.text, (name, r.text)
+    run = new_run(api)
+    r = api.patch(f"/api/v1/runs/{run['run_id']}", json={"name": "x\ny"})
+    assert r.status_code == 422 and "control characters" in r.text, r.text
 
 
 def test_bodies_are_json_whatever_their_content_type_and_body_errors_say_so(api):

@@ -76,12 +76,23 @@ def _one_line(exc: Exception) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+FASTAPI_BODY_ERROR = "There was an error parsing the body"
+
+
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
     """FastAPI's answer, except that a 422 given as one message becomes a one-entry list, so
     that every 422 lists its errors (README, "HTTP API"); ``loc`` is empty when the message
     concerns the request as a whole."""
     if exc.status_code == 422 and isinstance(exc.detail, str):
         exc = HTTPException(422, [_error(exc.detail)], headers=exc.headers)
+    if exc.status_code == 400 and exc.detail == FASTAPI_BODY_ERROR:
+        # FastAPI's answer to a body its JSON parser raised on (not a JSONDecodeError): a 400
+        # without a word of why, where ingest's parser answered a 422 json_invalid (a trial)
+        cause = exc.__cause__
+        why = "nested too deeply" if isinstance(cause, RecursionError) else _one_line(cause or exc)
+        return JSONResponse(
+            {"detail": [_error(f"Invalid JSON: {why}", ["body"], "json_invalid")]}, status_code=422
+        )
     return await http_exception_handler(request, exc)
 
 

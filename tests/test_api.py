@@ -1062,6 +1062,23 @@ def test_a_blank_or_bidi_spoofed_run_name_is_refused(api):
     assert r.status_code == 422 and "control characters" in r.text, r.text
 
 
+def test_a_body_nested_too_deeply_is_a_422_on_every_route(api):
+    """FastAPI's parser answered a bare 400 "There was an error parsing the body" where ingest's
+    answered a 422 json_invalid (a trial)."""
+    run = new_run(api)
+    deep = "[" * 3000 + "]" * 3000
+    for path, body in (
+        ("/api/v1/runs", '{"name": "x", "config": ' + deep + "}"),
+        ("/api/v1/alert-rules", deep),
+        (f"/api/v1/runs/{run['run_id']}/steps", '{"attempt": 1, "records": ' + deep + "}"),
+    ):
+        r = api.post(path, content=body)
+        assert r.status_code == 422, (path, r.text)
+        (error,) = r.json()["detail"]
+        assert error["type"] == "json_invalid" and error["loc"] == ["body"], (path, error)
+        assert "Invalid JSON" in error["msg"], (path, error)
+
+
 def test_bodies_are_json_whatever_their_content_type_and_body_errors_say_so(api):
     """`curl -d` sends a form's Content-Type; the raw-read ingest route always read JSON, and
     now every route does, with plain words for a body that is not a JSON object."""

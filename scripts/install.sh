@@ -21,7 +21,9 @@ fi
 python3 -m venv .venv 2>/dev/null || true
 [ -x .venv/bin/pip ] || python3 -m venv --clear .venv
 .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+# only extras that pull torch get it (trainer; dev through trl; vllm): a server-only install has none
+needs_torch=$(tr ',' '\n' <<<"$extras" | grep -xE 'trainer|dev|vllm' || true)
+if [ -n "$needs_torch" ] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/python -m pip install -q "torch==${VANTAGE_TORCH_VERSION:-2.13.0}"
 fi
 .venv/bin/python -m pip install -q -e ".[${extras}]"

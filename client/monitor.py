@@ -943,6 +943,7 @@ class Monitor:
                         int(reply.data["conflicts"]),
                     )
                 self.last_steps = reply.data.get("steps") or self.last_steps
+                self._note_newest(reply.data)
                 self._take_commands(reply.data)
             if outcome == "empty" or self._queue or time.monotonic() >= self._deadline:
                 break
@@ -954,8 +955,25 @@ class Monitor:
                 return reply
             self._next_heartbeat = now + self.heartbeat_s
             if reply.kind == "ok":
+                self._note_newest(reply.data)
                 self._take_commands(reply.data)
         return None
+
+    def _note_newest(self, answer: dict) -> None:
+        """Warn when the server says a newer launch of the run registered (a relaunch while
+        this process still trains): its steps are kept, but the newer attempt's win wherever
+        both sent a step, and commands go to the newer attempt only."""
+        newest = answer.get("newest_attempt")
+        if isinstance(newest, int) and self.attempt is not None and newest > self.attempt:
+            self._warn(
+                "superseded",
+                "vantage: run %s was launched again (attempt %d) while this process, attempt "
+                "%d, still sends; the newer attempt's steps win where both send one, and "
+                "commands go to it only: stop this process if the relaunch replaces it",
+                self.run_id,
+                newest,
+                self.attempt,
+            )
 
     def _note_failing(self, reply: Reply) -> None:
         """Tell the user when the server has kept failing for a while (training goes on)."""

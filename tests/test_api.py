@@ -599,6 +599,22 @@ def test_a_superseded_attempt_cannot_end_the_run(api):
     assert new.json()["status"] == "finished"
 
 
+def test_a_superseded_attempt_is_told_and_takes_no_commands(api):
+    """An old launch still sending after a relaunch got 200s and nothing else (a trial), and it
+    took the commands meant for the relaunch, which then never saw them."""
+    rid = new_run(api, launch_id="L1")["run_id"]
+    relaunch = new_run(api, run_id=rid, launch_id="L2")
+    command = {"type": "set_sampling", "params": {"temperature": 0.7}, "reason": "t"}
+    assert api.post(f"/api/v1/runs/{rid}/commands", json=command).status_code == 201
+    zombie = post_steps(api, relaunch, [{"step": 1, "groups": [[0, 1]]}], attempt=1)
+    assert (zombie["accepted"], zombie["newest_attempt"], zombie["commands"]) == (1, 2, [])
+    beat = api.post(f"/api/v1/runs/{rid}/heartbeat", json={"attempt": 1}).json()
+    assert beat == {"commands": [], "newest_attempt": 2}
+    live = post_steps(api, relaunch, [{"step": 1, "groups": [[0, 1]]}])
+    assert live["newest_attempt"] == 2
+    assert [c["type"] for c in live["commands"]] == ["set_sampling"]
+
+
 def test_a_silence_until_with_an_offset_is_kept_in_utc(api):
     """SQLite keeps no offset: 06:31-05:00 was stored as 06:31 UTC, five hours early."""
     soon = datetime.now(UTC) + timedelta(hours=2)

@@ -118,7 +118,15 @@ def _ingest_once(state, run_id, batch, key, evaluate: bool) -> dict:  # noqa: AN
                 else:
                     write()
                 commands = []
-                if result.has_rank0 and (locked.has_open_commands or outcome.issued):
+                newest = run.attempt
+                # a superseded launch still sending (a zombie) must not take the commands meant
+                # for the relaunch: it would act on them and ack them in its place
+                newest_sends = batch.attempt == newest
+                if (
+                    newest_sends
+                    and result.has_rank0
+                    and (locked.has_open_commands or outcome.issued)
+                ):
                     commands = deliver_commands(session, run_id)
                 save_run_state(session, run)
                 session.commit()
@@ -136,4 +144,5 @@ def _ingest_once(state, run_id, batch, key, evaluate: bool) -> dict:  # noqa: AN
         "invalid_groups": result.invalid_groups,
         "steps": result.steps,
         "commands": commands,
+        "newest_attempt": newest,
     }

@@ -113,7 +113,8 @@ def delete_run(run_id: str, key: AdminKey, session: SessionDep) -> Response:
 
 @router.post("/{run_id}/heartbeat")
 def heartbeat(run_id: str, body: Heartbeat, key: IngestKey, session: SessionDep) -> dict:
-    """Liveness and client health of one rank; rank 0 gets the open commands back."""
+    """Liveness and client health of one rank; rank 0 of the newest attempt gets the open
+    commands back. The answer's ``newest_attempt`` tells a superseded launch that it is one."""
     run = load_run(session, run_id, key)
     if body.attempt > run.attempt:
         raise HTTPException(409, f"attempt {body.attempt} is unknown for run {run_id}")
@@ -124,9 +125,11 @@ def heartbeat(run_id: str, body: Heartbeat, key: IngestKey, session: SessionDep)
     )
     health[str(body.rank)] = {**health.get(str(body.rank), {}), **counters}
     run.client_health = health
-    commands = deliver_commands(session, run_id) if body.rank == 0 else []
+    # only the newest launch's rank 0 takes commands (a superseded one would act in its place)
+    newest_sends = body.rank == 0 and body.attempt == run.attempt
+    commands = deliver_commands(session, run_id) if newest_sends else []
     session.commit()
-    return {"commands": commands}
+    return {"commands": commands, "newest_attempt": run.attempt}
 
 
 @router.post("/{run_id}/finish")

@@ -4,6 +4,7 @@ outages, restarts, retries, dead letters, ranks, launches, commands, bounded clo
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import socket
@@ -314,6 +315,21 @@ def test_second_launch_is_a_new_attempt_that_supersedes(server: Server, tmp_path
     late = monitor(server.url, tmp_path, run_id=first.run_id, launch_id="L2", rank=1, world_size=2)
     assert late.flush(20) and late.attempt == 2
     late.close(timeout=10, status=None)
+
+
+def test_a_launch_superseded_while_it_sends_is_warned(server: Server, tmp_path: Path, caplog):
+    first = monitor(server.url, tmp_path, launch_id="L1")
+    first.log_groups(0, [[0.0, 1.0]])
+    assert first.flush(20) and first.attempt == 1
+    with server.api() as api:
+        body = {"run_id": first.run_id, "launch_id": "L2"}
+        assert api.post("/api/v1/runs", json=body).json()["attempt"] == 2
+    with caplog.at_level(logging.WARNING, logger="vantage"):
+        first.log_groups(1, [[0.0, 1.0]])
+        assert first.flush(20)
+    (warning,) = [r.getMessage() for r in caplog.records if "launched again" in r.getMessage()]
+    assert "(attempt 2)" in warning and "attempt 1" in warning, warning
+    first.close(timeout=10, status=None)
 
 
 def test_commands_delivered_once_and_acknowledged(server: Server, tmp_path: Path):

@@ -62,7 +62,7 @@ def mitigation_text(run: dict) -> tuple[str, str]:
     app, req = figures.mitigation_modes(run)
     said = run.get("mitigation_reported") or {}
     reported = said.get("mode")
-    current = reported or app or "none"  # what the trainer says it runs is the truth
+    current = current_mitigation(run)
     settings = ", ".join(f"{k}={v}" for k, v in said.items() if k != "mode")
     state = f"{current} ({settings})" if reported and settings else current
     if req and req != current:
@@ -75,6 +75,13 @@ def mitigation_text(run: dict) -> tuple[str, str]:
     )
     # "· auto" read as nothing to a CTO (a trial): what the alerts do in this mode
     return f"{state} · {ALERTS_DO.get(mode, mode)}", help_text
+
+
+def current_mitigation(run: dict) -> str:
+    """The mitigation mode the run's trainer runs: the one it last reported with its steps
+    (the truth), else the last one it acked, else "none"."""
+    reported = (run.get("mitigation_reported") or {}).get("mode")
+    return reported or figures.mitigation_modes(run)[0] or "none"
 
 
 ALERTS_DO = {"auto": "alerts act", "suggest": "alerts suggest", "off": "alerts notify only"}

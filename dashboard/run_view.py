@@ -50,8 +50,8 @@ def header(run: dict) -> list:
 def suggestions(run: dict, alerts: list[dict], state: dict) -> list[dict]:
     """Mitigations to offer for one click: those the server offers with firing alerts (a rule's
     command on a run in 'suggest' mode that does not already ask for it), else AVSPO when the
-    run looks stalled (ACR above 0.35 for more than 50 steps), has none requested and its mode
-    is not 'off'. None once the run has finished or failed."""
+    run looks stalled (ACR above 0.35 for more than 50 steps), runs and has requested no
+    mitigation and its mode is not 'off'. None once the run has finished or failed."""
     if components.run_ended(run):  # no trainer reads commands any more
         return []
     requested = run.get("mitigation_requested") or {}
@@ -69,7 +69,10 @@ def suggestions(run: dict, alerts: list[dict], state: dict) -> list[dict]:
         and mit.get("type")
     ]
     avspo = {"mode": "avspo", "threshold": "fixed", "alpha": 0.5}
-    stalled = (state.get("streak") or 0) > 50 and requested_mode in (None, "none")
+    # not while a mitigation runs: AVSPO leaves the raw ACR high, and a run started with it
+    # from its config (reported, never requested) was offered AVSPO again
+    idle = requested_mode in (None, "none") and components.current_mitigation(run) == "none"
+    stalled = (state.get("streak") or 0) > 50 and idle
     if not out and stalled and run.get("mitigation_mode") != "off":
         out.append(
             {

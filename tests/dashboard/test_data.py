@@ -210,6 +210,15 @@ def test_a_stalled_run_is_offered_avspo_unless_its_mode_is_off_or_one_is_asked_f
     assert run_view.suggestions({"mitigation_mode": "auto"}, [], calm) == []
     asked = {"mitigation_mode": "auto", "mitigation_requested": {"mode": "aapo"}}
     assert run_view.suggestions(asked, [], stalled) == []
+    # AVSPO from the trainer's config: reported with its steps, never requested (it was offered
+    # AVSPO again, as raw ACR stays high under it)
+    running = {"mitigation_mode": "auto", "mitigation_reported": {"mode": "avspo", "alpha": 0.5}}
+    assert run_view.suggestions(running, [], stalled) == []
+    acked = {"mitigation_mode": "auto", "mitigation_applied": {"mode": "aapo"}}
+    assert run_view.suggestions(acked, [], stalled) == []
+    # a relaunch that reports none after an acked AVSPO runs none: offered again
+    dropped = {**acked, "mitigation_reported": {"mode": "none"}}
+    (offer,) = run_view.suggestions(dropped, [], stalled)
 
 
 def test_a_suggested_setting_shows_its_values():

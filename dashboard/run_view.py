@@ -31,6 +31,7 @@ OUTPUTS = (
 
 
 def header(run: dict) -> list:
+    """The run's title, status, identity, mitigation and notes."""
     tags = ", ".join(run.get("tags") or [])
     bits = [
         f"project {run.get('project') or '—'}",
@@ -40,11 +41,14 @@ def header(run: dict) -> list:
     if tags:
         bits.append(f"tags {tags}")
     mit, mit_help = components.mitigation_text(run)
-    return [
+    out = [
         html.H2([run.get("name") or run["run_id"], " ", components.status_badge(run["status"])]),
         html.Div(" · ".join(bits), className="muted"),
         html.Div(["Mitigation: ", html.Span(mit, title=mit_help, id="run-mitigation")]),
     ]
+    if run.get("notes"):  # set with PATCH /api/v1/runs/{id}; shown as typed (text, not markup)
+        out.append(html.Div(run["notes"], id="run-notes", className="run-notes"))
+    return out
 
 
 def suggestions(run: dict, alerts: list[dict], state: dict) -> list[dict]:

@@ -474,3 +474,17 @@ def test_the_run_page_shows_evaluation_steps_once_there_are_some(read_page, serv
         ".find(t => t.name == 'ACR').y"
     )
     assert acr == pytest.approx([round(p["acr"], 4) for p in expected["points"]])
+
+
+def test_a_runs_notes_show_on_its_page_as_typed(read_page, server):
+    """Notes set through the API ("shown on the run page", says its schema) were shown nowhere."""
+    notes = "lr 3e-6 <b>not bold</b>\nsecond line"
+    with server.api() as api:
+        run_id = api.post("/api/v1/runs", json={"name": "noted"}).json()["run_id"]
+    with server.api("control") as lead:
+        assert lead.patch(f"/api/v1/runs/{run_id}", json={"notes": notes}).status_code == 200
+    page = read_page
+    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.wait_for_selector("#run-notes")
+    assert page.inner_text("#run-notes") == notes
+    assert page.locator("#run-notes b").count() == 0  # text, not markup

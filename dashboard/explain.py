@@ -46,7 +46,8 @@ ACR_100 = (
 )
 ACR_EMA = (
     "Exponential moving average of ACR (half-life 20 steps): the trend without step-to-step noise. "
-    "Rising: collapse is getting worse."
+    "Rising: collapse is getting worse. Once a mitigation acts, its colour follows the effective "
+    "ACR, what the policy learns from."
 )
 ACR_STREAK = (
     "Consecutive latest steps with ACR above 0.35. Over 50 steps the run is likely stalled: "
@@ -56,7 +57,8 @@ WASTED = (
     "Share of sampled completions that were in collapsed groups: rollout compute that produced no "
     "gradient. Lower it by mitigating collapse or filtering prompts that are always solved or "
     "always failed. It is counted before the trainer's mitigation: AVSPO and AAPO give some of "
-    "these groups a gradient after all, which the effective ACR shows."
+    "these groups a gradient after all, which the effective ACR shows, and whose colour the card "
+    "then takes."
 )
 EVAL = (
     "The evaluation split's collapse and reward (groups the trainer sent with split 'eval'). "

@@ -134,6 +134,10 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
             return "none"
         return "bad" if value > bad else "warn" if value > warn else "ok"
 
+    # the raw cards (trend, streak, wasted) take the colour of what the policy learns from once
+    # a mitigation acts: a run AVSPO brought to 0 stayed red on them (a trial)
+    after_mitigation = level(effective, 0.3, explain.STALL_THRESHOLD)
+
     wasted_text = explain.fmt(None) if wasted is None else f"{explain.fmt(100 * wasted, 0)}%"
     if wasted is None and tail:
         # Without a group size that fits the data, show completions wasted per step instead.
@@ -160,9 +164,12 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
             "id": "acr_ema",
             "title": "ACR trend (EMA)",
             "value": explain.fmt(state.get("ema")),
-            "sub": f"volatility {explain.fmt(state.get('volatility'))}",
+            "sub": f"volatility {explain.fmt(state.get('volatility'))}"
+            + ("; raw ACR" if mitigated else ""),
             "help": explain.ACR_EMA,
-            "level": level(state.get("ema"), 0.3, explain.STALL_THRESHOLD),
+            "level": level(state.get("ema"), 0.3, explain.STALL_THRESHOLD)
+            if effective is None
+            else after_mitigation,
         },
         {
             "id": "acr_streak",
@@ -170,19 +177,16 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
             "value": explain.fmt(int(streak)),
             "sub": "raw ACR; " + mitigated if mitigated else "stalled after 50",
             "help": explain.ACR_STREAK,
-            "level": level(streak, 10, 50)
-            if effective is None
-            else level(effective, 0.3, explain.STALL_THRESHOLD),
+            "level": level(streak, 10, 50) if effective is None else after_mitigation,
         },
         {
             "id": "wasted",
             "title": "Wasted rollouts",
             "value": wasted_text,
             # with AVSPO on and an effective ACR of 0, "93%" read as if it did nothing (a trial)
-            "sub": f"last {len(tail)} steps"
-            + (", before mitigation" if latest.get("acr_effective") is not None else ""),
+            "sub": f"last {len(tail)} steps" + (", before mitigation" if mitigated else ""),
             "help": explain.WASTED,
-            "level": level(wasted, 0.3, 0.5),
+            "level": level(wasted, 0.3, 0.5) if effective is None else after_mitigation,
         },
         {
             "id": "reward_mean",

@@ -257,6 +257,21 @@ def test_kpi_cards_explain_each_number():
     assert cards["acr"]["sub"] == "step 2 · effective 0.00 after mitigation"
     assert cards["acr_streak"]["sub"] == "raw ACR; effective 0.00 after mitigation"
     assert cards["acr_streak"]["level"] == "ok"
+    # so do the trend and wasted cards, which stayed red (raw values, still shown)
+    mitigated = [
+        point(s, 0.9, acr_effective=0.0, wasted_rollouts=30, n_completions=32) for s in range(3)
+    ]
+    state = kpis.initial_state({"acr_streak": 60, "acr_ema": 0.9}, mitigated, False, 1)
+    cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
+    assert cards["acr_ema"]["value"] == "0.90" and cards["acr_ema"]["level"] == "ok"
+    assert cards["acr_ema"]["sub"].endswith("; raw ACR")
+    assert cards["wasted"]["value"] == "94%" and cards["wasted"]["level"] == "ok"
+    still = [
+        point(s, 0.9, acr_effective=0.8, wasted_rollouts=30, n_completions=32) for s in range(3)
+    ]
+    state = kpis.initial_state({"acr_ema": 0.9}, still, False, 1)
+    cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
+    assert cards["acr_ema"]["level"] == cards["wasted"]["level"] == "bad"
 
 
 def test_texts_never_promise_an_accuracy_prediction():

@@ -331,6 +331,7 @@ class Monitor:
         self._draining = False
         self._deadline = float("inf")
         self._finish_status: str | None = None
+        self._finish_sent = False  # the server confirmed the run's end (set by the sender)
         self._closed = False
         self._abandon = False
         self._progress = False
@@ -601,6 +602,7 @@ class Monitor:
             spooled = 0
         queued = self._queued
         if not spooled and not queued:
+            self._warn_end_left(timeout)
             return
         where = f"{spooled} in the spool {self.spool_path}"
         if queued:  # a close(timeout=0) left most of them here (a trial counted only the spool)
@@ -615,6 +617,25 @@ class Monitor:
             self._why_left(timeout),
             meanwhile,
             shlex.quote(str(self.spool_path)),  # this run's file, not the shared folder
+            shlex.quote(self.server) if self.server and not self._unusable else "URL",
+        )
+
+    def _warn_end_left(self, timeout: float) -> None:
+        """Say at close that the run's end has not reached the server though every group has:
+        close was silent, and the run stayed `running` (then stale) on the server."""
+        status = self._finish_status
+        alive = self._thread.is_alive()
+        if status is None or self._finish_sent or not (alive or self._spool.pending_finish):
+            return
+        meanwhile = "the sender goes on while this process lives; " if alive else ""
+        log.warning(
+            "vantage: every group is on the server, but the run's end (%s) is not yet: %s; "
+            "%sit is kept in the spool %s, and vantage sync %s --server %s --api-key KEY sends it",
+            status,
+            self._why_left(timeout).replace("confirmed them", "confirmed it"),
+            meanwhile,
+            self.spool_path,
+            shlex.quote(str(self.spool_path)),
             shlex.quote(self.server) if self.server and not self._unusable else "URL",
         )
 
@@ -1126,6 +1147,7 @@ class Monitor:
                 finished = self._finish()
         except Exception:
             log.exception("vantage: finish failed")
+        self._finish_sent = finished
         if self._transport is not None:
             self._transport.close()
         with self._final_lock:  # not while close() is moving the queue to the spool

@@ -760,6 +760,30 @@ def test_close_says_the_run_was_refused_not_that_the_server_was_unreachable(tmp_
     assert mon.spooled_groups == 3
 
 
+def test_close_says_when_only_the_runs_end_is_left(tmp_path: Path, caplog):
+    """Every group on the server, the server gone before the finish: close said nothing and the
+    run stayed `running`; it now says so, and `vantage sync` sends the end."""
+    from tests.conftest import run_cli
+    from tests.serving import start_server
+
+    url = f"sqlite:///{tmp_path / 'end.db'}"
+    srv = start_server(url, tmp_path, "--insecure-no-auth")
+    mon = Monitor(srv.url, None, spool_dir=tmp_path / "spool", run_name="end", heartbeat_s=60)
+    mon.log_groups(0, [[1.0, 0.0]])
+    assert mon.flush(20)
+    srv.stop()
+    mon.close(timeout=3)
+    (said,) = [r.getMessage() for r in caplog.records if "run's end" in r.getMessage()]
+    assert "every group is on the server, but the run's end (finished) is not yet" in said, said
+    assert f"vantage sync {mon.spool_path}" in said, said
+    srv = start_server(url, tmp_path, "--insecure-no-auth", log_name="again.log")
+    try:
+        run_cli("sync", str(mon.spool_path), "--server", srv.url)
+        assert httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}").json()["status"] == "finished"
+    finally:
+        srv.stop()
+
+
 def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path, caplog):
     """A 401 refuses the key, not the batch: the batch stays in the spool (flush() is False),
     and `vantage sync` with a good key uploads it. It was a dead letter that nothing resent,

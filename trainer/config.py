@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 from vantage.client.schema import (
     MAX_GROUP_SIZE,
     MAX_GROUPS_PER_REQUEST,
     MITIGATION_DEFAULTS,
     MITIGATION_NUMBERS,
+    RunCreate,
     temperature_problem,
 )
 from vantage.client.sender import server_url_problem
@@ -168,12 +170,28 @@ class TrainConfig:
             raise ValueError("task jsonl needs data_path (a GSM8K-format JSONL file)")
         if self.model_source in ("hf", "gguf") and not self.model_path:
             raise ValueError(f"model_source {self.model_source} needs model_path")
+        self._validate_identity()
         # a server that is no URL trained unmonitored into a spool, said only at the end
         if self.server not in (None, "none") and (problem := server_url_problem(self.server)):
             raise ValueError(
                 f"{problem} (config server, else VANTAGE_SERVER); give one such as "
                 "http://127.0.0.1:8000, or none to train unmonitored"
             )
+
+    def _validate_identity(self) -> None:
+        """The run's name, project and id as the server takes them: one it would refuse turned
+        monitoring off for the whole run, with no spool to sync later (a trial)."""
+        try:
+            RunCreate(name=self.run_name, project=self.project, run_id=self.run_id)
+        except ValidationError as exc:
+            config_name = {"name": "run_name"}
+            raise ValueError(
+                "; ".join(
+                    f"{config_name.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}"
+                    for e in exc.errors()
+                )
+                + " (as the Vantage server takes it)"
+            ) from None
 
     def _validate_shapes(self) -> None:
         """The checks that torch or transformers would otherwise make later, with a traceback

@@ -85,6 +85,11 @@ def _check_resumable(cfg: TrainConfig, saved: dict[str, Any] | None, output_dir:
         for name in RESUME_FIELDS
         if name in saved and saved[name] != getattr(cfg, name)
     ]
+    # the server fixes a run's project (409 for another): the relaunch trained into a spool
+    # that no `vantage sync` could upload (a trial). Left out, the run keeps its own.
+    if cfg.project is not None and "project" in saved and saved["project"] != cfg.project:
+        was, now = saved["project"], cfg.project
+        diffs.append(f"project {was!r}, here {now!r}: a run's project is fixed, leave it out")
     if diffs:
         raise ValueError(
             f"{output_dir} holds the checkpoint of another config ({'; '.join(diffs)}); give "

@@ -210,3 +210,16 @@ def test_an_override_given_twice_or_a_server_that_is_no_url_is_refused(monkeypat
         load_config("arith-tiny")
     assert load_config("arith-tiny", ["server=none"]).server == "none"
     assert load_config("arith-tiny", ["server=http://127.0.0.1:8000"]).server.startswith("http")
+
+
+def test_a_run_identity_the_server_would_refuse_is_refused_before_training():
+    """A 300-character project turned monitoring off for the whole run, with no spool to sync
+    (a trial): the config now refuses it, naming the field."""
+    for field, value in (
+        ("project", "p" * 300),
+        ("run_name", "n" * 230),
+        ("run_id", "i" * 300),
+        ("run_name", "two\nlines"),
+    ):
+        with pytest.raises(ValueError, match=rf"^{field}: .*\(as the Vantage server takes it\)"):
+            TrainConfig(server="none", **{field: value})

@@ -189,6 +189,12 @@ def test_resume_continues_exactly(warm_policy, tmp_path):
     with pytest.raises(ValueError, match=r"checkpoint of another config \(group_size 4, here 3\)"):
         setup(other)
     assert (tmp_path / "split" / "config.json").read_text() == config_json
+    # so is another project (the server answers 409, and the launch trained into a spool that
+    # no sync could upload: a trial); left out, the run keeps its own
+    moved = small_config(tmp_path / "split", steps=6, **common, project="elsewhere")
+    with pytest.raises(ValueError, match=r"project None, here 'elsewhere': a run's project is"):
+        setup(moved)
+    assert (tmp_path / "split" / "config.json").read_text() == config_json
 
 
 def test_aapo_reference_is_the_step0_policy(warm_policy, tmp_path):

@@ -123,6 +123,30 @@ def _local_checkpoint(key: str, where: str) -> Path:
     return path
 
 
+def _gguf_file(model_path: str, gguf_file: str | None) -> Path:
+    """The GGUF file that ``model_path`` names: a .gguf file, or a folder holding one
+    (``gguf_file``, else its first .gguf by name). Raises FileNotFoundError naming the field
+    when there is none (a missing path was a transformers traceback pointing at the Hub, a
+    folder without one a bare StopIteration: a trial)."""
+    path = Path(model_path).expanduser()
+    if path.is_dir():
+        if gguf_file:
+            path = path / gguf_file
+            if not path.is_file():
+                raise FileNotFoundError(f"gguf_file: {path} is not a file")
+            return path
+        found = sorted(path.glob("*.gguf"))
+        if not found:
+            raise FileNotFoundError(f"model_path: the folder {path} holds no .gguf file")
+        return found[0]
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"model_path: {path} is neither a .gguf file nor a folder holding one; nothing is "
+            "downloaded"
+        )
+    return path
+
+
 def load_policy(config: TrainConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The policy and its tokenizer as ``config`` names them (init_checkpoint wins when set)."""
     dtype = _dtype(config)
@@ -144,9 +168,7 @@ def load_policy(config: TrainConfig) -> tuple[PreTrainedModel, PreTrainedTokeniz
         if config.model_source == "smollm2" and not config.model_path:
             path = smollm2_gguf_path()
         else:
-            path = Path(config.model_path)  # type: ignore[arg-type]
-            if path.is_dir():
-                path = path / (config.gguf_file or next(p.name for p in path.glob("*.gguf")))
+            path = _gguf_file(config.model_path, config.gguf_file)  # type: ignore[arg-type]
         log.info("loading GGUF %s (dequantised to %s)", path, dtype)
         tokenizer = AutoTokenizer.from_pretrained(
             path.parent, gguf_file=path.name, local_files_only=True

@@ -182,3 +182,16 @@ def test_gguf_source_from_a_file_or_its_folder(tmp_path):
     assert next(model.parameters()).dtype == torch.float32  # dequantised on load
     model.save_pretrained(tmp_path)  # no longer marked quantized: checkpoints work
     assert tok.apply_chat_template([{"role": "user", "content": "1+1?"}], tokenize=False)
+
+
+def test_a_gguf_path_without_a_gguf_file_is_one_line_naming_the_field(tmp_path):
+    """A missing path gave transformers' traceback pointing at the Hub; a folder without a .gguf
+    a bare StopIteration (a trial)."""
+    for path, said in (
+        (tmp_path / "missing.gguf", "model_path: .* is neither a .gguf file nor a folder"),
+        (tmp_path, "model_path: the folder .* holds no .gguf file"),
+    ):
+        with pytest.raises(FileNotFoundError, match=said):
+            load_policy(TrainConfig(model_source="gguf", model_path=str(path)))
+    with pytest.raises(FileNotFoundError, match="gguf_file: .* is not a file"):
+        load_policy(TrainConfig(model_source="gguf", model_path=str(tmp_path), gguf_file="x.gguf"))

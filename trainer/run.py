@@ -184,6 +184,10 @@ def setup(
     if not cfg.resume and latest_checkpoint(output_dir) is not None and dist.is_main:
         log.warning("resume: false: training starts over, and replaces the checkpoint in %s",
                     output_dir)  # fmt: skip
+    elif checkpoint is None and cfg.resume and dist.is_main:
+        # output_dir is relative to the folder launched from: a relaunch from another folder
+        # started a new run without a word (a trial)
+        log.info("no checkpoint in %s: a new run starts there", output_dir.resolve())
     state: dict[str, Any] = {}
     if checkpoint is not None:
         state = torch.load(checkpoint / "state.pt", weights_only=False)

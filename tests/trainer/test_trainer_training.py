@@ -343,9 +343,14 @@ def test_a_resume_takes_the_settings_changed_since_the_checkpoint(tmp_path, capl
     caplog.set_level("INFO", logger="vantage.trainer")
     first = train(small_config(tmp_path, steps=2, lr=1e-3, temperature=1.0), [])
     assert first["history"][-1]["lr"] == pytest.approx(1e-3)
+    # where a launch starts is said (output_dir is relative to the folder launched from)
+    assert (
+        f"no checkpoint in {Path(first['output_dir']).resolve()}: a new run starts" in caplog.text
+    )
+    assert "resuming from" not in caplog.text
     later = small_config(tmp_path, steps=4, lr=2e-4, mitigation="avspo", temperature=1.0)
     resumed = train(later, [])
-    assert resumed["start_step"] == 2
+    assert resumed["start_step"] == 2 and "resuming from" in caplog.text
     assert [r["lr"] for r in resumed["history"]] == pytest.approx([2e-4, 2e-4])
     assert resumed["mitigation"] == "avspo"
     assert "lr 0.001 → 0.0002; mitigation 'none' → 'avspo'" in caplog.text

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import TrainConfig
 from .rewards import extract_answer
+
+log = logging.getLogger("vantage.trainer")
 
 __all__ = ["Problem", "Task", "ArithmeticTask", "ListTask", "load_task", "read_gsm8k_jsonl"]
 
@@ -60,6 +63,13 @@ class ArithmeticTask(Task):
             unique[p.question] = p
         self.eval_problems = list(unique.values())
         self._excluded = set(unique) if space >= 2 * len(unique) else set()
+        if not self._excluded:  # it was silent (a trial): the accuracy is then on training data
+            log.warning(
+                "the evaluation set is not held out: %d distinct problems (arith_max_operand %d, "
+                "arith_terms %d, arith_operators %r) are fewer than twice eval_size (%d), so "
+                "training draws from the %d evaluation problems too",
+                space, max_operand, terms, operators, eval_size, len(unique),
+            )  # fmt: skip
 
     def _draw(self, rng: random.Random) -> Problem:
         parts = [str(rng.randint(0, self.max_operand))]
@@ -135,7 +145,21 @@ def _reasoning_gym(config: TrainConfig) -> ListTask:
         )
         for i, row in enumerate(data)
     ]
-    return ListTask(problems[config.eval_size :], problems[: config.eval_size])
+    n_eval = _held_out(config.eval_size, len(problems))
+    return ListTask(problems[n_eval:], problems[:n_eval])
+
+
+def _held_out(eval_size: int, n_rows: int) -> int:
+    """How many of ``n_rows`` problems to hold out for evaluation: ``eval_size``, at most half
+    of them (said when it is fewer: it was silent, and all of a reasoning-gym set left nothing to
+    train on)."""
+    n_eval = min(eval_size, n_rows // 2)
+    if n_eval < eval_size:
+        log.warning(
+            "eval_size %d: %d of the %d problems are held out for evaluation (at most half)",
+            eval_size, n_eval, n_rows,
+        )  # fmt: skip
+    return n_eval
 
 
 def load_task(config: TrainConfig) -> Task:
@@ -153,6 +177,6 @@ def load_task(config: TrainConfig) -> Task:
         rows = read_gsm8k_jsonl(config.data_path, config.prompt_template)  # type: ignore[arg-type]
         if config.eval_data_path:
             return ListTask(rows, read_gsm8k_jsonl(config.eval_data_path, config.prompt_template))
-        n_eval = min(config.eval_size, len(rows) // 2)
+        n_eval = _held_out(config.eval_size, len(rows))
         return ListTask(rows[: len(rows) - n_eval], rows[len(rows) - n_eval :])
     return _reasoning_gym(config)

@@ -54,6 +54,22 @@ def test_arithmetic_is_seeded_with_a_difficulty_knob():
     assert any(int(p.answer) > 1000 for p in hard.sample(50, random.Random(0)))
 
 
+def test_an_evaluation_set_that_cannot_be_held_out_is_said(tmp_path, caplog):
+    """eval_size 500 of the 441 a+b problems up to 20 evaluated on the training set, silently
+    (a trial)."""
+    caplog.set_level("WARNING", logger="vantage.trainer")
+    ArithmeticTask(max_operand=20, seed=0, eval_size=100)  # 441 >= 2 * 100: held out
+    assert "not held out" not in caplog.text
+    ArithmeticTask(max_operand=20, seed=0, eval_size=500)
+    assert "the evaluation set is not held out: 441 distinct problems" in caplog.text
+    path = tmp_path / "gsm.jsonl"
+    rows = [{"question": f"{i}+1?", "answer": f"#### {i + 1}"} for i in range(10)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    task = load_task(TrainConfig(task="jsonl", data_path=str(path), eval_size=8))
+    assert len(task.eval_problems) == 5 and len(task.train) == 5
+    assert "eval_size 8: 5 of the 10 problems are held out" in caplog.text
+
+
 def test_gsm8k_jsonl(tmp_path):
     path = tmp_path / "gsm.jsonl"
     rows = [

@@ -999,7 +999,17 @@ class Monitor:
     def _note_failing(self, reply: Reply) -> None:
         """Tell the user when the server has kept failing for a while (training goes on)."""
         lasted = self._outage.failed(time.monotonic())
-        if lasted is not None:
+        if lasted is not None and reply.status in (401, 403):  # it answers: it refuses the key
+            log.warning(
+                "vantage: server %s has refused the API key for %.0f s (%s); training goes on, "
+                "and %d group(s) wait in the spool %s (vantage sync --api-key sends them)",
+                self.server,
+                lasted,
+                reply.error,
+                self.spooled_groups + self._queued,
+                self.spool_path,
+            )
+        elif lasted is not None:
             log.warning(
                 "vantage: server %s has failed for %.0f s (last error: %s); training goes on, "
                 "and %d group(s) wait in the spool %s until it answers",

@@ -96,13 +96,17 @@ def set_mitigation(trainer: GRPOTrainer, params: dict[str, Any]) -> str:
             f"AAPO delta_low {new.delta_low} would exceed delta_high {new.delta_high}; "
             "send both to move the range"
         )
-    if "tau" in params:
-        trainer.avspo_state.tau = float(params.pop("tau"))
+    tau = float(params.pop("tau")) if "tau" in params else None
     if mode == "aapo":
         trainer.ensure_reference()  # fail now, with a reason, rather than mid-step
     trainer.mitigation = new
+    said = _described(new)
+    if tau is not None:  # after the last check: a rejected command changes nothing
+        trainer.avspo_state.tau = tau
+    if tau is not None or (new.mode == "avspo" and new.threshold == "adaptive"):
+        said += f" tau={trainer.avspo_state.tau}"  # the ack left it out (a trial)
     ignored = f"; ignored {sorted(params)}" if params else ""
-    return f"mitigation {_described(new)}{ignored}"
+    return f"mitigation {said}{ignored}"
 
 
 def _described(m: Mitigation) -> str:

@@ -403,7 +403,8 @@ class GRPOTrainer:
             except (ValueError, TypeError, KeyError, RuntimeError, OSError) as exc:
                 status, detail = "rejected", str(exc)
             source = command.command_id.split("-", 1)[0] if command.local else "the server"
-            log.info(
+            log.log(  # a rejection is worth a warning: someone asked for something not done
+                logging.INFO if status == "applied" else logging.WARNING,
                 "command %s from %s %s at step %d: %s",
                 command.type,
                 source,

@@ -784,7 +784,7 @@ def test_close_says_when_only_the_runs_end_is_left(tmp_path: Path, caplog):
         srv.stop()
 
 
-def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path, caplog):
+def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path, caplog, monkeypatch):
     """A 401 refuses the key, not the batch: the batch stays in the spool (flush() is False),
     and `vantage sync` with a good key uploads it. It was a dead letter that nothing resent,
     while flush() said True (found by a fresh-user trial)."""
@@ -794,6 +794,9 @@ def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path, capl
     run_cli("db", "upgrade", "--database-url", url)
     temp, good = create_key(url, "ingest,read", "temp"), create_key(url, "ingest,read", "good")
     srv = start_server(url, tmp_path)
+    from vantage.client import monitor as monitor_module
+
+    monkeypatch.setattr(monitor_module, "OUTAGE_WARN_S", 0.5)
     try:
         mon = Monitor(srv.url, temp, run_name="revoked", spool_dir=tmp_path / "spool")
         mon.log_groups(1, [[0, 1]])
@@ -802,6 +805,10 @@ def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path, capl
         mon.log_groups(2, [[0, 1]])
         mon.log_groups(3, [[1, 1]])
         assert not mon.flush(3)
+        # the server answers: it refuses the key, it has not "failed" (a trial)
+        lasting = [r.getMessage() for r in caplog.records if " for " in r.getMessage()]
+        assert any("has refused the API key for" in m for m in lasting), lasting
+        assert not any("has failed for" in m for m in lasting), lasting
         assert mon.dead_letter_batches == 0 and mon.spooled_groups == 2
         t0 = time.monotonic()
         mon.close(timeout=60)

@@ -9,6 +9,8 @@ import pytest
 import torch
 from trainer_helpers import RecordingMonitor, small_config
 from vantage.client.acr import summarize_rewards
+from vantage.trainer.commands import apply_command
+from vantage.trainer.monitoring import Command
 from vantage.trainer.run import fit, setup, train
 
 
@@ -219,7 +221,8 @@ def test_aapo_reference_is_the_step0_policy(warm_policy, tmp_path):
     assert not (tmp_path / "files" / "reference").exists()
 
 
-def test_set_mitigation_aapo_mid_run_and_kl(warm_policy, tmp_path):
+def test_set_mitigation_aapo_mid_run_and_kl(warm_policy, tmp_path, caplog):
+    caplog.set_level("INFO", logger="vantage.trainer")
     trainer = setup(
         small_config(tmp_path / "run", init_checkpoint=warm_policy, steps=3, kl_beta=0.1)
     )
@@ -244,6 +247,19 @@ def test_set_mitigation_aapo_mid_run_and_kl(warm_policy, tmp_path):
     rejected = summary["commands"][1]
     assert rejected["status"] == "rejected" and "would exceed delta_high 0.3" in rejected["detail"]
     assert (trainer.mitigation.delta_low, trainer.mitigation.delta_high) == (-0.2, 0.3)
+    # a rejection is a warning (it was INFO, lost among the step lines: a trial)
+    levels = {r.getMessage().split(" at step")[0][-8:]: r.levelname for r in caplog.records
+              if r.getMessage().startswith("command set_mitigation")}  # fmt: skip
+    assert levels == {" applied": "INFO", "rejected": "WARNING"}, levels
+    # the ack says the tau it set (a trial's adaptive AVSPO ack left it out); a rejected
+    # command sets none of it
+    detail = apply_command(trainer, Command("t1", "set_mitigation", {"mode": "avspo", "tau": 0.3}))
+    assert detail.endswith(" tau=0.3") and trainer.avspo_state.tau == 0.3
+    with pytest.raises(ValueError):
+        apply_command(
+            trainer, Command("t2", "set_mitigation", {"mode": "aapo", "tau": 0.9, "delta_low": 0.5})
+        )
+    assert trainer.avspo_state.tau == 0.3
 
 
 def test_clip_bites_with_several_updates(warm_policy, tmp_path):

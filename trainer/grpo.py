@@ -335,18 +335,27 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ evaluation
 
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Greedy accuracy on the held-out problems (each rank takes a shard; summed)."""
+    def evaluate(self) -> float | None:
+        """Greedy accuracy on the held-out problems (each rank takes a shard; summed), or None
+        when a signal cut it short: a large evaluation went on for 78 s after SIGTERM, past a
+        scheduler's grace (a trial)."""
         problems = self.task.eval_problems[self.dist.rank :: self.dist.world_size]
         correct = 0.0
         sampler = HFBackend(self.tokenizer, self.config.chat_template)
         for i in range(0, len(problems), 64):
+            if self.stop_signal is not None:
+                problems = []  # every rank still takes part in the sum below
+                break
             chunk = problems[i : i + 64]
             out = sampler.generate(
                 self.policy, [p.question for p in chunk], 1, 0.0, 1.0, self.config.max_new_tokens
             )
             correct += float((self.score(out.texts, chunk) == self.config.reward_max).sum())
-        total_correct, total = self.dist.sum([correct, float(len(problems))])
+        total_correct, total, cut = self.dist.sum(
+            [correct, float(len(problems)), float(self.stop_signal is not None and not problems)]
+        )
+        if cut:
+            return None
         return total_correct / total if total else 0.0
 
     # ------------------------------------------------------------------ commands

@@ -305,12 +305,15 @@ def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     failed = True
     with _stop_on_signals(trainer):
         try:
-            evals.append((trainer.step, trainer.evaluate()))
+            if (accuracy := trainer.evaluate()) is not None:  # None: a signal cut it short
+                evals.append((trainer.step, accuracy))
             commands += trainer.apply_commands()  # commands waiting before the first step
             commands += _train_steps(trainer, evals)
-            if trainer.stop_signal is None and evals[-1][0] != trainer.step:
-                evals.append((trainer.step, trainer.evaluate()))
-                trainer.monitor.log_scalars(trainer.step, {"eval_accuracy": evals[-1][1]})
+            last = evals[-1][0] if evals else None
+            final = trainer.stop_signal is None and last != trainer.step
+            if final and (accuracy := trainer.evaluate()) is not None:
+                evals.append((trainer.step, accuracy))
+                trainer.monitor.log_scalars(trainer.step, {"eval_accuracy": accuracy})
             checkpoint = _checkpoint(trainer)
             elapsed = time.perf_counter() - start_time  # not the Monitor's wait at close
             failed = trainer.stop_signal is not None  # interrupted (a relaunch resumes it)
@@ -349,9 +352,10 @@ def _train_steps(trainer: GRPOTrainer, evals: list[tuple[int, float]]) -> list[d
     while trainer.step < cfg.steps and not trainer.stop_requested:
         record = trainer.train_step()
         if cfg.eval_every and trainer.step % cfg.eval_every == 0:
-            record["eval_accuracy"] = trainer.evaluate()
-            evals.append((trainer.step, record["eval_accuracy"]))
-            trainer.monitor.log_scalars(trainer.step, {"eval_accuracy": record["eval_accuracy"]})
+            record["eval_accuracy"] = accuracy = trainer.evaluate()
+            if accuracy is not None:  # None: a signal cut it short
+                evals.append((trainer.step, accuracy))
+                trainer.monitor.log_scalars(trainer.step, {"eval_accuracy": accuracy})
         for hook in trainer.hooks:
             hook(trainer, record)
         mode = trainer.mitigation.mode  # this step's: a command applied now acts from the next
@@ -403,8 +407,10 @@ def _stop_on_signals(trainer: GRPOTrainer) -> Iterator[None]:
         if trainer.stop_signal is None:
             trainer.stop_signal = signum
             name = signal.Signals(signum).name
-            log.warning("%s: stopping after step %d with a checkpoint (again to quit now)",
-                        name, trainer.step + 1)  # fmt: skip
+            # at the next step boundary: after the step under way, or before the first one
+            # (the evaluation before it is cut short; it said "after step 1": a trial)
+            log.warning("%s: stopping at the next step boundary with a checkpoint (again to "
+                        "quit now)", name)  # fmt: skip
             if trainer.dist.is_main:
                 trainer.submit_command("stop", source=name)
 

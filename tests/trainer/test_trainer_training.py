@@ -318,6 +318,35 @@ def test_a_signal_stops_at_the_next_step_with_a_checkpoint(warm_policy, tmp_path
     assert resumed["start_step"] == 2 and not resumed["terminated"]
 
 
+def test_a_signal_during_the_first_evaluation_cuts_it_short(warm_policy, tmp_path, monkeypatch):
+    """SIGTERM during a large evaluation before the first step: it went on for 78 s, past a
+    scheduler's grace, and said "stopping after step 1" (a trial). The evaluation now stops at
+    its next chunk, the run at step 0 with a checkpoint."""
+    import os
+    import signal
+
+    from vantage.trainer import grpo
+
+    calls = []
+    generate = grpo.HFBackend.generate
+
+    def signalled(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(grpo.HFBackend, "generate", signalled)
+    cfg = small_config(
+        tmp_path, init_checkpoint=warm_policy, steps=3, eval_size=256, arith_max_operand=50
+    )
+    summary = train(cfg, [])
+    assert len(calls) <= 2  # of the 4 chunks of 64
+    assert summary["terminated"] and summary["signal"] == "SIGTERM"
+    assert summary["steps_completed"] == 0 and summary["accuracy_start"] is None
+    assert Path(summary["checkpoint"]).exists()
+
+
 def test_diverged_weights_end_with_one_line_not_a_traceback(tmp_path, capsys):
     """lr=1e9 ended in torch's "probability tensor contains inf/nan" traceback (a trial)."""
     import yaml

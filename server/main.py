@@ -24,6 +24,8 @@ from .routes import EXTRA_SCHEMAS, acr, commands, health, ingest, metrics, plain
 from .routes import alerts as alert_routes
 from .settings import Settings
 
+log = logging.getLogger("vantage.server")
+
 
 def _error(msg: str, loc: list | None = None, kind: str = "value_error") -> dict:
     """One entry of a 422's ``detail``, shaped as pydantic's validation errors are."""
@@ -44,8 +46,6 @@ async def _data_error(request: Request, exc: DataError) -> JSONResponse:
     error = _error(f"the database refused a value: {reason}", kind="database_refused")
     return JSONResponse({"detail": [error]}, status_code=422)
 
-
-log = logging.getLogger("vantage.server")
 
 # Retry-After of a 503 whose cause is the database: the client's sender waits that long
 DATABASE_RETRY_AFTER_S = 5

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 from urllib.parse import parse_qs, quote
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+from vantage.server.db import UNAVAILABLE
 
 from . import context
+
+log = logging.getLogger("vantage.dashboard")
+DATABASE_RETRY_AFTER_S = 5
 
 PREFIX = "/dashboard"
 # Static files carry no data: Dash's JavaScript bundles and our CSS.
@@ -56,9 +61,13 @@ class DashboardGate:
         ):
             await self.app(scope, receive, send)
             return
-        info = await _run_sync(context.key_info, _cookie(scope), scope.get("app"))
+        try:
+            info = await _run_sync(context.key_info, _cookie(scope), scope.get("app"))
+        except UNAVAILABLE as exc:
+            await _database_unavailable(scope, receive, send, exc)
+            return
         if context.can(info, "read"):
-            await self.app(scope, receive, send)
+            await _serve(self.app, scope, receive, send)
             return
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})  # policy violation
@@ -71,6 +80,37 @@ class DashboardGate:
             target = path + ("?" + query if query else "")
             response = RedirectResponse(f"{PREFIX}/login?next={quote(target)}", 303)
         await response(scope, receive, send)
+
+
+async def _serve(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """``app``, with a database that cannot be reached answered as `_database_unavailable`
+    while no response has started (a page, a callback or an export reading it)."""
+    started = False
+
+    async def tracked(message: dict) -> None:
+        nonlocal started
+        started = started or message["type"] == "http.response.start"
+        await send(message)
+
+    try:
+        await app(scope, receive, tracked)
+    except UNAVAILABLE as exc:
+        if started or scope["type"] != "http":
+            raise
+        await _database_unavailable(scope, receive, send, exc)
+
+
+async def _database_unavailable(scope: Scope, receive: Receive, send: Send, exc: Exception) -> None:
+    """503 with Retry-After and one log line, as the API answers (an open page's live updates
+    got plain-text 500s and logged a traceback each, every 2 s: a trial); the page keeps its
+    numbers and says they are old until the database is back."""
+    log.warning("%s: database unavailable: %s", scope.get("path"), type(exc).__name__)
+    headers = {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
+    detail = "the database is unavailable or busy; try again shortly"
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1013})  # try again later
+        return
+    await JSONResponse({"detail": detail}, 503, headers=headers)(scope, receive, send)
 
 
 async def _run_sync(func, *args):

@@ -192,6 +192,10 @@ def setup(
     if checkpoint is not None:
         state = torch.load(checkpoint / "state.pt", weights_only=False)
         _check_resumable(cfg, state.get("config"), output_dir)
+        # left out, the run keeps its project, as the server does: a resume without it wrote
+        # None into the checkpoint, and the next resume naming it was refused (a trial)
+        if cfg.project is None and (state.get("config") or {}).get("project") is not None:
+            cfg.project = state["config"]["project"]
     if dist.is_main:
         try:  # before any model loads: an unusable folder is said at once, in one line
             output_dir.mkdir(parents=True, exist_ok=True)

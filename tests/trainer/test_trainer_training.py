@@ -199,6 +199,17 @@ def test_resume_continues_exactly(warm_policy, tmp_path):
     assert (tmp_path / "split" / "config.json").read_text() == config_json
 
 
+def test_a_resume_that_leaves_the_project_out_keeps_it(warm_policy, tmp_path):
+    """It wrote None into the checkpoint, and the next resume naming the project was refused
+    as "another config" (a trial)."""
+    common = {"init_checkpoint": warm_policy, "project": "pA"}
+    train(small_config(tmp_path, steps=1, **common))
+    kept = train(small_config(tmp_path, steps=2, init_checkpoint=warm_policy))
+    assert kept["start_step"] == 1
+    assert json.loads((tmp_path / "config.json").read_text())["project"] == "pA"
+    assert train(small_config(tmp_path, steps=3, **common))["start_step"] == 2
+
+
 def test_aapo_reference_is_the_step0_policy(warm_policy, tmp_path):
     # with SFT the step-0 policy is a snapshot saved with the run
     trainer = setup(

@@ -717,6 +717,12 @@ def _check_mitigation_params(params: dict[str, Any]) -> None:
     for key in ("threshold", "variant"):
         if key in params and params[key] not in AVSPO_THRESHOLDS:
             raise ValueError(f"set_mitigation {key} must be one of {list(AVSPO_THRESHOLDS)}")
+    if "threshold" in params and "variant" in params and params["threshold"] != params["variant"]:
+        # one name for one setting: the trainer applied the threshold and dropped the variant
+        raise ValueError(
+            "set_mitigation threshold and variant name one setting; they differ "
+            f"({params['threshold']!r}, {params['variant']!r}): send one"
+        )
     for key, (low, high, above) in MITIGATION_NUMBERS.items():
         v = params.get(key)
         if key not in params:

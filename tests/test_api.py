@@ -1142,6 +1142,12 @@ def test_a_compressed_body_gets_415_naming_its_encoding(api):
             "must not exceed",
         ),
         ("set_mitigation", {"mode": "avspo", "threshold": "sometimes"}, "threshold must be one of"),
+        # one setting under two names: the trainer applied the threshold silently (a trial)
+        (
+            "set_mitigation",
+            {"mode": "avspo", "threshold": "fixed", "variant": "adaptive"},
+            "threshold and variant name one setting",
+        ),
         ("set_mitigation", {"mode": "avspo", "beta": 1}, "unknown ['beta']"),
         ("set_sampling", {"temperature": 0.5, "top_p": 2}, "unknown ['top_p']"),
         # 1e-50 was stored and applied, and failed the run with NaN weights (a trial)

@@ -107,14 +107,33 @@ def text(max_length: int, min_length: int = 0) -> Any:
 BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
+# Control characters and the Unicode line and paragraph separators: they break a name's one line
+# wherever it is shown (keys list, chat messages, the dashboard), and key names refuse them.
+_LINE_BREAKING = ("Cc", "Zl", "Zp")
+
+
+def _one_line(text: str) -> str:
+    if any(unicodedata.category(c) in _LINE_BREAKING for c in text):
+        raise ValueError("cannot hold control characters (line breaks, tabs, bells)")
+    return text
+
+
 def _plain_name(text: str) -> str:
     if not text.strip():
         raise ValueError("a name needs a visible character, not only spaces")
     if not BIDI_CONTROLS.isdisjoint(text):
         raise ValueError("a name cannot hold bidirectional control characters (U+202A-E, U+2066-9)")
-    if any(unicodedata.category(c) == "Cc" for c in text):  # as key names (a trial)
-        raise ValueError("a name cannot hold control characters (line breaks, tabs, bells)")
-    return text
+    try:
+        return _one_line(text)
+    except ValueError as exc:  # as key names (a trial)
+        raise ValueError(f"a name {exc}") from None
+
+
+def label(max_length: int) -> Any:
+    """`text` of at most ``max_length`` characters on one line (a project, a tag): no control
+    characters, which a project key's name refuses (a run of project "a\tb" could never get
+    one: a trial)."""
+    return Annotated[text(max_length), AfterValidator(_one_line)]
 
 
 Name = Annotated[text(200, 1), AfterValidator(_plain_name)]
@@ -466,7 +485,7 @@ class RunCreate(_RewardBounds):
     newer ones (`vantage sync` of a spool from before a relaunch)."""
     name: Name | None = None
     """Display name: required for a new run (DESIGN.md §4); a known run keeps its own."""
-    project: Annotated[text(200) | None, BeforeValidator(_blank_is_none)] = None
+    project: Annotated[label(200) | None, BeforeValidator(_blank_is_none)] = None
     """Groups runs; keys and alert rules can be limited to a project. A blank one is none (an
     empty `$PROJECT` made a project "" of its own, apart from runs without one)."""
     config: ConfigJSON = None
@@ -479,7 +498,7 @@ class RunCreate(_RewardBounds):
     """Ranks that send data."""
     heartbeat_s: Annotated[float, Strict(), Field(gt=0, le=86_400, allow_inf_nan=False)] = 10.0
     """Seconds between heartbeats; the run is stale after 3 × this without data or heartbeat."""
-    tags: list[text(100)] = Field(default_factory=list, max_length=50)
+    tags: list[label(100)] = Field(default_factory=list, max_length=50)
     """Free labels."""
 
 
@@ -488,7 +507,7 @@ class RunPatch(_Strict):
 
     name: Name | None = None
     """Display name."""
-    tags: list[text(100)] | None = Field(default=None, max_length=50)
+    tags: list[label(100)] | None = Field(default=None, max_length=50)
     """Free labels (replaces the list)."""
     notes: text(10_000) | None = None
     """Free text shown on the run page."""

@@ -23,7 +23,7 @@ from pydantic import (
 )
 from sqlalchemy import ColumnElement, and_, or_, select, true
 from sqlalchemy.orm import Session
-from vantage.client.schema import Name, Split, text, validate_command_params
+from vantage.client.schema import Name, Split, label, text, validate_command_params
 
 from .alert_metrics import check_metric
 from .alert_models import AlertRule, AlertState, Silence
@@ -91,7 +91,7 @@ class RulePatch(BaseModel):
     """Unique among the rules of the same run_id and project."""
     run_id: text(64) | None = None
     """Only this run (with neither run_id nor project: every run)."""
-    project: text(200) | None = None
+    project: label(200) | None = None
     """Only this project's runs."""
     metric: text(200, 1) | None = None
     """A step metric (acr, acr_all_pass, ...), a window metric (acr_ema, acr_100, acr_volatility,

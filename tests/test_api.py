@@ -1070,9 +1070,16 @@ def test_a_blank_or_bidi_spoofed_run_name_is_refused(api):
     r = api.post("/api/v1/runs", json={"name": "rtl \u202e gnp.exe"})  # reads "rtl exe.png"
     assert r.status_code == 422 and "bidirectional control" in r.text, r.text
     assert api.post("/api/v1/runs", json={"name": "עברית run"}).status_code == 201
-    for name in ("a\u0007b", "two\nlines", "a\tb", "a\x85b"):  # as key names (a trial)
+    for name in ("a\u0007b", "two\nlines", "a\tb", "a\x85b", "a\u2028b"):  # as key names
         r = api.post("/api/v1/runs", json={"name": name})
         assert r.status_code == 422 and "control characters" in r.text, (name, r.text)
+    # a project or tag too (no key could be made for a run of project "a\tb": a trial)
+    for body in ({"project": "p\nq"}, {"tags": ["t\u0007"]}):
+        r = api.post("/api/v1/runs", json={"name": "x", **body})
+        assert r.status_code == 422 and "control characters" in r.text, (body, r.text)
+    rule = {"name": "r", "metric": "acr", "op": ">", "threshold": 0.5, "project": "a\tb"}
+    r = api.post("/api/v1/alert-rules", json=rule)
+    assert r.status_code == 422 and "control characters" in r.text, r.text
     run = new_run(api)
     r = api.patch(f"/api/v1/runs/{run['run_id']}", json={"name": "x\ny"})
     assert r.status_code == 422 and "control characters" in r.text, r.text

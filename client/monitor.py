@@ -332,6 +332,7 @@ class Monitor:
         self._deadline = float("inf")
         self._finish_status: str | None = None
         self._finish_sent = False  # the server confirmed the run's end (set by the sender)
+        self._told_newest: int | None = None  # the newer attempt a warning named
         self._closed = False
         self._abandon = False
         self._progress = False
@@ -985,9 +986,14 @@ class Monitor:
         this process still trains): its steps are kept, but the newer attempt's win wherever
         both sent a step, and commands go to the newer attempt only."""
         newest = answer.get("newest_attempt")
-        if isinstance(newest, int) and self.attempt is not None and newest > self.attempt:
-            self._warn(
-                "superseded",
+        if (
+            isinstance(newest, int)
+            and self.attempt is not None
+            and newest > self.attempt
+            and newest != self._told_newest  # once per relaunch (it said so every second)
+        ):
+            self._told_newest = newest
+            log.warning(
                 "vantage: run %s was launched again (attempt %d) while this process, attempt "
                 "%d, still sends; the newer attempt's steps win where both send one, and "
                 "commands go to it only: stop this process if the relaunch replaces it",

@@ -239,7 +239,7 @@ def must_redo(exc: BaseException) -> bool:
     return getattr(getattr(exc, "orig", None), "sqlstate", None) in ("40P01", "55P03")
 
 
-def redo_on_lock_conflict(session: Session, work: Callable[[], T], tries: int = 5) -> T:
+def redo_on_lock_conflict(session: Session, work: Callable[[], T], tries: int = 10) -> T:
     """``work()`` (a transaction that commits), done again up to ``tries`` times in all when
     PostgreSQL ends it as a deadlock's victim or refuses it a lock it asked for without
     waiting (`must_redo`; rare: a transaction that must lock a run it did not foresee). Other

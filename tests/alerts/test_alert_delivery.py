@@ -225,14 +225,16 @@ def test_names_in_the_slack_text_cannot_ping_or_link(fast_server):
     receiver = Receiver()
     try:
         with fast_server.client("all") as api:
-            name = "<!channel> & <http://evil.example|click me>\n\r\tnext line"
+            name = (
+                "<!channel> & <http://evil.example|click me> next line"  # no line breaks: refused
+            )
             run = new_run(api, name=name)
             make_rule(api, name="r<b>", run_id=run["run_id"], metric="acr", op=">",
                       threshold=0.5, notify=[receiver.url])  # fmt: skip
             post_steps(api, run, [{"step": 1, "groups": [[1, 1]]}])
             (message,) = receiver.wait_for(1)
         assert "<!channel>" not in message["text"] and "<http://evil" not in message["text"]
-        said = "&lt;!channel&gt; &amp; &lt;http://evil.example|click me&gt;   next line"
+        said = "&lt;!channel&gt; &amp; &lt;http://evil.example|click me&gt; next line"
         assert said in message["text"] and "\n" not in message["text"], message["text"]
         assert "r&lt;b&gt;" in message["text"]
         assert message["run_name"] == name and message["rule"] == "r<b>"

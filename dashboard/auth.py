@@ -16,12 +16,11 @@ from urllib.parse import parse_qs, quote
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
-from vantage.server.db import UNAVAILABLE
+from vantage.server.db import UNAVAILABLE, UNAVAILABLE_RETRY_AFTER_S
 
 from . import context
 
 log = logging.getLogger("vantage.dashboard")
-DATABASE_RETRY_AFTER_S = 5
 
 PREFIX = "/dashboard"
 # Static files carry no data: Dash's JavaScript bundles and our CSS.
@@ -105,7 +104,7 @@ async def _database_unavailable(scope: Scope, receive: Receive, send: Send, exc:
     got plain-text 500s and logged a traceback each, every 2 s: a trial); the page keeps its
     numbers and says they are old until the database is back."""
     log.warning("%s: database unavailable: %s", scope.get("path"), type(exc).__name__)
-    headers = {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
+    headers = {"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)}
     detail = "the database is unavailable or busy; try again shortly"
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1013})  # try again later

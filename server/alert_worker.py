@@ -12,6 +12,7 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session
 
 from .alerts import Evaluator
+from .db import first_line
 from .notify import OutboxSender
 from .settings import Settings
 
@@ -93,7 +94,12 @@ class Failing:
             log.exception("%s failed; retrying with back-off", self.what, exc_info=exc)
             self.logged_at = now
         elif now - self.logged_at >= self.MAX_PAUSE_S:
-            log.error("%s still failing (%d times): %s", self.what, self.count, _one_line(exc))
+            log.error(
+                "%s still failing (%d times): %s",
+                self.what,
+                self.count,
+                f"{type(exc).__name__}: {first_line(exc)}",
+            )
             self.logged_at = now
         return min(self.MAX_PAUSE_S, 2.0 ** (self.count - 1))
 
@@ -102,8 +108,3 @@ class Failing:
         if self.count:
             log.warning("%s works again after %d failures", self.what, self.count)
         self.count = 0
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"

@@ -31,6 +31,14 @@ from .settings import hide_passwords
 # What a database that cannot be reached, or is too busy, raises: refused or lost connections, an
 # exhausted pool, a lock or deadlock (the API answers them 503 with Retry-After).
 UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout, DisconnectionError)
+UNAVAILABLE_RETRY_AFTER_S = 5  # the Retry-After of those 503s (API and dashboard)
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line of text, or its type's name when it has none (for one-line logs)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
 
 log = logging.getLogger("vantage.db")
 

@@ -19,7 +19,7 @@ from vantage.client.schema import MAX_REQUEST_BYTES
 
 from . import alerts
 from .alert_worker import AlertWorker
-from .db import UNAVAILABLE, make_engine, session_factory
+from .db import UNAVAILABLE, UNAVAILABLE_RETRY_AFTER_S, first_line, make_engine, session_factory
 from .routes import EXTRA_SCHEMAS, acr, commands, health, ingest, metrics, plain_body_errors, runs
 from .routes import alerts as alert_routes
 from .settings import Settings
@@ -47,33 +47,24 @@ async def _data_error(request: Request, exc: DataError) -> JSONResponse:
     return JSONResponse({"detail": [error]}, status_code=422)
 
 
-# Retry-After of a 503 whose cause is the database: the client's sender waits that long
-DATABASE_RETRY_AFTER_S = 5
-
-
 async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
     """503 with Retry-After for a database that cannot be reached or is too busy (connection
     refused or lost, pool exhausted, a lock or deadlock that outlived the route's redo): a
     condition that passes, where a 500 read as a bug and was plain text (a trial). The answer
     names only the error's type: its text can name hosts and ports."""
-    reason = _one_line(exc)
+    reason = first_line(exc)
     log.warning("%s %s: database unavailable: %s", request.method, request.url.path, reason)
     detail = f"the database is unavailable or busy ({_cause(exc)}); try again shortly"
     return JSONResponse(
         {"detail": detail},
         status_code=503,
-        headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+        headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
     )
 
 
 def _cause(exc: Exception) -> str:
     orig = getattr(exc, "orig", None)
     return type(orig if orig is not None else exc).__name__
-
-
-def _one_line(exc: Exception) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 FASTAPI_BODY_ERROR = "There was an error parsing the body"
@@ -89,7 +80,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
         # FastAPI's answer to a body its JSON parser raised on (not a JSONDecodeError): a 400
         # without a word of why, where ingest's parser answered a 422 json_invalid (a trial)
         cause = exc.__cause__
-        why = "nested too deeply" if isinstance(cause, RecursionError) else _one_line(cause or exc)
+        why = "nested too deeply" if isinstance(cause, RecursionError) else first_line(cause or exc)
         return JSONResponse(
             {"detail": [_error(f"Invalid JSON: {why}", ["body"], "json_invalid")]}, status_code=422
         )

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -343,16 +343,26 @@ def _train_steps(trainer: GRPOTrainer, evals: list[tuple[int, float]]) -> list[d
     evaluation (every ``eval_every``), hooks, commands and checkpoint; returns the commands
     done. Appends to ``evals``."""
     from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
-    cfg, commands = trainer.config, []
+    cfg = trainer.config
+    shown = cfg.progress and trainer.dist.is_main
     bar = tqdm(
         total=cfg.steps,
         initial=trainer.step,
         desc=cfg.run_name,
         unit="step",
-        disable=not (cfg.progress and trainer.dist.is_main),
+        disable=not shown,
         dynamic_ncols=True,
     )
+    # log lines above the bar (tqdm.write): written to the console they went on the bar's line
+    with bar, logging_redirect_tqdm() if shown else nullcontext():
+        return _steps_with_bar(trainer, bar, evals)
+
+
+def _steps_with_bar(trainer: GRPOTrainer, bar: Any, evals: list[tuple[int, float]]) -> list:
+    """The loop of `_train_steps`, updating ``bar`` (a tqdm) after each step."""
+    cfg, commands = trainer.config, []
     while trainer.step < cfg.steps and not trainer.stop_requested:
         record = trainer.train_step()
         if cfg.eval_every and trainer.step % cfg.eval_every == 0:
@@ -373,7 +383,6 @@ def _train_steps(trainer: GRPOTrainer, evals: list[tuple[int, float]]) -> list[d
             refresh=False,
         )
         bar.update(1)
-    bar.close()
     return commands
 
 

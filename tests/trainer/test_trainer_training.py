@@ -530,6 +530,29 @@ def test_the_progress_bar_shows_the_mode_each_step_trained_with(tmp_path, monkey
     assert shown == ["none", "none", "avspo", "avspo"]
 
 
+def test_log_lines_are_not_written_over_the_progress_bar(tmp_path, capsys):
+    """A warning logged while the bar was drawn went on the bar's line ("  50%|#### | 2/4
+    [...]WARNING ..."), and the next redraw overwrote it: a trial."""
+    import logging
+    import sys
+
+    console = logging.StreamHandler(sys.stderr)  # what `vantage train`'s basicConfig adds
+    logging.getLogger().addHandler(console)
+
+    def warn_after_step_2(trainer, record):
+        if trainer.step == 2:
+            logging.getLogger("vantage.test").warning("a line of its own")
+
+    try:
+        train(small_config(tmp_path, steps=4, progress=True), hooks=[warn_after_step_2])
+    finally:
+        logging.getLogger().removeHandler(console)
+    err = capsys.readouterr().err
+    assert "4/4" in err  # the bar was drawn
+    [line] = [ln for ln in err.split("\n") if "a line of its own" in ln]
+    assert line.split("\r")[-1] == "a line of its own", repr(line)
+
+
 def test_a_signal_during_a_finalizer_is_not_lost():
     """An exception raised in a __del__ is printed and dropped by Python: a Ctrl-C that landed
     in one (regex's, while `vantage train` imported) was lost and loading went on (a CI run).

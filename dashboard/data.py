@@ -87,16 +87,29 @@ def run_snapshot(info, run_id: str, max_points: int = 5000) -> dict[str, Any] | 
         if not context.can_see(info, run):
             return None
         metrics = q.run_metrics(s, run_id, max_points=max_points)
-        summary = q.run_summary(s, run_id) or {}
+        reported = q.reported_mitigation_changes(s, run_id)  # kept for the live updates
+        summary = q.run_summary(s, run_id, reported=reported) or {}
         alerts = _alerts(s, run_id, state=None)
         tail = metrics["points"]
         if metrics["downsampled"] and run.get("last_step") is not None:
             tail = q.run_metrics(s, run_id, from_step=run["last_step"] - TAIL_STEPS + 1)["points"]
-    return {"run": run, "metrics": metrics, "summary": summary, "alerts": alerts, "tail": tail}
+    return {
+        "run": run,
+        "metrics": metrics,
+        "summary": summary,
+        "alerts": alerts,
+        "tail": tail,
+        "reported": reported,
+    }
 
 
-def run_since(info, run_id: str, after_step: int | None) -> dict[str, Any] | None:
-    """A live update: the run, the steps after ``after_step``, and what changes rarely."""
+def run_since(
+    info, run_id: str, after_step: int | None, reported: list | None = None
+) -> dict[str, Any] | None:
+    """A live update: the run, the steps after ``after_step``, and what changes rarely.
+    ``reported``: the run's mitigation changes up to ``after_step`` (`run_snapshot`'s, then
+    each update's), extended here with those of the new steps only (the whole run's were one
+    scan of every step at each tick)."""
     q = _queries()
     with context.session() as s:
         run = q.get_run(s, run_id)
@@ -105,8 +118,18 @@ def run_since(info, run_id: str, after_step: int | None) -> dict[str, Any] | Non
         from_step = None if after_step is None else after_step + 1
         points = q.run_metrics(s, run_id, from_step=from_step)["points"]
         alerts = _alerts(s, run_id, state=None)  # for the banner, also without new steps
-        timeline = q.mitigation_timeline(s, run_id) if points else None
-    return {"run": run, "points": points, "alerts": alerts, "timeline": timeline}
+        timeline = None
+        if points:
+            known = [tuple(c) for c in reported or []] if after_step is not None else []
+            reported = known + q.reported_mitigation_changes(s, run_id, after_step)
+            timeline = q.mitigation_timeline(s, run_id, reported=reported)
+    return {
+        "run": run,
+        "points": points,
+        "alerts": alerts,
+        "timeline": timeline,
+        "reported": reported,
+    }
 
 
 def latest_point(run: dict) -> dict | None:

@@ -290,14 +290,22 @@ def mitigation_bands(timeline: Iterable[dict], last_step: int | None) -> list[di
     return bands
 
 
+def _reported(item: dict) -> bool:
+    """Whether a timeline entry is a change the trainer reported that no command made (a
+    mitigation its config started, say)."""
+    return item.get("issued_by") == "trainer" and not item.get("command_id")
+
+
 def _band_label(mode: str, item: dict, width: float, last: bool, n_bands: int) -> str:
     """A mitigation band's label, as long as its ``width`` (a share of the run's steps) has room
     for: the command in full, the mode alone, or nothing (a run that switched often had its
     labels piled on one another); the latest band names at least its mode. The command log
     has every command in full."""
     if width >= 0.2 or n_bands == 1:
+        if _reported(item):
+            return f"{mode.upper()} · reported by the trainer"
         who = _text(item.get("issued_by") or "?")  # "alert:<rule name>": a name is text
-        cid = str(item.get("command_id", ""))[:8]
+        cid = str(item["command_id"])[:8]
         return f"{mode.upper()} · {item.get('status', '')} · cmd {cid} by {who}"
     return mode.upper() if width >= 0.05 or last else ""
 
@@ -636,7 +644,8 @@ def _legend_mitigation(run: dict, changes: Sequence[tuple[int, str, dict]] = ())
         return f"{current or 'none'} → {requested}"
     if not current or current == "none":
         return None
-    if changes and changes[-1][1] == current:
+    started = len(changes) == 1 and _reported(changes[0][2])  # by its config, say
+    if changes and changes[-1][1] == current and not started:
         return f"{current} after step {changes[-1][0]}"
     return current
 

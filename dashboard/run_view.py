@@ -191,6 +191,7 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
     state["last_step"] = points[-1]["step"] if points else None
     state["can_control"] = can_control
     state["timeline"] = summary.get("mitigation_timeline") or []
+    state["reported"] = snap["reported"]  # the live updates add the new steps' changes
     state["attempt_starts"] = figures.attempt_starts(points)  # a new attempt reloads the page
     state["non_finite"] = figures.non_finite_scalar(points)
     state["scalars"] = figures.scalar_names(points)[: figures.MAX_SCALAR_CHARTS]  # charted
@@ -224,7 +225,7 @@ def _new_scalar_chart(state: dict, points: list[dict]) -> bool:
 def live_update(info, run_id: str, state: dict) -> tuple | None:
     """Outputs for one tick: Patches appending the new steps, or no_update where nothing
     changed; a full reload when a new attempt rewrote steps already shown."""
-    update = data.run_since(info, run_id, state.get("last_step"))
+    update = data.run_since(info, run_id, state.get("last_step"), state.get("reported"))
     if update is None:
         return None
     run, points = update["run"], update["points"]
@@ -281,6 +282,7 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
         *figures.mitigation_bands(timeline, new_state["last_step"]),
     ]
     new_state["timeline"] = timeline
+    new_state["reported"] = update["reported"]
     offers = suggestions(run, alerts, new_state)
     new_state["banner_key"] = banner_key(run, alerts, offers)
     return (

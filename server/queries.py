@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from sqlalchemy import BigInteger, bindparam, cast, func, literal, select
+from sqlalchemy import BigInteger, String, bindparam, cast, func, literal, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
@@ -345,14 +345,21 @@ def run_window(
     return window
 
 
-def mitigation_timeline(session: Session, run_id: str) -> list[dict[str, Any]]:
-    """set_mitigation and set_sampling commands in order, with the step they took effect."""
+def mitigation_timeline(
+    session: Session, run_id: str, reported: list[tuple[int, dict]] | None = None
+) -> list[dict[str, Any]]:
+    """set_mitigation and set_sampling commands, with the step they took effect, and the
+    changes of mitigation that the trainer reported but no command explains (a mitigation its
+    config started, a local command, a relaunch with other settings) as entries with no
+    ``command_id``, ``issued_by`` "trainer" and the first step that reported the mode. In step
+    order; commands not yet applied come last, in the order they were issued. ``reported``:
+    the run's `reported_mitigation_changes`, when the caller has them (else they are read)."""
     rows = session.scalars(
         select(Command)
         .where(Command.run_id == run_id, Command.type.in_(("set_mitigation", "set_sampling")))
         .order_by(Command.created_at)
     ).all()
-    return [
+    commands = [
         {
             "command_id": c.id,
             "type": c.type,
@@ -365,6 +372,67 @@ def mitigation_timeline(session: Session, run_id: str) -> list[dict[str, Any]]:
         }
         for c in rows
     ]
+    if reported is None:
+        reported = reported_mitigation_changes(session, run_id)
+    timeline = commands + _unexplained(commands, reported)
+    # a stable sort: commands of one step, and those not applied yet, stay in the order issued
+    timeline.sort(key=lambda e: (e["step"] is None, e["step"] or 0))
+    return timeline
+
+
+def _unexplained(commands: list[dict], reported: list[tuple[int, dict]]) -> list[dict]:
+    """Timeline entries for the reported changes that no applied set_mitigation explains: one
+    acked after step s acts from step s + 1, the first to report it."""
+    applied = {
+        ((c["params"] or {}).get("mode"), c["step"])
+        for c in commands
+        if c["type"] == "set_mitigation" and c["status"] == "applied"
+    }
+    return [
+        {
+            "command_id": None,
+            "type": "set_mitigation",
+            "params": params,
+            "status": "applied",
+            "issued_by": "trainer",
+            "alert_id": None,
+            "step": step,
+            "created_at": None,
+        }
+        for step, params in reported
+        if not {(params.get("mode"), step - 1), (params.get("mode"), step)} & applied
+    ]
+
+
+def reported_mitigation_changes(
+    session: Session, run_id: str, after_step: int | None = None
+) -> list[tuple[int, dict]]:
+    """(step, mitigation) of each training step whose reported mitigation mode differs from that
+    of the step before it that reported one (the run's first counts unless its mode is "none"),
+    in step order; with ``after_step``, only the changes after that step (a live view's new
+    steps). The database compares the modes and returns the changes only: a 20,000-step run
+    is one scan of its step rows (about 30 ms), so a live view asks for its new steps only."""
+    mode = Step.mitigation["mode"].as_string()
+    reporting = select(Step.step).where(
+        Step.run_id == run_id, Step.split == "train", mode.is_not(None)
+    )
+    before = literal(None, String)
+    if after_step is not None:
+        reporting = reporting.where(Step.step > after_step)
+        seed = select(mode).where(
+            Step.run_id == run_id, Step.split == "train", Step.step <= after_step, mode.is_not(None)
+        )
+        before = seed.order_by(Step.step.desc()).limit(1).scalar_subquery()
+    scan = reporting.add_columns(
+        Step.mitigation,
+        mode.label("mode"),
+        func.coalesce(func.lag(mode).over(order_by=Step.step), before).label("before"),
+    ).subquery()
+    changed = (scan.c.before != scan.c.mode) | (scan.c.before.is_(None) & (scan.c.mode != "none"))
+    rows = session.execute(
+        select(scan.c.step, scan.c.mitigation).where(changed).order_by(scan.c.step)
+    ).all()
+    return [(step, params) for step, params in rows]
 
 
 def firing_alerts(session: Session, run_id: str) -> list[dict[str, Any]]:
@@ -379,7 +447,11 @@ def firing_alerts(session: Session, run_id: str) -> list[dict[str, Any]]:
     return lister(session, run_id=run_id, state="firing")
 
 
-def run_summary(session: Session, run_id: str) -> dict[str, Any] | None:
+def run_summary(
+    session: Session, run_id: str, reported: list[tuple[int, dict]] | None = None
+) -> dict[str, Any] | None:
+    """`GET /summary` of a run, or None when there is none (``reported``: as
+    `mitigation_timeline` takes it)."""
     run = session.get(Run, run_id)
     if run is None:
         return None
@@ -390,7 +462,7 @@ def run_summary(session: Session, run_id: str) -> dict[str, Any] | None:
         "latest_acr": run.latest_acr,
         "window": run_window(session, run_id),
         "alerts": firing_alerts(session, run_id),
-        "mitigation_timeline": mitigation_timeline(session, run_id),
+        "mitigation_timeline": mitigation_timeline(session, run_id, reported),
         "client": client_health(run),
     }
 

@@ -550,6 +550,34 @@ def test_commands_delivered_to_rank0_until_acked(api):
     assert bad.status_code == 422
 
 
+def test_the_timeline_shows_mitigations_no_command_started(api):
+    """A mitigation the trainer's config started (or a local command) was missing from the
+    timeline, so the dashboard drew no band for it."""
+    run = new_run(api)
+    rid = run["run_id"]
+    avspo, aapo, none = ({"mode": m} for m in ("avspo", "aapo", "none"))
+    modes = [avspo] * 3 + [none] * 3 + [aapo] * 2  # steps 0-2 by config, 3-5 a local change
+    records = [{"step": s, "groups": [[0, 1]], "mitigation": m} for s, m in enumerate(modes)]
+    post_steps(api, run, records[:6])
+    cmd = api.post(f"/api/v1/runs/{rid}/commands", json={"type": "set_mitigation", "params": aapo})
+    cid = cmd.json()["command_id"]
+    ack = api.post(f"/api/v1/runs/{rid}/commands/{cid}/ack", json={"status": "applied", "step": 5})
+    assert ack.status_code == 200
+    post_steps(api, run, [*records[6:], {"step": 8, "groups": [[0, 1]]}])  # 8: none reported
+    timeline = api.get(f"/api/v1/runs/{rid}/summary").json()["mitigation_timeline"]
+    seen = [(e["step"], e["params"]["mode"], e["issued_by"], e["command_id"]) for e in timeline]
+    # step 6, the first to report aapo, is the command's: not a change of its own
+    assert seen == [(0, "avspo", "trainer", None), (3, "none", "trainer", None),
+                    (5, "aapo", "key:all", cid)], seen  # fmt: skip
+    pending = api.post(
+        f"/api/v1/runs/{rid}/commands", json={"type": "set_mitigation", "params": none}
+    )
+    timeline = api.get(f"/api/v1/runs/{rid}/summary").json()["mitigation_timeline"]
+    assert (
+        timeline[-1]["command_id"] == pending.json()["command_id"] and timeline[-1]["step"] is None
+    )
+
+
 def test_a_finished_run_refuses_commands_until_it_is_relaunched(api):
     run = new_run(api, launch_id="first")
     rid = run["run_id"]

@@ -163,3 +163,24 @@ def test_downsampled_answers_choose_from_the_stored_series(app_client: TestClien
                 assert all(p == by_step[p["step"]] for p in body["points"])
         empty = run_metrics(session, run["run_id"], from_step=10_000)
     assert empty == {"run_id": run["run_id"], "downsampled": False, "points": []}
+
+
+def test_reported_mitigation_changes_after_a_step_are_the_tail_of_all(app_client) -> None:
+    """A live dashboard asks for the changes after the steps it has: each answer must be the
+    whole run's changes after that step, whatever the modes before it."""
+    from vantage.server.queries import reported_mitigation_changes
+
+    client = app_client
+    run = client.post("/api/v1/runs", json={"name": "m"}).json()
+    modes = ["none", "none", "avspo", "avspo", None, "avspo", "aapo", "none", None, "none"]
+    records = [
+        {"step": s, "groups": [[0, 1]], **({"mitigation": {"mode": m}} if m else {})}
+        for s, m in enumerate(modes)
+    ]
+    send(client, run, records)
+    with client.app.state.session_factory() as s:
+        every = reported_mitigation_changes(s, run["run_id"])
+        assert [(step, p["mode"]) for step, p in every] == [(2, "avspo"), (6, "aapo"), (7, "none")]
+        for after in range(-1, len(modes)):
+            tail = reported_mitigation_changes(s, run["run_id"], after_step=after)
+            assert tail == [c for c in every if c[0] > after], after

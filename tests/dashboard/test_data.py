@@ -93,6 +93,42 @@ def test_live_update_appends_only_new_steps(dashboard):
         assert done[-1] is True
 
 
+def test_a_mitigation_no_command_started_gets_its_band(dashboard):
+    """A run whose config started AVSPO had no band on its chart (the timeline held commands
+    only); a change the trainer reports later gets one on the next tick."""
+
+    def bands(figure_or_patch) -> list[tuple[int, str]]:
+        if isinstance(figure_or_patch, Patch):
+            ops = figure_or_patch.to_plotly_json()["operations"]
+            shapes = next(op["params"]["value"] for op in ops
+                          if op["location"] == ["layout", "shapes"])  # fmt: skip
+        else:
+            shapes = figure_or_patch["layout"]["shapes"]
+        return [(b["x0"], b["label"]["text"].split(" ")[0]) for b in shapes
+                if b.get("fillcolor") in figures.MITIGATION_COLORS.values()]  # fmt: skip
+
+    def reporting(start: int, count: int, mode: str) -> list[dict]:
+        records = sample_data.step_records(start, count)
+        return [{**r, "mitigation": {"mode": mode}} for r in records]
+
+    with dashboard.api() as api:
+        run_id, attempt = sample_data.create_run(api, "config-avspo")
+        sample_data.send_steps(api, run_id, attempt, reporting(0, 10, "avspo"))
+        first = run_view.first_load(READ, run_id)
+        figure = first[run_view.OUTPUTS.index("acr_figure")]
+        assert bands(figure) == [(0, "AVSPO")]
+        assert figure["layout"]["shapes"][-1]["label"]["text"] == "AVSPO · reported by the trainer"
+        state = json.loads(json.dumps(first[run_view.OUTPUTS.index("state")]))  # as the browser
+        sample_data.send_steps(api, run_id, attempt, reporting(10, 3, "none"))
+        sample_data.send_steps(api, run_id, attempt, reporting(13, 3, "aapo"))
+        out = run_view.live_update(READ, run_id, state)
+        assert bands(out[run_view.OUTPUTS.index("acr_figure")]) == [(0, "AVSPO"), (13, "AAPO")]
+        state = json.loads(json.dumps(out[run_view.OUTPUTS.index("state")]))
+        sample_data.send_steps(api, run_id, attempt, reporting(16, 2, "aapo"))
+        out = run_view.live_update(READ, run_id, state)
+        assert bands(out[run_view.OUTPUTS.index("acr_figure")]) == [(0, "AVSPO"), (13, "AAPO")]
+
+
 def test_a_pending_alert_gets_no_triangle_until_it_fires(dashboard):
     """The chart's triangles mark where alerts fired, but a pending one had its own (a trial)."""
     marks = len(figures.ACR_SERIES)  # the alert markers' trace

@@ -185,6 +185,13 @@ def test_compare_says_when_a_mitigation_applied_and_draws_the_effective_acr():
     # without effective ACR from the trainer nor a change, nothing is added
     plain = figures.compare_figure([run], {run["run_id"]: [point(0), point(1)]}, {})
     assert len(plain["data"]) == 2 and plain["data"][0]["name"] == "mine (avspo)"
+    # a mitigation the config started is on from the first step: no "after step 0"
+    by_config = [
+        {"type": "set_mitigation", "status": "applied", "step": 0, "params": {"mode": "avspo"}}
+    ]
+    by_config[0].update(issued_by="trainer", command_id=None)
+    fig = figures.compare_figure([run], {run["run_id"]: pts}, {run["run_id"]: by_config})
+    assert fig["data"][0]["name"] == "mine (avspo)"
 
 
 def test_sparkline_is_an_svg_with_the_threshold():

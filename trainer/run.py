@@ -406,13 +406,15 @@ def _stop_on_signals(trainer: GRPOTrainer) -> Iterator[None]:
     """While it is open, SIGTERM (a scheduler's preemption, ``kill``) and SIGINT (Ctrl-C) stop
     training at the next step boundary as a ``stop`` command does (rank 0 queues one, which
     every rank applies at the same step): a checkpoint, the Monitor closed with the run marked
-    failed, exit status 128 + the signal (143, 130). A second one acts as it would have: SIGTERM
-    ends the process, Ctrl-C raises KeyboardInterrupt. Outside the main thread signals cannot
-    be caught, and keep their default action."""
+    failed, exit status 128 + the signal (143, 130). A second one quits now, the Monitor still
+    closed (within SIGNAL_CLOSE_S) with the run marked failed: SIGTERM raises SystemExit(143),
+    Ctrl-C KeyboardInterrupt (a second SIGTERM killed the process, and the run read "running"
+    until it went stale). Outside the main thread signals cannot be caught, and keep their
+    default action."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    second = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+    second = {signal.SIGTERM: _quit_now, signal.SIGINT: signal.default_int_handler}
 
     def on_signal(signum: int, _frame: Any) -> None:
         for sig, action in second.items():
@@ -433,6 +435,11 @@ def _stop_on_signals(trainer: GRPOTrainer) -> Iterator[None]:
     finally:
         for sig, action in previous.items():
             signal.signal(sig, action)
+
+
+def _quit_now(signum: int, _frame: Any) -> None:
+    """A second SIGTERM's handler: unwind (closing the Monitor) and exit with 128 + signum."""
+    raise SystemExit(128 + signum)
 
 
 def train(

@@ -329,6 +329,34 @@ def test_a_signal_stops_at_the_next_step_with_a_checkpoint(warm_policy, tmp_path
     assert resumed["start_step"] == 2 and not resumed["terminated"]
 
 
+@pytest.mark.parametrize(
+    ("name", "raised"), [("SIGTERM", SystemExit), ("SIGINT", KeyboardInterrupt)]
+)
+def test_a_second_signal_quits_now_and_marks_the_run_failed(tmp_path, name, raised):
+    """A second SIGTERM killed the process at once: the Monitor never closed, and the run read
+    "running" until it went stale. It now quits as a second Ctrl-C does, closing the Monitor."""
+    import os
+    import signal
+
+    sig = signal.Signals[name]
+    monitors: list[RecordingMonitor] = []
+
+    def factory(**kwargs):
+        monitors.append(RecordingMonitor(**kwargs))
+        return monitors[-1]
+
+    def impatient(trainer, record):
+        if trainer.step == 2:
+            os.kill(os.getpid(), sig)
+            os.kill(os.getpid(), sig)
+
+    with pytest.raises(raised) as quit_now:
+        train(small_config(tmp_path, steps=6), [], monitor_factory=factory, hooks=[impatient])
+    if raised is SystemExit:
+        assert quit_now.value.code == 128 + sig
+    assert monitors[0].closed == "failed"
+
+
 def test_a_signal_during_the_first_evaluation_cuts_it_short(warm_policy, tmp_path, monkeypatch):
     """SIGTERM during a large evaluation before the first step: it went on for 78 s, past a
     scheduler's grace, and said "stopping after step 1" (a trial). The evaluation now stops at

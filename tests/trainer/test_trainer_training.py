@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_helpers import RecordingMonitor, small_config
+from trainer_helpers import RecordingMonitor, recording_monitors, small_config
 from vantage.client.acr import summarize_rewards
 from vantage.trainer.commands import apply_command
 from vantage.trainer.monitoring import Command
@@ -307,11 +307,7 @@ def test_a_signal_stops_at_the_next_step_with_a_checkpoint(warm_policy, tmp_path
     import signal
 
     sig = signal.Signals[name]
-    monitors: list[RecordingMonitor] = []
-
-    def factory(**kwargs):
-        monitors.append(RecordingMonitor(**kwargs))
-        return monitors[-1]
+    monitors, factory = recording_monitors()
 
     def preempt(trainer, record):
         if trainer.step == 2:
@@ -339,11 +335,7 @@ def test_a_second_signal_quits_now_and_marks_the_run_failed(tmp_path, name, rais
     import signal
 
     sig = signal.Signals[name]
-    monitors: list[RecordingMonitor] = []
-
-    def factory(**kwargs):
-        monitors.append(RecordingMonitor(**kwargs))
-        return monitors[-1]
+    monitors, factory = recording_monitors()
 
     def impatient(trainer, record):
         if trainer.step == 2:
@@ -530,11 +522,7 @@ def test_a_checkpoint_that_cannot_be_written_does_not_end_training(tmp_path, cap
 
 def test_the_adaptive_threshold_reports_its_tau(tmp_path):
     """A τ set by command was applied but missing from the mitigation each step reports."""
-    monitors = []
-
-    def factory(**kwargs):
-        monitors.append(RecordingMonitor(**kwargs))
-        return monitors[-1]
+    monitors, factory = recording_monitors()
 
     cfg = small_config(tmp_path, steps=2, mitigation="avspo", avspo_threshold="adaptive")
     train(cfg, [], monitor_factory=factory)

@@ -94,3 +94,15 @@ class RecordingMonitor:
                 }
             )
         )
+
+
+def recording_monitors() -> tuple[list[RecordingMonitor], Any]:
+    """A monitor factory for ``train(..., monitor_factory=...)`` and the list of the
+    RecordingMonitors it made, in order."""
+    monitors: list[RecordingMonitor] = []
+
+    def factory(**kwargs: Any) -> RecordingMonitor:
+        monitors.append(RecordingMonitor(**kwargs))
+        return monitors[-1]
+
+    return monitors, factory

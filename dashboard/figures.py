@@ -302,12 +302,12 @@ def _band_label(mode: str, item: dict, width: float, last: bool, n_bands: int) -
     labels piled on one another); the latest band names at least its mode. The command log
     has every command in full."""
     if width >= 0.2 or n_bands == 1:
-        if _reported(item):
-            return f"{mode.upper()} · reported by the trainer"
+        if _reported(item):  # a mode the trainer reports may be any name: text
+            return f"{_text(mode.upper())} · reported by the trainer"
         who = _text(item.get("issued_by") or "?")  # "alert:<rule name>": a name is text
         cid = str(item["command_id"])[:8]
-        return f"{mode.upper()} · {item.get('status', '')} · cmd {cid} by {who}"
-    return mode.upper() if width >= 0.05 or last else ""
+        return f"{_text(mode.upper())} · {item.get('status', '')} · cmd {cid} by {who}"
+    return _text(mode.upper()) if width >= 0.05 or last else ""
 
 
 def attempt_starts(points: Sequence[Point]) -> list[tuple[int, int]]:
@@ -675,7 +675,8 @@ def compare_figure(
         # Plotly reads trace names as HTML: a run's name is text (a trial's "<b>x</b>" showed
         # bold in the legend, plain in the table)
         label = html.escape(_short(run.get("name") or run["run_id"][:8]), quote=False)
-        mode = _legend_mitigation(run, changes)
+        mode = _legend_mitigation(run, changes)  # a reported mode is any name: text
+        mode = mode and html.escape(mode, quote=False)
         name = f"{label} ({mode})" if mode else label
         for row, (key, what, digits) in enumerate(
             (("acr", "ACR", ".2f"), ("reward_mean", "reward", ".3f"))

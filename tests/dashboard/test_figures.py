@@ -556,3 +556,15 @@ def test_the_primer_names_the_colours_the_charts_use():
         assert figures.COLORS[series] == colour, series
         assert words in text, words
     assert "effective ACR (pink) fall" in text
+
+
+def test_a_reported_mode_is_shown_as_text():
+    """A mode the trainer reports is any name (a mitigation of its own): the bands and the
+    legend show it as text, not as Plotly's HTML."""
+    item = {"type": "set_mitigation", "status": "applied", "issued_by": "trainer"}
+    timeline = [{**item, "step": 5, "params": {"mode": "<b>x</b>"}}]
+    [band] = figures.mitigation_bands(timeline, last_step=10)
+    assert band["label"]["text"] == "&lt;B&gt;X&lt;/B&gt; · reported by the trainer"
+    run = {"run_id": "r", "name": "n", "mitigation_reported": {"mode": "<b>x</b>"}}
+    fig = figures.compare_figure([run], {"r": [point(0), point(1)]}, {"r": timeline})
+    assert fig["data"][0]["name"] == "n (&lt;b&gt;x&lt;/b&gt;)"

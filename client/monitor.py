@@ -807,8 +807,8 @@ class Monitor:
                         item[5],
                     )
                     dropped += item[5]
-            elif kind == "e":
-                header["effective"] = item[6]
+            elif kind == "e":  # a rank's first report counts, as the server keeps it
+                header.setdefault("effective", item[6])
                 if item[7] is not None:
                     header["mitigation"] = item[7]
             else:

@@ -484,6 +484,21 @@ def test_effective_scalars_and_finish_reach_the_server(server: Server, tmp_path:
     assert run["tags"] == ["prod"]  # one string is one tag (it was one tag per character)
 
 
+def test_a_steps_first_effective_report_is_kept_within_a_batch_too(server: Server, tmp_path):
+    """Two reports for one step in one batch: the client kept the last, the server keeps a
+    rank's first (README), so the answer hung on the batching. The mitigation in effect is
+    the latest reported, in a batch or not."""
+    with monitor(server.url, tmp_path, batch_interval_s=60) as mon:
+        mon.log_groups(2, [[1.0, 0.0]] * 4)
+        mon.log_effective(2, n_valid=4, n_zero_advantage=1, mitigation={"mode": "avspo"})
+        mon.log_effective(2, n_valid=4, n_zero_advantage=3, mitigation={"mode": "none"})
+    (point,) = server.metrics(mon.run_id)
+    assert point["acr_effective"] == 0.25
+    with server.api() as api:
+        run = api.get(f"/api/v1/runs/{mon.run_id}").json()
+    assert run["mitigation_reported"] == {"mode": "none"}
+
+
 @pytest.mark.parametrize(("ending", "with_block", "status"), [
     ("pass", False, "finished"),
     ("raise RuntimeError('CUDA out of memory')", False, "failed"),

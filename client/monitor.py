@@ -341,6 +341,7 @@ class Monitor:
         self._thread = threading.Thread(target=self._run, name="vantage-sender", daemon=True)
         self._thread.start()
         self._error_before = _uncaught_error()  # an error from before this run ended nothing
+        self._pid = os.getpid()  # a forked child inherits the exit hook, not the sender
         ref = weakref.ref(self)
         self._atexit = lambda: (m := ref()) is not None and m._at_exit()
         atexit.register(self._atexit)
@@ -629,9 +630,20 @@ class Monitor:
         if status is None or self._finish_sent or not (alive or self._spool.pending_finish):
             return
         meanwhile = "the sender goes on while this process lives; " if alive else ""
+        try:
+            dropped = self.dropped_groups
+        except Exception:  # noqa: BLE001 - the spool may already be closed by the sender
+            dropped = 0
+        # with drops, "every group is on the server" was said of a server never reached: a trial
+        sent = (
+            f"no group is left to send ({dropped:,} were dropped, as said above)"
+            if dropped
+            else "every group is on the server"
+        )
         log.warning(
-            "vantage: every group is on the server, but the run's end (%s) is not yet: %s; "
+            "vantage: %s, but the run's end (%s) is not on the server yet: %s; "
             "%sit is kept in the spool %s, and vantage sync %s --server %s --api-key KEY sends it",
+            sent,
             status,
             self._why_left(timeout).replace("confirmed them", "confirmed it"),
             meanwhile,
@@ -677,7 +689,11 @@ class Monitor:
         close(timeout=0) just before exit lost a fifth of 12,000 groups, abandoned
         mid-spooling (a trial). A sender waiting on a request cannot spool: this thread moves
         the queue, and rank 0's final status, to the spool itself (a server that took 30 s to
-        answer lost 7,000 of 12,000 groups and the run's end: a trial)."""
+        answer lost 7,000 of 12,000 groups and the run's end: a trial). In a forked child
+        it does nothing: the parent's sender has the data (a child's exit warned of groups
+        "not on the server yet", and could have sent the run's end)."""
+        if os.getpid() != self._pid:
+            return
         if not self._closed:
             error = _uncaught_error()
             ended_by_error = error is not None and error is not self._error_before

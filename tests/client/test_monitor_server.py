@@ -529,6 +529,32 @@ def test_the_run_ends_failed_when_an_error_ends_the_program(
     assert run["last_step"] == 0
 
 
+def test_a_forked_child_that_exits_leaves_the_run_to_its_parent(server: Server, tmp_path):
+    """A child forked after the Monitor was made ran its exit hook: it warned of groups "not
+    on the server yet" that the parent had sent, and could end the run under the parent."""
+    script = f"""
+import os, sys
+from vantage.client import Monitor
+mon = Monitor({server.url!r}, None, run_name='forked', spool_dir={str(tmp_path)!r})
+print(mon.run_id, flush=True)
+for step in range(5):
+    mon.log_groups(step, [[1, 0], [1, 1]])
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)
+os.waitpid(pid, 0)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "not on the server" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("vantage:") == 0, proc.stderr
+    run_id = proc.stdout.split()[0]
+    with server.api() as api:
+        run = api.get(f"/api/v1/runs/{run_id}").json()
+    assert run["status"] == "finished" and run["last_step"] == 4
+
+
 def torch_free_number(x: float):
     """A number-like object that is not a float (as a 0-d tensor would be)."""
 
@@ -790,7 +816,7 @@ def test_close_says_when_only_the_runs_end_is_left(tmp_path: Path, caplog):
     srv.stop()
     mon.close(timeout=3)
     (said,) = [r.getMessage() for r in caplog.records if "run's end" in r.getMessage()]
-    assert "every group is on the server, but the run's end (finished) is not yet" in said, said
+    assert "every group is on the server, but the run's end (finished) is not on" in said, said
     assert f"vantage sync {mon.spool_path}" in said, said
     srv = start_server(url, tmp_path, "--insecure-no-auth", log_name="again.log")
     try:
@@ -798,6 +824,18 @@ def test_close_says_when_only_the_runs_end_is_left(tmp_path: Path, caplog):
         assert httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}").json()["status"] == "finished"
     finally:
         srv.stop()
+
+
+def test_close_does_not_say_dropped_groups_are_on_the_server(tmp_path: Path, caplog):
+    """Every group dropped (a full spool, no server ever reached): close said "every group is
+    on the server" (a trial)."""
+    mon = monitor(f"http://127.0.0.1:{free_port()}", tmp_path, spool_max_bytes=200)
+    mon.log_groups(0, step_rewards(0, p=16, g=8))
+    assert wait_for(lambda: mon.dropped_groups == 16, 10)
+    mon.close(timeout=0)
+    (said,) = [r.getMessage() for r in caplog.records if "run's end" in r.getMessage()]
+    assert "no group is left to send (16 were dropped" in said, said
+    assert "every group is on the server" not in said
 
 
 def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path, caplog, monkeypatch):

@@ -576,9 +576,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands of the server's database: on a client-only install they exit naming the extra (they
+# ended in a ModuleNotFoundError traceback: a trial).
+DATABASE_COMMANDS = (
+    cmd_db_upgrade,
+    cmd_keys_create,
+    cmd_keys_list,
+    cmd_keys_revoke,
+    cmd_runs_prune,
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
+    if func in DATABASE_COMMANDS:
+        _needs("server", SERVER_MODULES)
     return func(args)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -441,3 +442,26 @@ def test_sync_without_a_key_to_a_server_that_wants_one_says_how_to_give_it(serve
     out = run_cli("sync", str(tmp_path / "spool"), "--server", server.url, "--api-key",
                   server.keys["all"], check=False)  # fmt: skip
     assert out.returncode == 0 and "hint" not in out.stderr, out
+
+
+@pytest.mark.parametrize(
+    "argv", [["keys", "list"], ["keys", "revoke", "x"], ["db", "upgrade"], ["runs", "prune",
+             "--older-than", "3"], ["keys", "create", "--name", "k", "--scopes", "read"]]
+)  # fmt: skip
+def test_server_commands_name_the_missing_extra_on_a_client_only_install(argv):
+    """On a client-only install `vantage keys|db|runs` ended in a ModuleNotFoundError traceback,
+    where `serve` named the extra to install (a trial)."""
+    script = (
+        "import importlib.util, sys\n"
+        "real = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda n, *a: None if n == 'sqlalchemy' else real(n, *a)\n"
+        "sys.modules['sqlalchemy'] = None  # as if not installed\n"
+        "from vantage.server.cli import main\n"
+        f"sys.exit(main({argv!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "error: this command needs the 'server' extra (missing: sqlalchemy); install it with: "
+        "pip install 'vantage-rl[server]'"
+    ), proc.stderr

@@ -84,18 +84,23 @@ def _text(kind: str, text: str, limit: int, least: int = 1) -> str:
     return storable_text(text, f"{kind} {text[:40]!r}")
 
 
-def identifiers(kind: str, values: Iterable[Any], p: int) -> list[str]:
+def identifiers(kind: str, values: Iterable[Any], p: int) -> list[str | None]:
     """One group_id or prompt_id per group, as text of at most 128 characters (numbers are
-    converted); ValueError naming the first bad one, or a wrong count; TypeError for one string
-    (it would be read as one id per character)."""
+    converted); a prompt_id of None is none for its group (it became the prompt "None": a
+    trial). ValueError naming the first bad one (a group_id of None), or a wrong count;
+    TypeError for one string (it would be read as one id per character)."""
     if isinstance(values, str | bytes):
         raise TypeError(f"{kind}s must be a list with one id per group, not the string {values!r}")
-    ids = [str(v) for v in values]
+    ids = [None if v is None else str(v) for v in values]
     if len(ids) != p:
         raise ValueError(f"{len(ids)} {kind}s for {p} groups; send one per group")
+    if kind == "group_id" and None in ids:
+        raise ValueError(f"group_ids[{ids.index(None)}] is None; give every group an id, or none")
     if kind == "group_id" and len(set(ids)) != p:  # the server would keep the first of each
         raise ValueError("group_ids repeat within the call; give each group its own id")
     for i, text in enumerate(ids):
+        if text is None:
+            continue
         if len(text) > MAX_ID_CHARS or not text.isprintable():  # the common case: neither
             _text(f"{kind}s[{i}]", text, MAX_ID_CHARS, least=0)
     return ids

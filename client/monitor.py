@@ -892,7 +892,7 @@ class Monitor:
                     raise ValueError(
                         f"group {i}: mask has {n_mask} entries for {n_rewards} rewards"
                     )
-            if prompts is not None:
+            if prompts is not None and prompts[i] is not None:
                 g["prompt_id"] = prompts[i]
             groups.append(g)
         return encode_groups(groups)

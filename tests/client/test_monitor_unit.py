@@ -75,6 +75,18 @@ def test_inputs_tensor_ndarray_ragged_lists_and_bools(tmp_path: Path):
     StepsBatch.model_validate_json(steps_body(1, orjson.dumps([rec])))  # the server would take it
 
 
+def test_a_prompt_id_of_none_is_no_prompt_id(tmp_path: Path, caplog):
+    """prompt_ids=[None, ...] made a prompt named "None" that pooled every such group in the
+    prompts view (a trial); a group_id of None is refused, naming it."""
+    mon = offline(tmp_path)
+    mon.log_groups(1, [[1.0, 0.0], [1.0, 1.0]], prompt_ids=[None, 7])
+    mon.log_groups(1, [[1.0, 0.0]], group_ids=[None])
+    mon.close(timeout=2)
+    (rec,) = spooled_records(mon.spool_path)
+    assert [g.get("prompt_id") for g in rec["groups"]] == [None, "7"]
+    assert "group_ids[0] is None" in caplog.text
+
+
 def test_later_edits_of_the_input_do_not_change_what_is_sent(tmp_path: Path):
     mon = offline(tmp_path)
     rewards = [[1.0, 0.0]]

@@ -64,13 +64,22 @@ class Backoff:
 
 def server_url_problem(server: str) -> str | None:
     """Why ``server`` cannot be the server's base URL (None when it can): it must be an
-    ``http://`` or ``https://`` URL with a host, such as ``http://127.0.0.1:8000``."""
+    ``http://`` or ``https://`` URL with a host, such as ``http://127.0.0.1:8000`` (a path is
+    a proxy's prefix, but not one ending in /api/v1 or /dashboard)."""
     try:
         url = httpx.URL(server)
     except (httpx.InvalidURL, TypeError) as exc:
         return f"server {server!r} is not a URL ({exc})"
     if url.scheme not in ("http", "https") or not url.host:
         return f"server {server!r} is not an http:// or https:// URL with a host"
+    path = url.path.rstrip("/")
+    for part in ("/api/v1", "/dashboard"):  # an address copied from a page or the API docs
+        if path.endswith(part):  # got a 404 for /api/v1/api/v1/runs, or a 401 to log in
+            base = str(url.copy_with(path=path[: -len(part)] or "/", query=None, fragment=None))
+            return (
+                f"server {server!r} ends in {part}: give the server's base URL, which Vantage "
+                f"adds /api/v1/... to ({base.rstrip('/')})"
+            )
     return None
 
 

@@ -207,8 +207,11 @@ def test_outage_warns_after_a_while_then_rarely_and_says_when_it_ended():
 
 
 @pytest.mark.parametrize(
-    "url", ["127.0.0.1:8000", "localhost:8000", "not a url", "ftp://h/x", "http://"]
-)
+    "url",
+    ["127.0.0.1:8000", "localhost:8000", "not a url", "ftp://h/x", "http://",
+     # pages' addresses: a 404 for /api/v1/api/v1/runs, a 401 asking to log in (a trial)
+     "http://h:8000/api/v1", "http://h:8000/dashboard/"],
+)  # fmt: skip
 def test_a_server_url_that_cannot_work_is_said_at_once_and_the_run_goes_on(tmp_path, caplog, url):
     assert server_url_problem(url) is not None
     mon = Monitor(url, None, run_name="u", spool_dir=tmp_path)
@@ -219,9 +222,9 @@ def test_a_server_url_that_cannot_work_is_said_at_once_and_the_run_goes_on(tmp_p
     mon.log_groups(0, [[1.0, 0.0]] * 3)
     mon.close(timeout=2)
     message = next(r.getMessage() for r in caplog.records if "not on the server yet" in r.message)
-    assert "--server URL" in message and "not an http://" in message, message
+    assert "--server URL" in message and server_url_problem(url) in message, message
     assert mon.spooled_groups == 3
-    with pytest.raises(ValueError, match="http:// or https://"):
+    with pytest.raises(ValueError, match="http:// or https://|give the server's base URL"):
         Monitor(url, None, run_name="u", spool_dir=tmp_path / "strict", strict=True)
 
 
@@ -280,8 +283,12 @@ def test_exit_right_after_close_keeps_every_group_and_the_end_behind_a_slow_requ
 
 
 def test_usable_server_urls_pass():
-    for url in ("http://127.0.0.1:8000", "https://vantage.example.com/", "http://[::1]:8000"):
+    for url in ("http://127.0.0.1:8000", "https://vantage.example.com/", "http://[::1]:8000",
+                "https://example.com/vantage/"):  # fmt: skip
         assert server_url_problem(url) is None, url
+    said = server_url_problem("https://example.com/vantage/api/v1/")
+    assert said.endswith("ends in /api/v1: give the server's base URL, which Vantage adds "
+                         "/api/v1/... to (https://example.com/vantage)"), said  # fmt: skip
 
 
 def test_the_sync_hint_at_close_can_be_pasted(tmp_path: Path, caplog):

@@ -495,6 +495,8 @@ class Monitor:
             except (ValueError, TypeError) as exc:
                 self._reject(f"log_scalars(step={step}) scalar", exc)
                 continue
+            if hasattr(value, "detach"):  # a tensor: not its autograd graph (torch warned
+                value = value.detach()  # when float() read one with requires_grad: a trial)
             named[text] = checks.scalar_value(text, value) if self.strict else value
         if named:
             self._enqueue(("s", step, split, rank, time.time(), 0, named), 0)

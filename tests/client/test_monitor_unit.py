@@ -87,6 +87,20 @@ def test_a_prompt_id_of_none_is_no_prompt_id(tmp_path: Path, caplog):
     assert "group_ids[0] is None" in caplog.text
 
 
+def test_a_scalar_tensor_that_requires_grad_is_read_without_a_warning(tmp_path: Path):
+    """A loss tensor still in its graph made torch warn from inside the Monitor."""
+    import warnings
+
+    loss = (torch.tensor([2.0], requires_grad=True) * 0.25).sum()
+    mon = offline(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mon.log_scalars(0, {"loss": loss})
+        mon.close(timeout=2)
+    (rec,) = spooled_records(mon.spool_path)
+    assert rec["scalars"] == {"loss": 0.5}
+
+
 def test_later_edits_of_the_input_do_not_change_what_is_sent(tmp_path: Path):
     mon = offline(tmp_path)
     rewards = [[1.0, 0.0]]

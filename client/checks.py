@@ -142,6 +142,14 @@ def scalars_map(scalars: Any) -> dict[Any, Any]:
 def mitigation_json(mitigation: Mapping[str, Any]) -> dict[str, Any]:
     """The mitigation in effect as the server stores it: plain JSON (other values become
     their text; non-finite numbers their strings), integers within 64 bits, at most 32 levels,
-    no NUL, at most 4 KiB as JSON."""
+    no NUL, at most 4 KiB as JSON. TypeError when it is no mapping, ValueError naming the
+    problem (both begin "mitigation")."""
+    if not isinstance(mitigation, Mapping):  # dict("avspo") said "dictionary update sequence…"
+        raise TypeError(
+            f"mitigation must be a mapping such as {{'mode': 'avspo'}}, not {mitigation!r:.80}"
+        )
     plain = orjson.loads(orjson.dumps(non_finite_as_text(dict(mitigation)), default=str))
-    return small_mitigation(check_storable(plain))
+    try:
+        return small_mitigation(check_storable(plain))
+    except ValueError as exc:  # "is 5,023 bytes as JSON" said nothing of what: a trial
+        raise ValueError(f"mitigation {exc}") from None

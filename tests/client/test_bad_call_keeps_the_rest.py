@@ -110,6 +110,13 @@ def test_strict_raises_each_in_the_call_and_after_close(tmp_path):
             call()
     with pytest.raises(TypeError, match="step must be an integer, not str '3'"):
         mon.log_groups("3", [[1, 0]])
+    # they said "dictionary update sequence element #0 …" and "is 5,023 bytes as JSON" (a trial)
+    with pytest.raises(TypeError, match=r"^mitigation must be a mapping such as \{'mode': "):
+        mon.log_effective(5, n_valid=1, n_zero_advantage=0, mitigation="avspo")
+    with pytest.raises(ValueError, match=r"^mitigation is 5,\d+ bytes as JSON; at most 4,096"):
+        mon.log_effective(
+            5, n_valid=1, n_zero_advantage=0, mitigation={"mode": "a", "x": "y" * 5000}
+        )
     mon.log_groups(1, [[1, 0]], split="eval.gsm8k", prompt_ids=["p" * 128])
     mon.close(timeout=1)
     for call in (

@@ -18,6 +18,7 @@ run's commands out of every answer.
 from __future__ import annotations
 
 import atexit
+import inspect
 import logging
 import os
 import re
@@ -389,8 +390,7 @@ class Monitor:
             log.warning(f"{message} [warning %s of this kind{quiet}]", *args, f"{n:,}")
 
     def log_groups(self, step: int, rewards: Any, *args: Any, **kwargs: Any) -> None:
-        """Queue one reward list per group for ``step`` (see ``_log_groups``). Bad input is
-        logged and skipped (raised when ``strict``); the call never blocks."""
+        """Bad input is logged and skipped (raised when ``strict``); the call never blocks."""
         try:
             self._log_groups(step, rewards, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a bad call never stops training
@@ -437,10 +437,7 @@ class Monitor:
         self._enqueue(item, p)
 
     def log_effective(self, step: int, *args: Any, **kwargs: Any) -> None:
-        """Queue the trainer's statistics after mitigation (feeds ``acr_effective``): n_valid,
-        n_zero_advantage, n_virtual, and optionally ``mitigation``, the mitigation in effect
-        (``{"mode": "avspo", ...}``: the run's reported mitigation on the server). Bad input
-        is logged and skipped (raised when ``strict``)."""
+        """Bad input is logged and skipped (raised when ``strict``); the call never blocks."""
         try:
             self._log_effective(step, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a bad call never stops training
@@ -456,7 +453,10 @@ class Monitor:
         rank: int | None = None,
         mitigation: Mapping[str, Any] | None = None,
     ) -> None:
-        """Queue the trainer's own statistics after mitigation (feeds ``acr_effective``)."""
+        """Queue the trainer's statistics after mitigation (feeds ``acr_effective``): n_valid,
+        n_zero_advantage (≤ n_valid), n_virtual, and optionally ``mitigation``, the mitigation
+        in effect (``{"mode": "avspo", ...}``: the run's reported mitigation on the server). A
+        rank's first report of a step counts."""
         step, split, rank = self._where(step, split, rank)
         top = MAX_COUNT
         eff = {
@@ -473,9 +473,9 @@ class Monitor:
         self._enqueue(("e", step, split, rank, time.time(), 0, eff, mitigation), 0)
 
     def log_scalars(self, step: int, scalars: Any, *args: Any, **kwargs: Any) -> None:
-        """Queue named numbers for ``step`` (loss, kl, ...). Bad input is logged and skipped
-        (raised when ``strict``): a scalar whose name the server would refuse is skipped alone,
-        a value that is no number when the sender reads it."""
+        """Bad input is logged and skipped (raised when ``strict``): a scalar whose name the
+        server would refuse is skipped alone, a value that is no number when the sender reads
+        it. The call never blocks."""
         try:
             self._log_scalars(step, scalars, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a bad call never stops training
@@ -1192,6 +1192,16 @@ class Monitor:
             if self._finish_status and not finished and self._a_run_to_end():
                 self._spool.keep_finish(self._finish_status)  # for `vantage sync`
             self._spool.close(remove_if_clean=True)
+
+
+# help() and editors showed `*args, **kwargs` for the calls a trainer makes (a trial): each
+# public wrapper, which keeps a bad call from stopping training, shows the parameters and the
+# description of the method it wraps.
+for _name in ("log_groups", "log_effective", "log_scalars"):
+    _wrapper, _wrapped = getattr(Monitor, _name), getattr(Monitor, f"_{_name}")
+    _wrapper.__signature__ = inspect.signature(_wrapped)
+    _docs = (inspect.cleandoc(_wrapped.__doc__ or ""), inspect.cleandoc(_wrapper.__doc__ or ""))
+    _wrapper.__doc__ = "\n\n".join(_docs)
 
 
 def _kind(where: str, exc: Exception) -> str:

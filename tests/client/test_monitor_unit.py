@@ -572,3 +572,14 @@ def test_a_heartbeat_counts_a_backlog_not_a_batch_in_flight(tmp_path: Path):
         assert health_after(2, 12) == 26  # more than a batch waits
     finally:
         mon.close(timeout=0)
+
+
+def test_help_shows_the_parameters_of_the_log_calls():
+    """help(Monitor.log_groups) showed `*args, **kwargs` (a trial)."""
+    import inspect
+
+    params = inspect.signature(Monitor.log_groups).parameters
+    assert {"group_ids", "mask", "prompt_ids", "split", "rank"} <= set(params)
+    assert "mitigation" in inspect.signature(Monitor.log_effective).parameters
+    assert "split" in inspect.signature(Monitor.log_scalars).parameters
+    assert "[P, G]" in Monitor.log_groups.__doc__ and "strict" in Monitor.log_groups.__doc__

@@ -217,6 +217,8 @@ class Monitor:
         # Without a run_id, the ranks of one launch meet in one run: its id follows from the
         # launch, name and project (two ranks with the same launch_id but no run_id were two
         # runs of half the groups each: a trial). A launch id of its own is a fresh UUID.
+        if run_id is not None and not str(run_id):  # it was taken for "no run_id": a trial
+            raise ValueError("Monitor: run_id is empty; give an id, or None for a new one")
         self.run_id = str(run_id) if run_id else _run_id_of(self.launch_id, run_name, project)
         self.attempt: int | None = None
         self.heartbeat_s = float(heartbeat_s)
@@ -255,6 +257,11 @@ class Monitor:
         self._batch_groups = int(batch_groups)
         self._batch_interval = float(batch_interval_s)
         self._max_queue_groups = int(max_queue_groups)
+        for name, value in (("batch_groups", self._batch_groups),
+                            ("batch_interval_s", self._batch_interval),
+                            ("max_queue_groups", self._max_queue_groups)):  # fmt: skip
+            if not value > 0:  # NaN too; batch_groups=0 was taken and ignored: a trial
+                raise ValueError(f"Monitor: {name} must be above 0, not {value}")
         self._queue: deque[tuple[Any, ...]] = deque()
         self._enqueued = 0
         self._dequeued = 0

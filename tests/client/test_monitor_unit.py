@@ -583,3 +583,16 @@ def test_help_shows_the_parameters_of_the_log_calls():
     assert "mitigation" in inspect.signature(Monitor.log_effective).parameters
     assert "split" in inspect.signature(Monitor.log_scalars).parameters
     assert "[P, G]" in Monitor.log_groups.__doc__ and "strict" in Monitor.log_groups.__doc__
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [({"batch_groups": 0}, "batch_groups must be above 0"),
+     ({"batch_interval_s": float("nan")}, "batch_interval_s must be above 0"),
+     ({"max_queue_groups": -1}, "max_queue_groups must be above 0"),
+     ({"run_id": ""}, "run_id is empty")],
+)  # fmt: skip
+def test_constructor_arguments_that_cannot_work_raise(tmp_path: Path, kwargs, said):
+    """batch_groups=0 was taken and ignored, run_id="" read as no run_id (a trial)."""
+    with pytest.raises(ValueError, match=said):
+        Monitor(None, run_name="c", spool_dir=tmp_path, **kwargs)

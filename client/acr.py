@@ -212,20 +212,20 @@ def _check_stats_bounds(
     if not low + edge - tol <= m <= high - edge + tol:
         raise InconsistentStatsError(
             f"mean {mean} is impossible for {n} values whose min is {lo} and max is {hi}: it "
-            f"lies within [{(low + edge) * s:.6g}, {(high - edge) * s:.6g}]"
+            f"lies within [{(low + edge) * s!r}, {(high - edge) * s!r}]"
         )
     if std is None:
         return
     widest = math.sqrt(builtins.max(high - m, 0.0) * builtins.max(m - low, 0.0) * n / (n - 1))
     if std / s > widest * (1 + 1e-9) + tol:
         raise InconsistentStatsError(
-            f"std {std} exceeds {widest * s:.6g}, the largest possible for {n} values in "
+            f"std {std} exceeds {widest * s!r}, the largest possible for {n} values in "
             f"[{lo}, {hi}] with mean {mean}"
         )
     narrowest = (high / 2 - low / 2) * math.sqrt(2 / n)
     if std / s < narrowest * (1 - 1e-9) - tol:
         raise InconsistentStatsError(
-            f"std {std} is below {narrowest * s:.6g}, the smallest possible for {n} values "
+            f"std {std} is below {narrowest * s!r}, the smallest possible for {n} values "
             f"spanning [{lo}, {hi}]"
         )
 

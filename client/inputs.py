@@ -8,7 +8,34 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["capture", "mask_row", "materialize", "plain_rewards"]
+__all__ = ["capture", "grouped", "mask_row", "materialize", "plain_rewards"]
+
+
+def grouped(value: Any, group_size: int | None, what: str) -> Any:
+    """Flat rewards (or a mask) of P·G values, prompt by prompt as TRL lays them out (a 1-D
+    tensor, array or list of numbers), as [P, G]: a view of a tensor or array, a list of lists
+    otherwise. Anything else, or no ``group_size``, is returned as it is. ValueError when the
+    values are not whole groups."""
+    ndim = getattr(value, "ndim", None)
+    if group_size is None or ndim not in (None, 1):
+        return value
+    if ndim is None:
+        if not isinstance(value, list | tuple) or not value:
+            return value
+        first = value[0]
+        if isinstance(first, list | tuple | dict) or getattr(first, "ndim", 0):  # rows
+            return value
+    elif getattr(getattr(value, "dtype", None), "kind", None) == "O":  # an array of rows
+        return value
+    n = len(value)
+    if n % group_size:
+        raise ValueError(
+            f"{what} has {n} values, not whole groups of group_size {group_size}: give [P, G], "
+            "or P·G values prompt by prompt"
+        )
+    if ndim == 1:
+        return value.reshape(-1, group_size)
+    return [list(value[i : i + group_size]) for i in range(0, n, group_size)]
 
 
 def capture(value: Any, what: str) -> tuple[Any, int]:
@@ -16,9 +43,14 @@ def capture(value: Any, what: str) -> tuple[Any, int]:
     a 2-D tensor or array is copied whole (one C call; ``tolist`` happens on the sender
     thread), anything else becomes a fresh list of lists. Returns (copy, P). Later in-place
     edits by the trainer never change what is sent."""
-    one_d = f"{what} must be [P, G], got a 1-D input; wrap one group as [[...]]"
+    one_d = (
+        f"{what} must be [P, G], got a 1-D input; wrap one group as [[...]], or give "
+        "group_size to send P·G flat values prompt by prompt"
+    )
     ndim = getattr(value, "ndim", None)
     if hasattr(value, "detach"):  # torch.Tensor, without importing torch
+        if ndim == 1:
+            raise TypeError(one_d)
         if ndim != 2:
             raise TypeError(f"{what} must be [P, G], got a tensor with {ndim} dimensions")
         value = value.detach()
@@ -26,6 +58,8 @@ def capture(value: Any, what: str) -> tuple[Any, int]:
         return (value.clone() if on_cpu else value.to("cpu")), int(value.shape[0])
     if ndim is not None and hasattr(value, "dtype") and hasattr(value, "copy"):  # numpy
         if value.dtype.kind != "O":
+            if ndim == 1:
+                raise TypeError(one_d)
             if ndim != 2:
                 raise TypeError(f"{what} must be [P, G], got an array with {ndim} dimensions")
             return value.copy(), int(value.shape[0])

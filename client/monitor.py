@@ -40,7 +40,7 @@ import orjson
 from pydantic import ValidationError
 
 from . import checks
-from .inputs import capture, mask_row, materialize, plain_rewards
+from .inputs import capture, grouped, mask_row, materialize, plain_rewards
 from .launch import derive_launch_id, torch_distributed
 from .schema import (
     MAX_COUNT,
@@ -252,6 +252,7 @@ class Monitor:
         except ValidationError as exc:  # one line per bad argument, not pydantic's model dump
             raise ValueError(f"Monitor: {errors_in_one_line(exc)}") from None
         self._run_body = run.model_dump(exclude_none=True)
+        self.group_size: int | None = run.group_size  # splits flat rewards into groups
         checks.rank_in(self.rank, self.world_size)  # every record of this rank would be refused
 
         self._batch_groups = int(batch_groups)
@@ -412,13 +413,19 @@ class Monitor:
         prompt_ids: Iterable[str | int] | None = None,
         split: str = "train",
         rank: int | None = None,
+        group_size: int | None = None,
     ) -> None:
         """Queue one reward list per group for ``step``: ``rewards`` is [P, G] (tensor, ndarray,
-        nested lists; ragged rows allowed). Without ``group_ids`` the groups are numbered by a
-        counter per (step, split, rank) that continues across calls. Never blocks; when the queue
-        is full the groups are dropped and counted."""
+        nested lists; ragged rows allowed), or P·G flat values prompt by prompt (TRL's layout)
+        split into groups of ``group_size`` (default: the Monitor's ``group_size``); ``mask``
+        likewise. Without ``group_ids`` the groups are numbered by a counter per (step, split,
+        rank) that continues across calls. Never blocks; when the queue is full the groups are
+        dropped and counted."""
         step, split, rank = self._where(step, split, rank)
-        rows, p = capture(rewards, "rewards")
+        if group_size is not None and checks.count("group_size", group_size, MAX_GROUP_SIZE) < 1:
+            raise ValueError("group_size must be at least 1")
+        size = group_size or self.group_size
+        rows, p = capture(grouped(rewards, size, "rewards"), "rewards")
         if p == 0:
             return
         ids = None
@@ -434,7 +441,7 @@ class Monitor:
                     del self._group_counters[old]
         masks = None
         if mask is not None:
-            masks, n_mask = capture(mask, "mask")
+            masks, n_mask = capture(grouped(mask, size, "mask"), "mask")
             if n_mask != p:
                 raise ValueError(f"mask has {n_mask} rows for {p} groups")
         prompts = None if prompt_ids is None else checks.identifiers("prompt_id", prompt_ids, p)

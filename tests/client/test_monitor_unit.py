@@ -596,3 +596,24 @@ def test_constructor_arguments_that_cannot_work_raise(tmp_path: Path, kwargs, sa
     """batch_groups=0 was taken and ignored, run_id="" read as no run_id (a trial)."""
     with pytest.raises(ValueError, match=said):
         Monitor(None, run_name="c", spool_dir=tmp_path, **kwargs)
+
+
+def test_flat_rewards_are_split_by_group_size(tmp_path: Path, caplog):
+    """TRL's rewards are P·G flat values, prompt by prompt: they were refused as "a 1-D
+    input" though the Monitor knew the run's group_size (a trial)."""
+    mon = offline(tmp_path, group_size=2)
+    mon.log_groups(0, torch.tensor([1.0, 0.0, 1.0, 1.0]))  # the Monitor's group_size
+    mon.log_groups(0, np.array([0, 0, 0, 1, 1, 1]), group_size=3)  # the call's
+    mon.log_groups(0, [1.0, 0.0], mask=[1, 0])
+    mon.log_groups(0, [1.0, 0.0, 1.0])  # not whole groups: refused, said
+    mon.log_groups(0, [[1.0, 0.0, 1.0]])  # [P, G] as before, any G
+    mon.close(timeout=2)
+    (rec,) = spooled_records(mon.spool_path)
+    assert [g["rewards"] for g in rec["groups"]] == [
+        [1.0, 0.0], [1.0, 1.0], [0, 0, 0], [1, 1, 1], [1.0, 0.0], [1.0, 0.0, 1.0]
+    ]  # fmt: skip
+    assert rec["groups"][4]["mask"] == [1, 0]
+    assert "rewards has 3 values, not whole groups of group_size 2" in caplog.text
+    plain = offline(tmp_path / "plain", strict=True)
+    with pytest.raises(TypeError, match="or give group_size"):
+        plain.log_groups(0, [1.0, 0.0])

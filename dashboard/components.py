@@ -77,11 +77,7 @@ def mitigation_text(run: dict) -> tuple[str, str]:
     return f"{state} · {ALERTS_DO.get(mode, mode)}", help_text
 
 
-def current_mitigation(run: dict) -> str:
-    """The mitigation mode the run's trainer runs: the one it last reported with its steps
-    (the truth), else the last one it acked, else "none"."""
-    reported = (run.get("mitigation_reported") or {}).get("mode")
-    return reported or figures.mitigation_modes(run)[0] or "none"
+current_mitigation = figures.current_mitigation
 
 
 ALERTS_DO = {"auto": "alerts act", "suggest": "alerts suggest", "off": "alerts notify only"}
@@ -194,11 +190,7 @@ def runs_table(runs: list[dict]) -> html.Table | html.P:
                         className="wrap",
                     ),
                     html.Td(explain.fmt(r.get("last_step"))),
-                    html.Td(
-                        explain.fmt(r.get("latest_acr")),
-                        className=acr_class(r.get("latest_acr")),
-                        title=explain.ACR,
-                    ),
+                    latest_acr_cell(r),
                     html.Td(sparkline(r.get("spark") or [], r.get("latest_acr"))),
                     html.Td(mit, title=mit_help),
                     html.Td(alert_chips(r.get("alerts") or [], run_ended(r)) or "—"),
@@ -210,6 +202,20 @@ def runs_table(runs: list[dict]) -> html.Table | html.P:
             )
         )
     return html.Table([html.Thead(header), html.Tbody(rows)], className="runs", id="runs-table")
+
+
+def latest_acr_cell(run: dict) -> html.Td:
+    """A run's latest ACR; with a mitigation on, its effective ACR below it, which sets the
+    colour (a run AVSPO brought to an effective 0 was the reddest on the list: a trial)."""
+    acr = run.get("latest_acr")
+    effective = run.get("latest_effective") if current_mitigation(run) != "none" else None
+    if effective is None:
+        return html.Td(explain.fmt(acr), className=acr_class(acr), title=explain.ACR)
+    return html.Td(
+        [explain.fmt(acr), html.Div(f"effective {explain.fmt(effective)}", className="muted")],
+        className=acr_class(effective),
+        title=f"{explain.ACR} The colour is the effective ACR's, after the mitigation.",
+    )
 
 
 def kpi_cards(cards: list[dict]) -> list[html.Div]:

@@ -631,6 +631,13 @@ def mitigation_modes(run: dict) -> tuple[str | None, str | None]:
     )
 
 
+def current_mitigation(run: dict) -> str:
+    """The mitigation mode the run's trainer runs: the one it last reported with its steps
+    (the truth), else the last one it acked, else "none"."""
+    reported = (run.get("mitigation_reported") or {}).get("mode")
+    return reported or mitigation_modes(run)[0] or "none"
+
+
 def _legend_mitigation(run: dict, changes: Sequence[tuple[int, str, dict]] = ()) -> str | None:
     """What the legend says of a run's mitigation: the mode in effect (what the trainer last
     reported, else the applied command's) and after which step it was applied, when the run

@@ -14,7 +14,7 @@ from typing import Any
 
 from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, EMA_ALPHA, sample_std
 
-from . import explain
+from . import explain, figures
 
 TAIL = 25  # steps kept for volatility, speed and the wasted share
 
@@ -119,8 +119,11 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
     latest = state.get("latest") or {}
     acr = latest.get("acr")
     # What the policy learns from once a mitigation acts: a run whose AVSPO brought it to 0
-    # looked failing on every card (a trial), so the ACR cards say it and take its colour.
-    effective = latest.get("acr_effective")
+    # looked failing on every card (a trial), so the ACR cards say it and take its colour. A run
+    # with no mitigation is judged by its ACR (its trainer's effective ACR read "after
+    # mitigation" with "Mitigation: none": a trial).
+    mitigating = figures.current_mitigation(run) != "none"
+    effective = latest.get("acr_effective") if mitigating else None
     mitigated = (
         f"effective {explain.fmt(effective)} after mitigation" if effective is not None else None
     )

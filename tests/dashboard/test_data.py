@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from dash import Patch, no_update
-from vantage.dashboard import context, data, figures, run_view, sample_data
+from vantage.dashboard import components, context, data, figures, run_view, sample_data
 from vantage.server.db import make_engine, session_factory
 from vantage.server.keys import KeyInfo
 
@@ -68,6 +68,33 @@ def test_runs_filters_and_sparklines(dashboard):
     assert data.runs_overview(READ, project="no-such-project") == []
     projects, tags = data.filter_options(READ)
     assert "demo" in projects and {"grpo", "avspo", "aapo", "math"} <= set(tags)
+
+
+def test_the_runs_list_shows_a_mitigated_runs_effective_acr(dashboard):
+    """A run AVSPO brought to an effective ACR of 0 showed only its raw ACR, in red: the
+    reddest run on the list (a trial). A run without mitigation keeps its raw colour."""
+
+    def cell(runs, run_id):
+        table = components.runs_table(runs)
+        [row] = [r for r in table.children[1].children if r.to_plotly_json()["props"].get(
+            "data-run-id") == run_id]  # fmt: skip
+        return row.children[4]
+
+    collapsed = [[1, 1, 1, 1]] * 4
+    effective = {"n_valid": 4, "n_zero_advantage": 0}
+    with dashboard.api() as api:
+        runs = {}
+        for name, mode in (("eff-avspo", "avspo"), ("eff-plain", "none")):
+            run_id, attempt = sample_data.create_run(api, name)
+            records = [{"step": s, "groups": collapsed, "effective": effective,
+                        "mitigation": {"mode": mode}} for s in range(3)]  # fmt: skip
+            sample_data.send_steps(api, run_id, attempt, records)
+            runs[mode] = run_id
+    overview = data.runs_overview(READ)
+    avspo = cell(overview, runs["avspo"])
+    assert avspo.className == "acr-ok" and avspo.children[1].children == "effective 0.00"
+    plain = cell(overview, runs["none"])
+    assert plain.className == "acr-bad" and plain.children == "1.00"
 
 
 def test_live_update_appends_only_new_steps(dashboard):

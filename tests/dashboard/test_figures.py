@@ -253,15 +253,22 @@ def test_kpi_cards_explain_each_number():
     # counted before the trainer's mitigation, which the card says once there is one (a trial)
     tail[-1]["acr_effective"] = 0.0
     state = kpis.initial_state({}, tail, False, 1)
-    cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
+    avspo = {"group_size": 8, "status": "running", "mitigation_reported": {"mode": "avspo"}}
+    cards = {c["id"]: c for c in kpis.cards(state, avspo)}
     assert cards["wasted"]["sub"] == "last 3 steps, before mitigation"
     # a run whose mitigation brought the effective ACR to 0 looked failing on every ACR card
     # (a trial): they say so and take its colour
     mitigated = [point(s, 0.9, acr_effective=0.0) for s in range(3)]
     state = kpis.initial_state({"acr_streak": 60}, mitigated, False, 1)
-    cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
+    cards = {c["id"]: c for c in kpis.cards(state, avspo)}
     assert cards["acr"]["value"] == "0.90" and cards["acr"]["level"] == "ok"
     assert cards["acr"]["sub"] == "step 2 · effective 0.00 after mitigation"
+    # a run with no mitigation is judged by its ACR, even when its trainer sends an effective
+    # one (it read "effective … after mitigation" beside "Mitigation: none": a trial)
+    plain = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
+    assert plain["acr"]["sub"] == "step 2" and plain["acr"]["level"] == "bad"
+    assert "mitigation" not in plain["acr_streak"]["sub"] and plain["acr_streak"]["level"] == "bad"
+    cards = {c["id"]: c for c in kpis.cards(state, avspo)}
     assert cards["acr_streak"]["sub"] == "raw ACR; effective 0.00 after mitigation"
     assert cards["acr_streak"]["level"] == "ok"
     # so do the trend and wasted cards, which stayed red (raw values, still shown)
@@ -269,7 +276,7 @@ def test_kpi_cards_explain_each_number():
         point(s, 0.9, acr_effective=0.0, wasted_rollouts=30, n_completions=32) for s in range(3)
     ]
     state = kpis.initial_state({"acr_streak": 60, "acr_ema": 0.9}, mitigated, False, 1)
-    cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
+    cards = {c["id"]: c for c in kpis.cards(state, avspo)}
     assert cards["acr_ema"]["value"] == "0.90" and cards["acr_ema"]["level"] == "ok"
     assert cards["acr_ema"]["sub"].endswith("; raw ACR")
     assert cards["wasted"]["value"] == "94%" and cards["wasted"]["level"] == "ok"
@@ -277,7 +284,7 @@ def test_kpi_cards_explain_each_number():
         point(s, 0.9, acr_effective=0.8, wasted_rollouts=30, n_completions=32) for s in range(3)
     ]
     state = kpis.initial_state({"acr_ema": 0.9}, still, False, 1)
-    cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
+    cards = {c["id"]: c for c in kpis.cards(state, avspo)}
     assert cards["acr_ema"]["level"] == cards["wasted"]["level"] == "bad"
 
 

@@ -208,3 +208,32 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
             "level": "bad" if run.get("status") in ("stale", "failed") else "none",
         },
     ]
+
+
+def at_common_step(metrics: dict[str, Sequence[dict]]) -> tuple[int | None, dict[str, dict]]:
+    """Runs' numbers at the last step every one of them reached, so that they compare like for
+    like (their latest values were at steps 80 and 193: a trial). ``metrics``: run id → its
+    points (step order, maybe downsampled). Returns (that step, run id → {acr, acr_effective,
+    reward_mean, eval_accuracy}), each from the run's newest point at or before the step;
+    eval_accuracy is the newest `eval_accuracy` scalar by then (the bundled trainer's
+    held-out accuracy). (None, {}) when a run has no points."""
+    if not metrics or not all(metrics.values()):
+        return None, {}
+    common = min(points[-1]["step"] for points in metrics.values())
+    out = {}
+    for run_id, points in metrics.items():
+        before = [p for p in points if p["step"] <= common]
+        point = before[-1] if before else {}
+        accuracy = next(
+            (
+                p["scalars"]["eval_accuracy"]
+                for p in reversed(before)
+                if isinstance((p.get("scalars") or {}).get("eval_accuracy"), int | float)
+            ),
+            None,
+        )
+        out[run_id] = {
+            **{k: point.get(k) for k in ("acr", "acr_effective", "reward_mean")},
+            "eval_accuracy": accuracy,
+        }
+    return common, out

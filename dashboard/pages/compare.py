@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import dash
 from dash import Input, Output, State, callback, ctx, dcc, html, no_update
-from vantage.dashboard import components, context, data, explain, figures, url_state
+from vantage.dashboard import components, context, data, explain, figures, kpis, url_state
 
 dash.register_page(__name__, path="/compare", name="Compare", title="Vantage · compare", order=2)
 
+COMMON_COLUMNS = [
+    ("acr", "ACR", explain.ACR),
+    ("acr_effective", "effective ACR", explain.ACR_EFFECTIVE),
+    ("reward_mean", "reward", "Mean reward of the step's completions."),
+    ("eval_accuracy", "eval accuracy", "Held-out accuracy, as the trainer logs it (the "
+     "`eval_accuracy` scalar); — when it logs none."),
+]  # fmt: skip
+COMMON_STEP = (
+    "Taken at the last step every chosen run reached (its newest point by then), so that the "
+    "runs compare at the same step."
+)
 WINDOW_COLUMNS = [
     ("acr_pooled", "ACR pooled", "Collapsed groups / valid groups over the whole run."),
     ("acr_100", "ACR first 100", explain.ACR_100),
@@ -34,8 +45,11 @@ def layout(runs: str | None = None, **_query) -> html.Div:
                 "Pick runs of the same task (for example plain GRPO, AVSPO and AAPO) to see "
                 "whether a mitigation lowers collapse and what it does to reward. AVSPO and AAPO "
                 "leave the raw ACR (solid) as it is and give the collapsed groups a gradient: "
-                "their effect is the effective ACR (dotted). Lower effective ACR with equal or "
-                "higher reward is the win.",
+                "their effect is the effective ACR (dotted): whether collapsed groups still "
+                "teach, which a mitigation lowers by design. Which run learns better is the "
+                "held-out accuracy and reward at the same step: the table gives both at the last "
+                "step every chosen run reached (one run a setting is one seed: compare a few "
+                "before trusting a small difference).",
                 className="muted",
             ),
             html.P(
@@ -91,15 +105,21 @@ def _comparison(result: dict) -> tuple:
     fig = figures.compare_figure(result["runs"], result["metrics"], result.get("timelines"))
     if not result["runs"]:
         return fig, html.P("Choose runs above.", className="muted")
+    common, at = kpis.at_common_step(
+        {r["run_id"]: result["metrics"].get(r["run_id"]) or [] for r in result["runs"]}
+    )
+    when = f"at step {common}" if common is not None else "at a common step"
     head = html.Tr(
-        [html.Th("run"), html.Th("mitigation"), html.Th("last step"), html.Th("latest ACR")]
-        + [html.Th("latest effective ACR", title=explain.ACR_EFFECTIVE)]
+        [html.Th("run"), html.Th("mitigation"), html.Th("last step")]
+        + [html.Th(f"{label} {when}", title=f"{help_text} {COMMON_STEP}")
+           for _k, label, help_text in COMMON_COLUMNS]
         + [html.Th(label, title=help_text) for _k, label, help_text in WINDOW_COLUMNS]
         + [html.Th("CSV")]
-    )
+    )  # fmt: skip
     rows = []
     for run in result["runs"]:
         window = result["windows"].get(run["run_id"], {})
+        values = at.get(run["run_id"], {})
         mit, mit_help = components.mitigation_text(run)
         rows.append(
             html.Tr(
@@ -113,11 +133,15 @@ def _comparison(result: dict) -> tuple:
                     ),
                     html.Td(mit, title=mit_help),
                     html.Td(explain.fmt(run.get("last_step"))),
+                ]
+                + [
                     html.Td(
-                        explain.fmt(run.get("latest_acr")),
-                        className=components.acr_class(run.get("latest_acr")),
-                    ),
-                    html.Td(explain.fmt(_latest_effective(result["metrics"], run["run_id"]))),
+                        explain.fmt(values.get(k)),
+                        className=components.acr_class(values.get(k))
+                        if k.startswith("acr")
+                        else "",
+                    )
+                    for k, _l, _h in COMMON_COLUMNS
                 ]
                 + [
                     html.Td(
@@ -140,11 +164,3 @@ def _comparison(result: dict) -> tuple:
         )
     table = html.Table([html.Thead(head), html.Tbody(rows)], className="runs", id="compare-tbl")
     return fig, table
-
-
-def _latest_effective(metrics: dict, run_id: str) -> float | None:
-    """The newest effective ACR a run's points carry (None: its trainer sends none)."""
-    for point in reversed(metrics.get(run_id) or []):
-        if point.get("acr_effective") is not None:
-            return point["acr_effective"]
-    return None

@@ -575,3 +575,21 @@ def test_a_reported_mode_is_shown_as_text():
     run = {"run_id": "r", "name": "n", "mitigation_reported": {"mode": "<b>x</b>"}}
     fig = figures.compare_figure([run], {"r": [point(0), point(1)]}, {"r": timeline})
     assert fig["data"][0]["name"] == "n (&lt;b&gt;x&lt;/b&gt;)"
+
+
+def test_compared_runs_are_read_at_the_last_step_they_all_reached():
+    """The compare table set latest values side by side from steps 80 and 193, and never showed
+    the held-out accuracy the trainer logs (a trial)."""
+    short = [point(s, 0.5, reward_mean=0.1 * s) for s in range(0, 81, 10)]
+    short[-1]["scalars"] = {"eval_accuracy": 0.88}
+    long = [point(s, 0.9, acr_effective=0.0, reward_mean=0.2) for s in range(0, 194, 7)]
+    long[11]["scalars"] = {"eval_accuracy": 0.86}  # step 77
+    long[12]["scalars"] = {"eval_accuracy": "NaN"}  # step 84: not a number, and past step 80
+    common, at = kpis.at_common_step({"short": short, "long": long})
+    assert common == 80
+    assert at["short"] == {"acr": 0.5, "acr_effective": None, "reward_mean": 8.0,
+                           "eval_accuracy": 0.88}  # fmt: skip
+    # step 77's point: the newest by step 80
+    assert at["long"] == {"acr": 0.9, "acr_effective": 0.0, "reward_mean": 0.2,
+                          "eval_accuracy": 0.86}  # fmt: skip
+    assert kpis.at_common_step({"a": short, "empty": []}) == (None, {})

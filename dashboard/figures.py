@@ -46,7 +46,9 @@ RUN_COLORS = ["#0072b2", "#d55e00", "#009e73", "#e69f00", "#cc79a7", "#56b4e9", 
 RUN_DASHES = ["solid", "longdash", "dashdot"]  # "dot" is each run's effective ACR
 LEGEND_CHARS = 40  # a 200-character run name's legend entry took the chart's whole width
 # AAPO's band was the orange of the all-fail share beside it in the legend (a trial): yellow
-MITIGATION_COLORS = {"avspo": "rgba(37, 99, 235, 0.10)", "aapo": "rgba(240, 228, 66, 0.25)"}
+# Okabe-Ito bluish green and yellow: AVSPO's blue tint vanished over the light-blue all-pass
+# area (a trial); each band also starts with a line of its colour (`mitigation_shapes`).
+MITIGATION_COLORS = {"avspo": "rgba(0, 158, 115, 0.12)", "aapo": "rgba(240, 228, 66, 0.25)"}
 
 
 def _field(name: str) -> Callable[[Point], Any]:
@@ -290,6 +292,27 @@ def mitigation_bands(timeline: Iterable[dict], last_step: int | None) -> list[di
     return bands
 
 
+def mitigation_shapes(timeline: Iterable[dict], last_step: int | None) -> list[dict]:
+    """`mitigation_bands`, each with a solid vertical line of its mode's colour where it
+    starts: a band alone hid where a mitigation began behind the stacked areas (a trial)."""
+    bands = mitigation_bands(timeline, last_step)
+    edges = [
+        {
+            "type": "line",
+            "xref": "x",
+            "yref": "paper",
+            "x0": band["x0"],
+            "x1": band["x0"],
+            "y0": 0,
+            "y1": 1,
+            # the band's colour, opaque: "rgba(r, g, b, a)" -> "rgb(r, g, b)"
+            "line": {"color": "rgb" + band["fillcolor"][4:].rsplit(",", 1)[0] + ")", "width": 2},
+        }
+        for band in bands
+    ]
+    return bands + edges
+
+
 def _reported(item: dict) -> bool:
     """Whether a timeline entry is a change the trainer reported that no command made (a
     mitigation its config started, say)."""
@@ -462,7 +485,8 @@ def acr_figure(
     # under the x axis and could not be seen (a trial)
     layout["yaxis"] = {"title": {"text": "share of groups"}, "range": [-0.03, 1.02]}
     starts = attempt_starts(points)
-    layout["shapes"] = [threshold_line(), *attempt_lines(starts), *mitigation_bands(timeline, last)]
+    mitigations = mitigation_shapes(timeline, last)
+    layout["shapes"] = [threshold_line(), *attempt_lines(starts), *mitigations]
     if not points:
         layout["annotations"] = [dict(NO_STEPS_NOTE)]
     return {"data": data, "layout": layout}

@@ -279,7 +279,7 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
     acr["layout"]["shapes"] = [
         figures.threshold_line(),
         *figures.attempt_lines(state.get("attempt_starts") or []),
-        *figures.mitigation_bands(timeline, new_state["last_step"]),
+        *figures.mitigation_shapes(timeline, new_state["last_step"]),
     ]
     new_state["timeline"] = timeline
     new_state["reported"] = update["reported"]

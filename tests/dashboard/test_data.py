@@ -144,7 +144,11 @@ def test_a_mitigation_no_command_started_gets_its_band(dashboard):
         first = run_view.first_load(READ, run_id)
         figure = first[run_view.OUTPUTS.index("acr_figure")]
         assert bands(figure) == [(0, "AVSPO")]
-        assert figure["layout"]["shapes"][-1]["label"]["text"] == "AVSPO · reported by the trainer"
+        [band] = [s for s in figure["layout"]["shapes"] if s.get("fillcolor")]
+        assert band["label"]["text"] == "AVSPO · reported by the trainer"
+        green = "rgb(0, 158, 115)"
+        [edge] = [s for s in figure["layout"]["shapes"] if s["line"].get("color") == green]
+        assert edge["x0"] == edge["x1"] == 0  # a line where it starts
         state = json.loads(json.dumps(first[run_view.OUTPUTS.index("state")]))  # as the browser
         sample_data.send_steps(api, run_id, attempt, reporting(10, 3, "none"))
         sample_data.send_steps(api, run_id, attempt, reporting(13, 3, "aapo"))

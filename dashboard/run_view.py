@@ -96,6 +96,19 @@ def banner_key(run: dict, alerts: list[dict], offers: list[dict]) -> str:
     return json.dumps([firing, said, components.run_ended(run)], default=str)
 
 
+def _mitigated_note(run: dict) -> str:
+    """For the alerts banner of a run with a mitigation on: the built-in rules read the raw ACR,
+    which a mitigation leaves as it is (a stall alert on a run AVSPO brought to an effective 0
+    read as the run failing: a trial)."""
+    mode = components.current_mitigation(run)
+    if mode == "none":
+        return ""
+    return (
+        f" {mode.upper()} is on: it leaves the raw ACR that rules read as it is and gives "
+        "collapsed groups a gradient, so judge it by the effective ACR line."
+    )
+
+
 def banner(
     run: dict, alerts: list[dict], state: dict, can_control: bool, offers: list[dict] | None = None
 ) -> list:
@@ -112,7 +125,8 @@ def banner(
                     html.B(f"Alerts firing{' when the run ended' if ended else ''}: "),
                     *components.alert_chips(firing, ended),
                     html.Span(
-                        " Red triangles on the ACR chart mark where alerts fired.",
+                        " Red triangles on the ACR chart mark where alerts fired."
+                        + _mitigated_note(run),
                         className="muted",
                     ),
                 ],

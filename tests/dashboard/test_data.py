@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from dash import Patch, no_update
+from dash.html import Div
 from vantage.dashboard import components, context, data, figures, run_view, sample_data
 from vantage.server.db import make_engine, session_factory
 from vantage.server.keys import KeyInfo
@@ -336,3 +337,17 @@ def test_a_taken_offer_leaves_the_banner_without_new_steps(dashboard):
     banner = out[run_view.OUTPUTS.index("banner")]
     assert banner is not no_update and "Suggested" not in json.dumps(banner, default=str)
     assert "offer" in json.dumps(banner, default=str)  # the alert still fires
+
+
+def test_an_alert_on_a_mitigated_run_says_the_rules_read_the_raw_acr():
+    """acr_stall fired on a run AVSPO had brought to an effective ACR of 0, and the red banner
+    read as the run failing (a trial)."""
+    alert = {"alert_id": 1, "state": "firing", "rule_name": "acr_stall", "value": 0.9}
+
+    def text(run: dict) -> str:
+        return json.dumps(Div(run_view.banner(run, [alert], {}, False, [])).to_plotly_json(),
+                          default=lambda c: c.to_plotly_json())  # fmt: skip
+
+    mitigated = {"run_id": "r", "status": "running", "mitigation_reported": {"mode": "avspo"}}
+    assert "AVSPO is on: it leaves the raw ACR that rules read" in text(mitigated)
+    assert "is on:" not in text({"run_id": "r", "status": "running"})

@@ -172,6 +172,30 @@ def ack_command(
     return command_dict(c)
 
 
+def open_twin(
+    session: Session, run_id: str, type_: str, params: dict, issued_by: str, within_s: float
+) -> dict[str, Any] | None:
+    """The command that ``issued_by`` issued for the run within the last ``within_s`` seconds
+    with the same type and these ``params``, while no trainer has acked it yet; else None. A
+    second click on Send is such a twin (it applied the temperature twice: a trial)."""
+    since = utcnow() - timedelta(seconds=within_s)
+    rows = session.scalars(
+        select(Command)
+        .where(
+            Command.run_id == run_id,
+            Command.type == type_,
+            Command.issued_by == issued_by,
+            Command.status.in_(OPEN_STATES),
+            Command.created_at >= since,
+        )
+        .order_by(Command.created_at.desc())
+    ).all()
+    for c in rows:
+        if all((c.params or {}).get(k) == v for k, v in params.items()):
+            return command_dict(c)
+    return None
+
+
 def list_commands(session: Session, run_id: str) -> list[dict[str, Any]]:
     """The command log, newest first."""
     expire_commands(session, run_id)

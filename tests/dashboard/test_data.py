@@ -40,6 +40,24 @@ def test_actions_need_the_control_scope(dashboard):
         data.issue_command(other_project, run_id, "stop", {}, None)
 
 
+def test_a_double_click_on_send_sends_one_command(dashboard):
+    """Send clicked twice within a second made two set_sampling commands, applied at two steps
+    (a trial). Another value, or the same once the first is taken, is a command of its own."""
+    with dashboard.api() as api:
+        run_id, _attempt = sample_data.create_run(api, "double-send")
+        first = data.issue_command(CONTROL, run_id, "set_sampling", {"temperature": 1.1}, None)
+        again = data.issue_command(CONTROL, run_id, "set_sampling", {"temperature": 1.1}, None)
+        assert again["command_id"] == first["command_id"]
+        other = data.issue_command(CONTROL, run_id, "set_sampling", {"temperature": 1.2}, None)
+        assert other["command_id"] != first["command_id"]
+        api.post(f"/api/v1/runs/{run_id}/commands/{first['command_id']}/ack",
+                 json={"status": "applied", "step": 1}).raise_for_status()  # fmt: skip
+        later = data.issue_command(CONTROL, run_id, "set_sampling", {"temperature": 1.1}, None)
+        assert later["command_id"] not in (first["command_id"], other["command_id"])
+        log = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
+        assert len(log) == 3
+
+
 def test_a_finished_run_takes_no_commands_until_relaunched(dashboard):
     with dashboard.api() as api:
         run_id, attempt = sample_data.create_run(api, "finished-commands")

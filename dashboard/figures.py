@@ -687,6 +687,15 @@ COMPARE_TITLES = (
 )
 
 
+def no_runs_figure() -> Figure:
+    """The compare page's chart before any run is chosen: a note, no axes (empty axes with a
+    stray line and a reward title above nothing: a trial)."""
+    hidden = {"visible": False}
+    note = {**NO_SCALARS_NOTE, "text": "Choose runs above to compare them", "font": {"size": 14}}
+    layout = {"height": 160, "xaxis": hidden, "yaxis": hidden, "annotations": [note]}
+    return {"data": [], "layout": {**layout, "margin": {"l": 20, "r": 20, "t": 20, "b": 20}}}
+
+
 def compare_figure(
     runs: Sequence[dict],
     metrics: dict[str, Sequence[Point]],

@@ -102,9 +102,9 @@ def show_comparison(run_ids, _n, marks):
 
 def _comparison(result: dict) -> tuple:
     """The figure and the table of ``data.compare``'s result."""
-    fig = figures.compare_figure(result["runs"], result["metrics"], result.get("timelines"))
     if not result["runs"]:
-        return fig, html.P("Choose runs above.", className="muted")
+        return figures.no_runs_figure(), html.P("Choose runs above.", className="muted")
+    fig = figures.compare_figure(result["runs"], result["metrics"], result.get("timelines"))
     common, at = kpis.at_common_step(
         {r["run_id"]: result["metrics"].get(r["run_id"]) or [] for r in result["runs"]}
     )

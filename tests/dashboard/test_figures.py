@@ -593,3 +593,10 @@ def test_compared_runs_are_read_at_the_last_step_they_all_reached():
     assert at["long"] == {"acr": 0.9, "acr_effective": 0.0, "reward_mean": 0.2,
                           "eval_accuracy": 0.86}  # fmt: skip
     assert kpis.at_common_step({"a": short, "empty": []}) == (None, {})
+
+
+def test_the_compare_chart_without_runs_is_a_note_not_empty_axes():
+    fig = figures.no_runs_figure()
+    go.Figure(fig)  # valid for Plotly
+    assert fig["data"] == [] and not fig["layout"]["xaxis"]["visible"]
+    assert fig["layout"]["annotations"][0]["text"] == "Choose runs above to compare them"

@@ -140,6 +140,9 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
     # the raw cards (trend, streak, wasted) take the colour of what the policy learns from once
     # a mitigation acts: a run AVSPO brought to 0 stayed red on them (a trial)
     after_mitigation = level(effective, 0.3, explain.STALL_THRESHOLD)
+    # no step with an ACR (every group invalid: all-NaN rewards): "0 steps above 0.35" and "0
+    # wasted" were green, as if the run were healthy (a trial)
+    scored = acr is not None or state.get("ema") is not None
 
     wasted_text = explain.fmt(None) if wasted is None else f"{explain.fmt(100 * wasted, 0)}%"
     if wasted is None and tail:
@@ -180,7 +183,9 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
             "value": explain.fmt(int(streak)),
             "sub": "raw ACR; " + mitigated if mitigated else "stalled after 50",
             "help": explain.ACR_STREAK,
-            "level": level(streak, 10, 50) if effective is None else after_mitigation,
+            "level": (level(streak, 10, 50) if effective is None else after_mitigation)
+            if scored
+            else "none",
         },
         {
             "id": "wasted",
@@ -189,7 +194,9 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
             # with AVSPO on and an effective ACR of 0, "93%" read as if it did nothing (a trial)
             "sub": f"last {len(tail)} steps" + (", before mitigation" if mitigated else ""),
             "help": explain.WASTED,
-            "level": level(wasted, 0.3, 0.5) if effective is None else after_mitigation,
+            "level": (level(wasted, 0.3, 0.5) if effective is None else after_mitigation)
+            if scored
+            else "none",
         },
         {
             "id": "reward_mean",

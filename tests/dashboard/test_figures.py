@@ -600,3 +600,12 @@ def test_the_compare_chart_without_runs_is_a_note_not_empty_axes():
     go.Figure(fig)  # valid for Plotly
     assert fig["data"] == [] and not fig["layout"]["xaxis"]["visible"]
     assert fig["layout"]["annotations"][0]["text"] == "Choose runs above to compare them"
+
+
+def test_a_run_with_no_acr_at_all_gets_no_green_cards():
+    """All-NaN rewards (every group invalid) showed "0 steps above 0.35" and "0 wasted" in
+    green, as if the run were healthy (a trial)."""
+    tail = [point(s, None, n_valid=0, wasted_rollouts=0) for s in range(3)]
+    state = kpis.initial_state({}, tail, False, 1)
+    cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
+    assert {cards[k]["level"] for k in ("acr", "acr_ema", "acr_streak", "wasted")} == {"none"}

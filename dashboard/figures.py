@@ -225,6 +225,12 @@ def series_xy(points: Iterable[Point], series: Sequence[Series]) -> list[tuple[l
     return [(steps, [s.value(p) for p in points]) for s in series]
 
 
+# Chart heights (px), which the run page also sets on each graph's element: a graph sized by
+# its own content could be resized by Plotly to a thin strip when its container's height was
+# read mid-render (the ACR chart then lay under the charts below it: trials).
+ACR_HEIGHT, REWARD_HEIGHT, SCALARS_HEIGHT, EVAL_HEIGHT = 420, 320, 420, 320
+
+
 def _base_layout(title: str, height: int = 380) -> dict:
     return {
         "title": {"text": title, "x": 0.01, "font": {"size": 15}},
@@ -250,7 +256,9 @@ def mitigation_changes(timeline: Iterable[dict]) -> list[tuple[int, str, dict]]:
             continue
         changes.append((step, (item.get("params") or {}).get("mode", "none"), item))
     changes.sort(key=lambda c: c[0])
-    return changes
+    # a mode set again (a second Enable AVSPO) changes nothing: the band and the legend date
+    # from the first (they took the second's step: a trial)
+    return [c for i, c in enumerate(changes) if i == 0 or c[1] != changes[i - 1][1]]
 
 
 def mitigation_bands(timeline: Iterable[dict], last_step: int | None) -> list[dict]:
@@ -480,7 +488,7 @@ def acr_figure(
     title = "Advantage collapse rate: share of prompt groups that taught nothing"
     if downsampled:
         title += " (downsampled, extremes kept)"
-    layout = _base_layout(title, height=420)
+    layout = _base_layout(title, height=ACR_HEIGHT)
     # from just below 0: a share of 0 (the effective ACR once AVSPO works) was drawn half
     # under the x axis and could not be seen (a trial)
     layout["yaxis"] = {"title": {"text": "share of groups"}, "range": [-0.03, 1.02]}
@@ -497,7 +505,7 @@ def reward_figure(points: Sequence[Point], downsampled: bool = False) -> Figure:
     it the band has no legend entry, as it has nothing to show)."""
     banded = has_reward_std(points)
     title = f"Reward mean{' ± std' if banded else ''}: watch for drops"
-    layout = _base_layout(title + (" (downsampled)" if downsampled else ""), 320)
+    layout = _base_layout(title + (" (downsampled)" if downsampled else ""), REWARD_HEIGHT)
     layout["yaxis"] = {"title": {"text": "reward"}}
     data = _traces(series_xy(points, REWARD_SERIES), REWARD_SERIES)
     data[REWARD_BAND]["showlegend"] = banded
@@ -598,7 +606,7 @@ def scalars_figure(points: Sequence[Point]) -> Figure:
     names = scalar_names(points)
     series = scalar_series(names)
     title = scalars_title(non_finite_scalar(points), scalars_shown(points))
-    base = _base_layout(title, 420)
+    base = _base_layout(title, SCALARS_HEIGHT)
     base["margin"] = {**base["margin"], "t": 75}  # room for the title's second line
     if not series:
         base.pop("xaxis")
@@ -628,7 +636,7 @@ def eval_figure(points: Sequence[Point], split: str = "eval") -> Figure:
         trace["xaxis"], trace["yaxis"] = _axis_ref(0 if i < len(EVAL_ACR) else 1)
     titles = ("ACR", "reward mean")
     layout = json.loads(_grid_layout(1, 2, titles, False))
-    base = _base_layout(f"Evaluation (split {_text(split)})", 320)
+    base = _base_layout(f"Evaluation (split {_text(split)})", EVAL_HEIGHT)
     base.pop("xaxis")
     layout.update(base, hovermode="closest")
     layout["yaxis"].update(range=[0, 1.02])

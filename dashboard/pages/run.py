@@ -19,9 +19,16 @@ dash.register_page(
 GRAPH_CONFIG = {"displaylogo": False, "responsive": True}
 
 
-def _graph(id_: str, help_text: str) -> html.Div:
+def _graph(id_: str, help_text: str, height: int) -> html.Div:
+    """A chart in a card; its element has the figure's ``height`` (px), so that Plotly's resizes
+    never take a height from a container read mid-render (`figures.ACR_HEIGHT`)."""
     return html.Div(
-        dcc.Graph(id=id_, config=GRAPH_CONFIG, figure={"data": [], "layout": {"height": 360}}),
+        dcc.Graph(
+            id=id_,
+            config=GRAPH_CONFIG,
+            figure={"data": [], "layout": {"height": height}},
+            style={"height": f"{height}px"},
+        ),
         className="card",
         title=help_text,
     )
@@ -59,12 +66,19 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
             html.Div(id="run-banner"),
             html.Div(id="run-kpis", className="kpis"),
             components.primer(),
-            _graph("run-acr-graph", explain.ACR),
+            _graph("run-acr-graph", explain.ACR, figures.ACR_HEIGHT),
             html.Div(
                 [
-                    html.Div(_graph("run-reward-graph", explain.REWARD_MEAN), style={"flex": 1}),
                     html.Div(
-                        _graph("run-scalars-graph", "The trainer's own logged scalars."),
+                        _graph("run-reward-graph", explain.REWARD_MEAN, figures.REWARD_HEIGHT),
+                        style={"flex": 1},
+                    ),
+                    html.Div(
+                        _graph(
+                            "run-scalars-graph",
+                            "The trainer's own logged scalars.",
+                            figures.SCALARS_HEIGHT,
+                        ),
                         style={"flex": 1},
                     ),
                 ],
@@ -227,7 +241,10 @@ def update_eval(run_id, _n, last):
         return [], None
     # drawn anew in a visible box (a figure drawn into a hidden one stayed zero-sized)
     graph = dcc.Graph(
-        id="run-eval-graph", config=GRAPH_CONFIG, figure=figures.eval_figure(points, EVAL_SPLIT)
+        id="run-eval-graph",
+        config=GRAPH_CONFIG,
+        figure=figures.eval_figure(points, EVAL_SPLIT),
+        style={"height": f"{figures.EVAL_HEIGHT}px"},
     )
     return html.Div(graph, className="card", title=explain.EVAL), points[-1]["step"]
 

@@ -37,6 +37,12 @@ def test_run_page_shows_the_acr_the_api_reports(control_page, server):
     )
     assert "taught" in page.inner_text("#run-acr-graph")
     assert "AVSPO" in page.locator("#kpi-acr").get_attribute("title")
+    # each chart keeps its height: one sized by its content was resized by Plotly to a thin
+    # strip under the charts below it (three trials)
+    for graph in ("run-acr-graph", "run-reward-graph", "run-scalars-graph"):
+        box = page.locator(f"#{graph}").bounding_box()
+        svg = page.locator(f"#{graph} svg.main-svg").first.bounding_box()
+        assert box["height"] >= 300 and abs(box["height"] - svg["height"]) < 2, (graph, box, svg)
 
 
 def test_new_steps_appear_without_a_reload(control_page, server):

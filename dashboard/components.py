@@ -205,16 +205,19 @@ def runs_table(runs: list[dict]) -> html.Table | html.P:
 
 
 def latest_acr_cell(run: dict) -> html.Td:
-    """A run's latest ACR; with a mitigation on, its effective ACR below it, which sets the
-    colour (a run AVSPO brought to an effective 0 was the reddest on the list: a trial)."""
+    """A run's latest ACR; with a mitigation on, the same step's effective ACR below it in its
+    own colour (a run AVSPO brought to an effective 0 showed only a red ACR, the reddest on the
+    list: a trial)."""
     acr = run.get("latest_acr")
     effective = run.get("latest_effective") if current_mitigation(run) != "none" else None
     if effective is None:
         return html.Td(explain.fmt(acr), className=acr_class(acr), title=explain.ACR)
     return html.Td(
-        [explain.fmt(acr), html.Div(f"effective {explain.fmt(effective)}", className="muted")],
-        className=acr_class(effective),
-        title=f"{explain.ACR} The colour is the effective ACR's, after the mitigation.",
+        [
+            html.Span(explain.fmt(acr), className=acr_class(acr)),
+            html.Div(f"effective {explain.fmt(effective)}", className=acr_class(effective)),
+        ],
+        title=f"{explain.ACR} Below it, the effective ACR: after the mitigation.",
     )
 
 

@@ -37,7 +37,7 @@ def _alerts(session, run_id: str | None = None, state: str | None = "firing") ->
 
 def runs_overview(info, project: str | None = None, tag: str | None = None) -> list[dict]:
     """Every run the key may see, newest first, each with ``spark`` (recent ACRs),
-    ``latest_effective`` (the newest effective ACR among them, or None) and ``alerts`` (firing
+    ``latest_effective`` (the newest step's effective ACR, or None) and ``alerts`` (firing
     episodes)."""
     q = _queries()
     if info is not None and getattr(info, "project", None):
@@ -55,9 +55,9 @@ def runs_overview(info, project: str | None = None, tag: str | None = None) -> l
                     s, run["run_id"], from_step=last - SPARK_STEPS + 1, max_points=SPARK_POINTS
                 )
                 spark = [p.get("acr") for p in m["points"]]
-                effective = [p["acr_effective"] for p in m["points"]
-                             if p.get("acr_effective") is not None]  # fmt: skip
-                run["latest_effective"] = effective[-1] if effective else None
+                # the newest step's, as the run page shows it (an older step's sat beside the
+                # newest ACR: a trial)
+                run["latest_effective"] = m["points"][-1].get("acr_effective") if spark else None
             run["spark"] = spark
             run["alerts"] = alerts_by_run.get(run["run_id"], [])
     return [r for r in runs if context.can_see(info, r)]

@@ -223,12 +223,15 @@ def at_common_step(metrics: dict[str, Sequence[dict]]) -> tuple[int | None, dict
     points (step order, maybe downsampled). Returns (that step, run id → {acr, acr_effective,
     reward_mean, eval_accuracy}), each from the run's newest point at or before the step;
     eval_accuracy is the newest `eval_accuracy` scalar by then (the bundled trainer's
-    held-out accuracy). (None, {}) when a run has no points."""
-    if not metrics or not all(metrics.values()):
+    held-out accuracy). A run without points is left out of the step, its values None (one
+    such run blanked every run's: a trial); (None, {}) when no run has points."""
+    stepped = {run_id: points for run_id, points in metrics.items() if points}
+    if not stepped:
         return None, {}
-    common = min(points[-1]["step"] for points in metrics.values())
-    out = {}
-    for run_id, points in metrics.items():
+    common = min(points[-1]["step"] for points in stepped.values())
+    out = {run_id: dict.fromkeys(("acr", "acr_effective", "reward_mean", "eval_accuracy"))
+           for run_id in metrics}  # fmt: skip
+    for run_id, points in stepped.items():
         before = [p for p in points if p["step"] <= common]
         point = before[-1] if before else {}
         accuracy = next(

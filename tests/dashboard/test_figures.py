@@ -592,7 +592,10 @@ def test_compared_runs_are_read_at_the_last_step_they_all_reached():
     # step 77's point: the newest by step 80
     assert at["long"] == {"acr": 0.9, "acr_effective": 0.0, "reward_mean": 0.2,
                           "eval_accuracy": 0.86}  # fmt: skip
-    assert kpis.at_common_step({"a": short, "empty": []}) == (None, {})
+    common, at = kpis.at_common_step({"short": short, "empty": []})  # blanked every run
+    assert common == 80 and at["short"]["eval_accuracy"] == 0.88
+    assert set(at["empty"].values()) == {None}
+    assert kpis.at_common_step({"empty": []}) == (None, {})
 
 
 def test_the_compare_chart_without_runs_is_a_note_not_empty_axes():
@@ -609,3 +612,15 @@ def test_a_run_with_no_acr_at_all_gets_no_green_cards():
     state = kpis.initial_state({}, tail, False, 1)
     cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
     assert {cards[k]["level"] for k in ("acr", "acr_ema", "acr_streak", "wasted")} == {"none"}
+
+
+def test_a_mode_set_again_is_no_change():
+    """Enable AVSPO sent twice (acked at steps 22 and 24) drew the band and the legend from
+    step 24 (a trial)."""
+    item = {"type": "set_mitigation", "status": "applied", "params": {"mode": "avspo"}}
+    timeline = [{**item, "step": 22, "command_id": "a"}, {**item, "step": 24, "command_id": "b"}]
+    assert [(s, c["command_id"]) for s, _m, c in figures.mitigation_changes(timeline)] == [
+        (22, "a")
+    ]
+    [band] = figures.mitigation_bands(timeline, last_step=40)
+    assert band["x0"] == 22 and band["x1"] == 40

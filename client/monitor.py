@@ -260,7 +260,10 @@ class Monitor:
         self._max_queue_groups = int(max_queue_groups)
         for name, value in (("batch_groups", self._batch_groups),
                             ("batch_interval_s", self._batch_interval),
-                            ("max_queue_groups", self._max_queue_groups)):  # fmt: skip
+                            ("max_queue_groups", self._max_queue_groups),
+                            # a negative timeout failed in the sender thread: a trial
+                            ("request_timeout_s", float(request_timeout_s)),
+                            ("spool_max_bytes", float(spool_max_bytes))):  # fmt: skip
             if not value > 0:  # NaN too; batch_groups=0 was taken and ignored: a trial
                 raise ValueError(f"Monitor: {name} must be above 0, not {value}")
         self._queue: deque[tuple[Any, ...]] = deque()

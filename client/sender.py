@@ -66,6 +66,8 @@ def server_url_problem(server: str) -> str | None:
     """Why ``server`` cannot be the server's base URL (None when it can): it must be an
     ``http://`` or ``https://`` URL with a host, such as ``http://127.0.0.1:8000`` (a path is
     a proxy's prefix, but not one ending in /api/v1 or /dashboard)."""
+    if isinstance(server, str) and server != server.strip():  # "not found: / /api/v1/runs"
+        return f"server {server!r} has spaces around it"
     try:
         url = httpx.URL(server)
     except (httpx.InvalidURL, TypeError) as exc:

@@ -224,7 +224,7 @@ def test_outage_warns_after_a_while_then_rarely_and_says_when_it_ended():
     "url",
     ["127.0.0.1:8000", "localhost:8000", "not a url", "ftp://h/x", "http://",
      # pages' addresses: a 404 for /api/v1/api/v1/runs, a 401 asking to log in (a trial)
-     "http://h:8000/api/v1", "http://h:8000/dashboard/"],
+     "http://h:8000/api/v1", "http://h:8000/dashboard/", "http://h:8000 "],
 )  # fmt: skip
 def test_a_server_url_that_cannot_work_is_said_at_once_and_the_run_goes_on(tmp_path, caplog, url):
     assert server_url_problem(url) is not None
@@ -238,7 +238,7 @@ def test_a_server_url_that_cannot_work_is_said_at_once_and_the_run_goes_on(tmp_p
     message = next(r.getMessage() for r in caplog.records if "not on the server yet" in r.message)
     assert "--server URL" in message and server_url_problem(url) in message, message
     assert mon.spooled_groups == 3
-    with pytest.raises(ValueError, match="http:// or https://|give the server's base URL"):
+    with pytest.raises(ValueError, match="http:// or https://|give the server.s base URL|spaces"):
         Monitor(url, None, run_name="u", spool_dir=tmp_path / "strict", strict=True)
 
 
@@ -590,7 +590,9 @@ def test_help_shows_the_parameters_of_the_log_calls():
     [({"batch_groups": 0}, "batch_groups must be above 0"),
      ({"batch_interval_s": float("nan")}, "batch_interval_s must be above 0"),
      ({"max_queue_groups": -1}, "max_queue_groups must be above 0"),
-     ({"run_id": ""}, "run_id is empty")],
+     ({"run_id": ""}, "run_id is empty"),
+     ({"request_timeout_s": -1}, "request_timeout_s must be above 0"),
+     ({"spool_max_bytes": -5}, "spool_max_bytes must be above 0")],
 )  # fmt: skip
 def test_constructor_arguments_that_cannot_work_raise(tmp_path: Path, kwargs, said):
     """batch_groups=0 was taken and ignored, run_id="" read as no run_id (a trial)."""

@@ -48,7 +48,12 @@ LEGEND_CHARS = 40  # a 200-character run name's legend entry took the chart's wh
 # AAPO's band was the orange of the all-fail share beside it in the legend (a trial): yellow
 # Okabe-Ito bluish green and yellow: AVSPO's blue tint vanished over the light-blue all-pass
 # area (a trial); each band also starts with a line of its colour (`mitigation_shapes`).
-MITIGATION_COLORS = {"avspo": "rgba(0, 158, 115, 0.12)", "aapo": "rgba(240, 228, 66, 0.25)"}
+_MITIGATION_RGBA = {"avspo": (0, 158, 115, 0.12), "aapo": (240, 228, 66, 0.25)}
+MITIGATION_COLORS = {m: f"rgba({r}, {g}, {b}, {a})" for m, (r, g, b, a) in _MITIGATION_RGBA.items()}
+# a band's start line: its fill colour, opaque
+_BAND_EDGES = {
+    MITIGATION_COLORS[m]: f"rgb({r}, {g}, {b})" for m, (r, g, b, _a) in _MITIGATION_RGBA.items()
+}
 
 
 def _field(name: str) -> Callable[[Point], Any]:
@@ -313,8 +318,7 @@ def mitigation_shapes(timeline: Iterable[dict], last_step: int | None) -> list[d
             "x1": band["x0"],
             "y0": 0,
             "y1": 1,
-            # the band's colour, opaque: "rgba(r, g, b, a)" -> "rgb(r, g, b)"
-            "line": {"color": "rgb" + band["fillcolor"][4:].rsplit(",", 1)[0] + ")", "width": 2},
+            "line": {"color": _BAND_EDGES.get(band["fillcolor"], "#6b7280"), "width": 2},
         }
         for band in bands
     ]

@@ -89,6 +89,20 @@ def capture(value: Any, what: str) -> tuple[Any, int]:
     return out, len(out)
 
 
+def check_width(rows: Any, group_size: int, what: str) -> None:
+    """ValueError when a captured [P, G] input (`capture`'s copy) has a group that is not
+    ``group_size`` completions: a call's group_size that its rows contradict was ignored."""
+    shape = getattr(rows, "shape", None)
+    widths = {int(shape[1])} if shape is not None else {len(row) for row in rows}
+    wrong = sorted(widths - {group_size})
+    if wrong:
+        raise ValueError(
+            f"{what} has groups of {wrong[0]} completions, but group_size is {group_size}: "
+            "leave group_size out for [P, G] rows (ragged rows are allowed), or give P·G flat "
+            "values"
+        )
+
+
 def materialize(value: Any) -> tuple[list[list[Any]], bool]:
     """On the sender thread: a captured input → (rows, whether every value is already a plain
     float or int). Bool and integer tensors become floats."""

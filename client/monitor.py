@@ -40,7 +40,7 @@ import orjson
 from pydantic import ValidationError
 
 from . import checks
-from .inputs import capture, grouped, mask_row, materialize, plain_rewards
+from .inputs import capture, check_width, grouped, mask_row, materialize, plain_rewards
 from .launch import derive_launch_id, torch_distributed
 from .schema import (
     MAX_COUNT,
@@ -431,6 +431,8 @@ class Monitor:
         rows, p = capture(grouped(rewards, size, "rewards"), "rewards")
         if p == 0:
             return
+        if group_size is not None:  # the call's own: rows that contradict it are refused
+            check_width(rows, group_size, "rewards")
         ids = None
         start = 0
         if group_ids is not None:

@@ -619,3 +619,19 @@ def test_flat_rewards_are_split_by_group_size(tmp_path: Path, caplog):
     plain = offline(tmp_path / "plain", strict=True)
     with pytest.raises(TypeError, match="or give group_size"):
         plain.log_groups(0, [1.0, 0.0])
+
+
+@pytest.mark.parametrize(
+    "rewards",
+    [torch.ones(2, 3), np.ones((2, 3)), [[1.0, 0.0, 1.0], [1.0, 1.0]], [[1.0, 0.0, 1.0]] * 2],
+)
+def test_rows_that_contradict_the_calls_group_size_are_refused(tmp_path: Path, rewards):
+    """A [P, G] input with group_size=4 was sent as groups of 3 (or ragged), the call's
+    group_size ignored (a trial)."""
+    mon = offline(tmp_path, strict=True, group_size=3)  # the Monitor's may differ from rows
+    with pytest.raises(ValueError, match="group_size is 4"):
+        mon.log_groups(0, rewards, group_size=4)
+    mon.log_groups(0, [[1.0, 0.0], [1.0, 1.0, 0.0]])  # ragged rows, no group_size: taken
+    mon.close(timeout=2)
+    (rec,) = spooled_records(mon.spool_path)
+    assert [len(g["rewards"]) for g in rec["groups"]] == [2, 3]

@@ -33,6 +33,26 @@ def shown_id(run_id: str, limit: int = 40) -> str:
     return run_id if len(run_id) <= limit else run_id[:limit] + "…"
 
 
+# the dashboard shows a run id's first 8 characters: a prefix this long names a run in a link
+SHORT_ID = 8
+
+
+def resolve_run_ids(asked: list[str], visible: list[str]) -> tuple[list[str], list[str]]:
+    """The runs a link names, as (chosen run ids in the link's order, each once; what names no
+    visible run). A name is a visible run's id, or the start of exactly one (at least SHORT_ID
+    characters: the short id the pages show was refused in a compare link, a trial)."""
+    known, chosen, missing = set(visible), [], []
+    for name in asked:
+        found = [name] if name in known else []
+        if not found and len(name) >= SHORT_ID:
+            found = [r for r in visible if r.startswith(name)]
+        if len(found) == 1:
+            chosen.append(found[0])
+        else:
+            missing.append(name)
+    return list(dict.fromkeys(chosen)), missing
+
+
 def run_href(run_id: str) -> str:
     return f"{URL_BASE}runs/{run_id}"
 

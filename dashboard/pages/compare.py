@@ -35,9 +35,8 @@ def layout(runs: str | None = None, **_query) -> html.Div:
         {"label": f"{r.get('name') or r['run_id'][:8]} · {r['run_id'][:8]}", "value": r["run_id"]}
         for r in data.visible_runs(context.current_key())
     ]
-    visible = {o["value"] for o in options}
-    chosen = [r for r in asked if r in visible]
-    missing = [components.shown_id(r) for r in asked if r not in visible]
+    chosen, unknown = components.resolve_run_ids(asked, [o["value"] for o in options])
+    missing = [components.shown_id(r) for r in unknown]
     return html.Div(
         [
             html.H2("Compare runs"),

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import pytest
 from dash import Patch
 from vantage.client.acr import window_metrics
-from vantage.dashboard import commands_ui, explain, figures, kpis
+from vantage.dashboard import commands_ui, components, explain, figures, kpis
 
 
 def point(step: int, acr: float | None = 0.5, **extra) -> dict:
@@ -624,3 +624,15 @@ def test_a_mode_set_again_is_no_change():
     ]
     [band] = figures.mitigation_bands(timeline, last_step=40)
     assert band["x0"] == 22 and band["x1"] == 40
+
+
+def test_a_compare_link_takes_the_short_id_the_pages_show():
+    """The runs list and compare legend show a run id's first 8 characters; a link naming a run
+    by them was refused as "not found"."""
+    visible = ["3f2a9c1e-aaaa", "3f2a9c1e-bbbb", "7d41e0b2-cccc", "short"]
+    chosen, missing = components.resolve_run_ids(
+        ["7d41e0b2", "short", "7d41e0b2-cccc", "3f2a9c1e", "3f2a", "gone-run-id"], visible
+    )
+    assert chosen == ["7d41e0b2-cccc", "short"]  # each once, in the link's order
+    # a prefix two runs share, one shorter than the short id, and an unknown id are said
+    assert missing == ["3f2a9c1e", "3f2a", "gone-run-id"]

@@ -161,7 +161,7 @@ def _summarize(
     acc_before = [a for s, a in evals if alert_step is not None and s <= alert_step]
     return {
         "run_id": run_id,
-        "steps": len(points),
+        "steps": max((p["step"] for p in points), default=0),  # step 0: the baseline eval
         "alert_step": alert_step,
         "mitigation_applied_step": applied_step,
         "acr_before": _mean([p["acr"] for p in before]),

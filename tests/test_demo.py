@@ -23,7 +23,7 @@ def test_demo_quick_detects_and_mitigates_collapse(postgres_url, tmp_path):
         drop()
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["steps"] > 0 and summary["dashboard_url"].startswith("http://127.0.0.1:")
+    assert summary["steps"] == 60 and summary["dashboard_url"].startswith("http://127.0.0.1:")
     assert summary["alert_step"] is not None, "the collapse alert never fired"
     assert summary["mitigation_applied_step"] >= summary["alert_step"]
     assert summary["acr_effective_after"] < summary["acr_before"]

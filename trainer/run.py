@@ -311,6 +311,8 @@ def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
         try:
             if (accuracy := trainer.evaluate()) is not None:  # None: a signal cut it short
                 evals.append((trainer.step, accuracy))
+                if trainer.step == 0:  # the baseline (a resumed run's is its last attempt's)
+                    trainer.monitor.log_scalars(0, {"eval_accuracy": accuracy})
             commands += trainer.apply_commands()  # commands waiting before the first step
             commands += _train_steps(trainer, evals)
             last = evals[-1][0] if evals else None

@@ -79,6 +79,7 @@ if monitors:
             "initialized_after": dist.is_initialized(),
             "steps_completed": summary["steps_completed"],
             "signal": summary["signal"],
+            "accuracy_start": summary["accuracy_start"],
         }
     )
 )

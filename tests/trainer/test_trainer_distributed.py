@@ -77,6 +77,9 @@ def test_two_ranks_against_a_real_server(warm_policy, tmp_path, server_url):
         points = api.get(f"/api/v1/runs/{run_id}/metrics").json()["points"]
         commands = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
     # the server pools both ranks' groups per step: 2 ranks x 4 groups, the trainer's own ACR
+    baseline = points.pop(0)  # the held-out accuracy before training, every rank's the same
+    assert baseline["step"] == 0 and baseline["n_valid"] == 0
+    assert baseline["scalars"]["eval_accuracy"] == pytest.approx(ranks[0]["accuracy_start"])
     assert [p["step"] for p in points] == [1, 2, 3, 4]
     for p in points:
         assert p["n_valid"] == 8

@@ -53,6 +53,11 @@ def test_trainer_streams_to_a_real_server_and_obeys_its_commands(warm_policy, tm
     assert command["status"] == "applied" and command["acked_step"] == 2
 
     points = api.get(f"/api/v1/runs/{run_id}/metrics").json()["points"]
+    # step 0: the held-out accuracy before training, the baseline of the eval chart (it was
+    # kept in the trainer's summary only), and no groups
+    baseline = points.pop(0)
+    assert baseline["step"] == 0 and baseline["acr"] is None and baseline["n_valid"] == 0
+    assert baseline["scalars"] == {"eval_accuracy": pytest.approx(summary["accuracy_start"])}
     assert [p["step"] for p in points] == [1, 2, 3, 4, 5]
     for p in points:
         assert p["acr"] == pytest.approx(history[p["step"]]["acr"])

@@ -412,12 +412,16 @@ def alert_markers(alerts: Iterable[dict], points: Sequence[Point]) -> tuple[list
     for a in fired(alerts):
         step = a["fired_step"]
         value = a.get("value")
+        acr = acr_at.get(step)
         xs.append(step)
-        ys.append(acr_at.get(step) if acr_at.get(step) is not None else 1.0)
+        ys.append(1.0 if acr is None else acr)  # at the top: its step has no ACR to sit on
         rule, severity = _text(str(a.get("rule", "?"))), _text(str(a.get("severity", "warning")))
         texts.append(  # the rule's name and severity are text (a name was HTML in the hover)
             f"<b>alert {rule}</b> ({severity}, {a.get('state')})"
-            f"<br>value {explain.fmt(value)} at step {step}" + _resolved(a)
+            f"<br>value {explain.fmt(value)} at step {step}"
+            + _resolved(a)
+            # at y = 1 it read as an ACR of 1 on a run whose every group was invalid (a trial)
+            + ("<br>(no ACR at this step: drawn at the top)" if acr is None else "")
         )
     return xs, ys, texts
 

@@ -145,7 +145,7 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
     scored = acr is not None or state.get("ema") is not None
 
     wasted_text = explain.fmt(None) if wasted is None else f"{explain.fmt(100 * wasted, 0)}%"
-    if wasted is None and tail:
+    if wasted is None and tail and scored:  # no ACR at all: no "0.0/step" either (a trial)
         # Without a group size that fits the data, show completions wasted per step instead.
         wasted_text = f"{explain.fmt(sum(r[3] or 0 for r in tail) / len(tail), 1)}/step"
     return [

@@ -612,6 +612,13 @@ def test_a_run_with_no_acr_at_all_gets_no_green_cards():
     state = kpis.initial_state({}, tail, False, 1)
     cards = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
     assert {cards[k]["level"] for k in ("acr", "acr_ema", "acr_streak", "wasted")} == {"none"}
+    # without a group size the card fell back to "0.0/step" wasted
+    cards = {c["id"]: c for c in kpis.cards(state, {"status": "running"})}
+    assert cards["wasted"]["value"] == "—"
+    # an alert at a step with no ACR sits at the top, and its hover says why (it read as 1)
+    alert = {"rule": "non_finite_rewards", "fired_step": 1, "state": "firing", "value": 8}
+    _xs, ys, (text,) = figures.alert_markers([alert], tail)
+    assert ys == [1.0] and text.endswith("(no ACR at this step: drawn at the top)")
 
 
 def test_a_mode_set_again_is_no_change():

@@ -31,6 +31,12 @@ def test_trainer_streams_to_a_real_server_and_obeys_its_commands(warm_policy, tm
 
     def hook(t, record):
         if record["step"] == 2:
+            # the Monitor registers the run from its sender thread: on a busy machine it was
+            # not there yet at step 2 (a 404 below)
+            deadline = time.monotonic() + 30
+            while api.get(f"/api/v1/runs/{run_id}").status_code == 404:
+                assert time.monotonic() < deadline, "the Monitor never registered the run"
+                time.sleep(0.1)
             r = api.post(
                 f"/api/v1/runs/{run_id}/commands",
                 json={"type": "set_mitigation", "params": {"mode": "avspo"}, "reason": "test"},

@@ -35,32 +35,85 @@ def _alerts(session, run_id: str | None = None, state: str | None = "firing") ->
     return list(lister(session, run_id=run_id, state=state))
 
 
-def runs_overview(info, project: str | None = None, tag: str | None = None) -> list[dict]:
-    """Every run the key may see, newest first, each with ``spark`` (recent ACRs),
-    ``latest_effective`` (the newest step's effective ACR, or None) and ``alerts`` (firing
-    episodes)."""
+RUN_STATUSES = ("running", "stale", "finished", "failed")
+# how the runs list can be ordered: key → its label (the first is the default)
+RUN_ORDERS = {
+    "newest": "newest first",
+    "alerts": "most firing alerts first",
+    "acr": "highest latest ACR first (raw)",
+}
+
+
+def runs_overview(
+    info,
+    project: str | None = None,
+    tag: str | None = None,
+    status: str | None = None,
+    order: str = "newest",
+) -> list[dict]:
+    """Every run the key may see (`runs_listing` without a limit)."""
+    return runs_listing(info, project, tag, status, order)[0]
+
+
+def runs_listing(
+    info,
+    project: str | None = None,
+    tag: str | None = None,
+    status: str | None = None,
+    order: str = "newest",
+    limit: int | None = None,
+) -> tuple[list[dict], int]:
+    """The runs the key may see with the given project, tag and status (None: any), in
+    ``order`` (a RUN_ORDERS key; newest first within ties), as (the first ``limit`` of them,
+    how many there are). Each shown run has ``spark`` (recent ACRs), ``latest_effective``
+    (the newest step's effective ACR, or None) and ``alerts`` (firing episodes); only the shown
+    runs' sparklines are read (every run's, each refresh, on a list of hundreds)."""
     q = _queries()
     if info is not None and getattr(info, "project", None):
         project = info.project
     with context.session() as s:
         runs = q.list_runs(s, project=project or None, tag=tag or None)
+        runs = [r for r in runs if context.can_see(info, r)]
+        if status:
+            runs = [r for r in runs if r.get("status") == status]
         alerts_by_run: dict[str, list] = {}
         for a in _alerts(s):
             alerts_by_run.setdefault(a.get("run_id"), []).append(a)
         for run in runs:
-            last = run.get("last_step")
-            spark: list = []
-            if last is not None:
-                m = q.run_metrics(
-                    s, run["run_id"], from_step=last - SPARK_STEPS + 1, max_points=SPARK_POINTS
-                )
-                spark = [p.get("acr") for p in m["points"]]
-                # the newest step's, as the run page shows it (an older step's sat beside the
-                # newest ACR: a trial)
-                run["latest_effective"] = m["points"][-1].get("acr_effective") if spark else None
-            run["spark"] = spark
             run["alerts"] = alerts_by_run.get(run["run_id"], [])
-    return [r for r in runs if context.can_see(info, r)]
+        runs = _ordered(runs, order)
+        shown = runs if limit is None else runs[: max(0, limit)]
+        for run in shown:
+            _add_sparkline(s, q, run)
+    return shown, len(runs)
+
+
+def _ordered(runs: list[dict], order: str) -> list[dict]:
+    """``runs`` (newest first) in ``order``; a stable sort keeps newest first within ties."""
+    if order == "alerts":
+        return sorted(runs, key=lambda r: -len(r["alerts"]))
+    if order == "acr":
+        # runs without an ACR last
+        return sorted(
+            runs, key=lambda r: (r.get("latest_acr") is None, -(r.get("latest_acr") or 0))
+        )
+    return runs
+
+
+def _add_sparkline(session, q, run: dict) -> None:
+    """Set the run's ``spark`` (ACRs of its last SPARK_STEPS steps) and ``latest_effective``."""
+    last = run.get("last_step")
+    spark: list = []
+    run["latest_effective"] = None
+    if last is not None:
+        m = q.run_metrics(
+            session, run["run_id"], from_step=last - SPARK_STEPS + 1, max_points=SPARK_POINTS
+        )
+        spark = [p.get("acr") for p in m["points"]]
+        # the newest step's, as the run page shows it (an older step's sat beside the newest
+        # ACR: a trial)
+        run["latest_effective"] = m["points"][-1].get("acr_effective") if spark else None
+    run["spark"] = spark
 
 
 def visible_runs(info) -> list[dict]:

@@ -9,15 +9,32 @@ from vantage.dashboard import components, context, data, url_state
 dash.register_page(__name__, path="/", name="Runs", title="Vantage · runs", order=0)
 
 RUNS_REFRESH_MS = 5000
-_ADDRESS = {"project": "runs-project", "tag": "runs-tag"}
+RUNS_SHOWN = 50  # runs listed at first; "Show more" adds as many (each refresh reads theirs)
+_ADDRESS = {
+    "project": "runs-project",
+    "tag": "runs-tag",
+    "status": "runs-status",
+    "order": "runs-order",
+}
 
 
-def layout(project: str | None = None, tag: str | None = None, **_query) -> html.Div:
-    """The runs page, filtered by ``?project=`` and ``?tag=`` when they name one the key sees."""
+def layout(
+    project: str | None = None,
+    tag: str | None = None,
+    status: str | None = None,
+    order: str | None = None,
+    **_query,
+) -> html.Div:
+    """The runs page, filtered by ``?project=``, ``?tag=`` and ``?status=`` when they name one
+    the key sees, in ``?order=`` (a `data.RUN_ORDERS` key)."""
     projects, tags = data.filter_options(context.current_key())
     unknown = [
         f"{what} {asked!r}"
-        for what, asked, known in (("project", project, projects), ("tag", tag, tags))
+        for what, asked, known in (
+            ("project", project, projects),
+            ("tag", tag, tags),
+            ("status", status, data.RUN_STATUSES),
+        )
         if asked and asked not in known
     ]
     return html.Div(
@@ -42,11 +59,35 @@ def layout(project: str | None = None, tag: str | None = None, **_query) -> html
                 [
                     _filter("runs-project", projects, project, "all projects"),
                     _filter("runs-tag", tags, tag, "all tags"),
+                    _filter("runs-status", list(data.RUN_STATUSES), status, "any status"),
+                    dcc.Dropdown(  # unset: newest first, and no ?order= in the address
+                        id="runs-order",
+                        options=[{"label": v, "value": k} for k, v in data.RUN_ORDERS.items()],
+                        value=order if order in data.RUN_ORDERS else None,
+                        placeholder=data.RUN_ORDERS["newest"],
+                    ),
                 ],
                 className="filters card",
             ),
             _ADDRESS_STORE,
-            html.Div(html.Div(id="runs-body"), className="card"),
+            html.Div(
+                [
+                    html.Div(id="runs-body"),
+                    html.Div(
+                        [
+                            html.Span(id="runs-count", className="muted"),
+                            html.Button(
+                                f"Show {RUNS_SHOWN} more",
+                                id="runs-more",
+                                n_clicks=0,
+                                style={"display": "none"},
+                            ),
+                        ],
+                        className="runs-more",
+                    ),
+                ],
+                className="card",
+            ),
             dcc.Interval(id="runs-interval", interval=RUNS_REFRESH_MS),
         ]
     )
@@ -67,13 +108,25 @@ def _filter(component_id: str, options: list[str], asked: str | None, everything
     Output("runs-body", "children"),
     Output("runs-project", "options"),
     Output("runs-tag", "options"),
+    Output("runs-count", "children"),
+    Output("runs-more", "style"),
     Input("runs-interval", "n_intervals"),
     Input("runs-project", "value"),
     Input("runs-tag", "value"),
+    Input("runs-status", "value"),
+    Input("runs-order", "value"),
+    Input("runs-more", "n_clicks"),
 )
 @context.in_thread
-def refresh_runs(_n, project, tag):
+def refresh_runs(_n, project, tag, status, order, more):
     info = context.current_key()
-    runs = data.runs_overview(info, project, tag)
+    limit = RUNS_SHOWN * (1 + max(0, int(more or 0)))
+    runs, total = data.runs_listing(info, project, tag, status, order or "newest", limit)
     projects, tags = data.filter_options(info)
-    return components.runs_table(runs), projects, tags
+    if not runs and (project or tag or status):  # "No runs yet" read as an empty server
+        body = html.P("No run matches these filters.", className="muted", id="runs-empty")
+    else:
+        body = components.runs_table(runs)
+    count = f"{len(runs):,} of {total:,} runs" if total > len(runs) else ""
+    more_style = {} if total > len(runs) else {"display": "none"}
+    return body, projects, tags, count, more_style

@@ -58,6 +58,7 @@ def server(tmp_path_factory) -> Server:
         "ingest": create_key(db_url, "trainer", "ingest,read"),
         "control": create_key(db_url, "lead", "read,control"),
         "read": create_key(db_url, "viewer", "read"),
+        "admin": create_key(db_url, "operator", "admin"),
     }
     port = free_port()
     env = {**os.environ, "VANTAGE_DASHBOARD_REFRESH_S": "0.5"}
@@ -146,3 +147,27 @@ def make_key(server):
         return lambda: subprocess.run(revoke, check=True, capture_output=True)
 
     return make
+
+
+RUNS_OUTPUTS = [
+    ("runs-body", "children"),
+    ("runs-project", "options"),
+    ("runs-tag", "options"),
+    ("runs-count", "children"),
+    ("runs-more", "style"),
+]
+RUNS_FILTERS = ("runs-project", "runs-tag", "runs-status", "runs-order")
+
+
+@pytest.fixture(scope="session")
+def runs_request():
+    """The body of the runs page's refresh callback as the browser posts it to
+    /dashboard/_dash-update-component (filters unset), with its parts to vary."""
+    outputs = [{"id": c, "property": p} for c, p in RUNS_OUTPUTS]
+    inputs = [
+        {"id": "runs-interval", "property": "n_intervals", "value": 1},
+        *({"id": c, "property": "value", "value": None} for c in RUNS_FILTERS),
+        {"id": "runs-more", "property": "n_clicks", "value": 0},
+    ]
+    output = "...".join(f"{c}.{p}" for c, p in RUNS_OUTPUTS).join(["..", ".."])
+    return {"output": output, "outputs": outputs, "inputs": inputs}

@@ -494,3 +494,37 @@ def test_a_runs_notes_show_on_its_page_as_typed(read_page, server):
     page.wait_for_selector("#run-notes")
     assert page.inner_text("#run-notes") == notes
     assert page.locator("#run-notes b").count() == 0  # text, not markup
+
+
+def test_the_runs_list_shows_the_first_runs_then_more_and_filters_by_status(login_as, server):
+    """Every run was listed (and read) on each refresh, with no status filter (a trial)."""
+    with server.api() as api:
+        ids = [
+            api.post("/api/v1/runs", json={"name": f"paged-{i}", "project": "paged"}).json()[
+                "run_id"
+            ]
+            for i in range(52)
+        ]
+        api.post(f"/api/v1/runs/{ids[0]}/finish", json={"status": "failed"}).raise_for_status()
+    rows = "document.querySelectorAll('#runs-table tbody tr').length"
+    page = login_as("read", "/dashboard/?project=paged")
+    try:
+        page.wait_for_function(f"{rows} == 50")
+        assert page.inner_text("#runs-count") == "50 of 52 runs"
+        page.click("#runs-more")
+        page.wait_for_function(f"{rows} == 52")
+        assert not page.locator("#runs-more").is_visible()
+        page.goto(f"{server.url}/dashboard/?project=paged&status=failed")
+        page.wait_for_function(f"{rows} == 1")
+        assert page.locator(f'#runs-table tr[data-run-id="{ids[0]}"]').count() == 1
+        page.evaluate("window.dash_clientside.set_props('runs-status', {value: 'finished'})")
+        page.wait_for_selector("#runs-empty")
+        assert page.inner_text("#runs-empty") == "No run matches these filters."
+        assert page.evaluate("location.search") == "?project=paged&status=finished"
+        page.evaluate("window.dash_clientside.set_props('runs-order', {value: 'acr'})")
+        page.wait_for_function("location.search.endsWith('&order=acr')")
+    finally:
+        page.close()
+        with server.api("admin") as api:  # the other tests look for their runs among the newest 50
+            for run_id in ids:
+                api.delete(f"/api/v1/runs/{run_id}").raise_for_status()

@@ -89,6 +89,30 @@ def test_runs_filters_and_sparklines(dashboard):
     assert "demo" in projects and {"grpo", "avspo", "aapo", "math"} <= set(tags)
 
 
+def test_the_runs_list_filters_by_status_orders_and_shows_the_first_runs(dashboard):
+    """The runs list had no status filter, one order and no limit: every run's sparkline was
+    read on each refresh (a trial)."""
+    with dashboard.api() as api:
+        failed, _attempt = sample_data.create_run(api, "listed-failed")
+        api.post(f"/api/v1/runs/{failed}/finish", json={"status": "failed"}).raise_for_status()
+    everything, total = data.runs_listing(READ)
+    assert total == len(everything) >= 4
+    first, total_again = data.runs_listing(READ, limit=2)
+    assert total_again == total and [r["run_id"] for r in first] == [
+        r["run_id"] for r in everything[:2]
+    ]
+    assert all("spark" in r for r in first)
+    by_status = {s: data.runs_overview(READ, status=s) for s in data.RUN_STATUSES}
+    assert failed in {r["run_id"] for r in by_status["failed"]}
+    assert all(r["status"] == s for s, runs in by_status.items() for r in runs)
+    assert sum(len(runs) for runs in by_status.values()) == total
+    acrs = [r["latest_acr"] for r in data.runs_overview(READ, order="acr")]
+    scored = [a for a in acrs if a is not None]  # highest first, runs without an ACR last
+    assert len(set(scored)) > 1 and acrs[: len(scored)] == sorted(scored, reverse=True)
+    alerts = [len(r["alerts"]) for r in data.runs_overview(READ, order="alerts")]
+    assert alerts == sorted(alerts, reverse=True)
+
+
 def test_the_runs_list_shows_a_mitigated_runs_effective_acr(dashboard):
     """A run AVSPO brought to an effective ACR of 0 showed only its raw ACR, in red: the
     reddest run on the list (a trial). A run without mitigation keeps its raw colour."""

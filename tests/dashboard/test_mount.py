@@ -34,35 +34,21 @@ def two_apps(tmp_path_factory):
     return apps
 
 
-def runs_callback(client: TestClient) -> dict:
+def runs_callback(client: TestClient, runs_request: dict) -> dict:
     """The runs page's data callback, called as the browser calls it."""
-    body = {
-        "output": "..runs-body.children...runs-project.options...runs-tag.options..",
-        "outputs": [
-            {"id": "runs-body", "property": "children"},
-            {"id": "runs-project", "property": "options"},
-            {"id": "runs-tag", "property": "options"},
-        ],
-        "inputs": [
-            {"id": "runs-interval", "property": "n_intervals", "value": 1},
-            {"id": "runs-project", "property": "value", "value": None},
-            {"id": "runs-tag", "property": "value", "value": None},
-        ],
-        "changedPropIds": ["runs-interval.n_intervals"],
-        "state": [],
-    }
+    body = {**runs_request, "changedPropIds": ["runs-interval.n_intervals"], "state": []}
     r = client.post("/dashboard/_dash-update-component", json=body)
     assert r.status_code == 200, r.text[:500]
     return r.json()["response"]
 
 
-def test_each_app_serves_its_own_runs(two_apps):
+def test_each_app_serves_its_own_runs(two_apps, runs_request):
     for name, app in two_apps.items():
         other = "beta" if name == "alpha" else "alpha"
         with TestClient(app) as c:
             assert c.get("/dashboard", follow_redirects=False).headers["location"] == "/dashboard/"
             assert c.get("/dashboard/runs/anything").status_code == 200
-            response = runs_callback(c)
+            response = runs_callback(c, runs_request)
             assert response["runs-tag"]["options"] == [name]
             assert f"run-{name}" in str(response["runs-body"]["children"])
             assert f"run-{other}" not in str(response["runs-body"]["children"])

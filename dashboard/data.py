@@ -163,7 +163,8 @@ def run_snapshot(info, run_id: str, max_points: int = 5000) -> dict[str, Any] | 
 def run_since(
     info, run_id: str, after_step: int | None, reported: list | None = None
 ) -> dict[str, Any] | None:
-    """A live update: the run, the steps after ``after_step``, and what changes rarely.
+    """A live update: the run, the steps after ``after_step``, ``again`` (step ``after_step``
+    read again, or None: its scalars may have come after its groups), and what changes rarely.
     ``reported``: the run's mitigation changes up to ``after_step`` (`run_snapshot`'s, then
     each update's), extended here with those of the new steps only (the whole run's were one
     scan of every step at each tick)."""
@@ -172,8 +173,10 @@ def run_since(
         run = q.get_run(s, run_id)
         if not context.can_see(info, run):
             return None
-        from_step = None if after_step is None else after_step + 1
-        points = q.run_metrics(s, run_id, from_step=from_step)["points"]
+        points = q.run_metrics(s, run_id, from_step=after_step)["points"]
+        again = None
+        if after_step is not None and points and points[0]["step"] == after_step:
+            again, points = points[0], points[1:]
         alerts = _alerts(s, run_id, state=None)  # for the banner, also without new steps
         timeline = None
         if points:
@@ -186,6 +189,7 @@ def run_since(
         "alerts": alerts,
         "timeline": timeline,
         "reported": reported,
+        "again": again,
     }
 
 

@@ -210,6 +210,7 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
     state["non_finite"] = figures.non_finite_scalar(points)
     state["scalars"] = figures.scalar_names(points)[: figures.MAX_SCALAR_CHARTS]  # charted
     state["shown"] = figures.scalars_shown(points)
+    state["last_scalars"] = _scalars_at(points[-1] if points else None)
     offers = suggestions(run, alerts, state)
     state["banner_key"] = banner_key(run, alerts, offers)
     state["reward_std"] = figures.has_reward_std(points)
@@ -236,19 +237,45 @@ def _new_scalar_chart(state: dict, points: list[dict]) -> bool:
     return bool(set(figures.scalar_names(points)) - set(charted))
 
 
+def _scalars_at(point: dict | None) -> list[str]:
+    """The names of the scalars ``point`` has a value for."""
+    return sorted(n for n, v in ((point or {}).get("scalars") or {}).items() if v is not None)
+
+
+def _late_scalars(state: dict, again: dict | None) -> set[str]:
+    """The scalars of the last drawn step (``again``, read again) that came after it was drawn:
+    the bundled trainer logs the held-out accuracy after the step's groups, and the eval chart
+    showed no point for it until a reload (a trial)."""
+    return set(_scalars_at(again)) - set(state.get("last_scalars") or []) if again else set()
+
+
+def _append_late(patch: Patch, state: dict, again: dict, late: set[str]) -> None:
+    """Append the ``late`` scalars of step ``again`` to their charts' traces in ``patch``."""
+    for i, series in enumerate(figures.scalar_series(state.get("scalars") or [])):
+        if series.key in late:
+            patch["data"][i]["x"].append(again["step"])
+            patch["data"][i]["y"].append(series.value(again))
+
+
 def live_update(info, run_id: str, state: dict) -> tuple | None:
     """Outputs for one tick: Patches appending the new steps, or no_update where nothing
     changed; a full reload when a new attempt rewrote steps already shown."""
     update = data.run_since(info, run_id, state.get("last_step"), state.get("reported"))
     if update is None:
         return None
-    run, points = update["run"], update["points"]
+    run, points, again = update["run"], update["points"], update.get("again")
+    late = _late_scalars(state, again)
+    scalars = Patch()
+    if late:
+        _append_late(scalars, state, again, late)
+        state = {**state, "last_scalars": _scalars_at(again)}
     new_attempt = run.get("attempt") != state.get("attempt") and state.get("attempt") is not None
     # A page left open for days would grow its figures without bound: past APPEND_LIMIT appended
     # steps, reload them downsampled.
     too_long = state.get("appended", 0) + len(points) > APPEND_LIMIT
     first_steps = bool(points) and state.get("last_step") is None  # the "no steps" note goes
-    if new_attempt or too_long or first_steps or _new_scalar_chart(state, points):
+    new_chart = _new_scalar_chart(state, [again, *points] if late else points)
+    if new_attempt or too_long or first_steps or new_chart:
         return first_load(info, run_id, state.get("can_control", False))
     finished = components.run_ended(run)
     alerts = update["alerts"] or []
@@ -258,23 +285,27 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
         # pass), not at every tick, which would replace a button under the user's click.
         offers = suggestions(run, alerts, state)
         key = banner_key(run, alerts, offers)
+        late_figure = scalars if late else no_update
         if key == state.get("banner_key"):
-            return (header(run), no_update, no_update, no_update, no_update, no_update,
-                    no_update, no_update, finished)  # fmt: skip
+            return (header(run), no_update, no_update, state if late else no_update, no_update,
+                    no_update, late_figure, no_update, finished)  # fmt: skip
         can_control = state.get("can_control", False)
         return (header(run), banner(run, alerts, state, can_control, offers), no_update,
-                {**state, "banner_key": key}, no_update, no_update, no_update, no_update,
+                {**state, "banner_key": key}, no_update, no_update, late_figure, no_update,
                 finished)  # fmt: skip
     new_state = kpis.advance(state, points)
     new_state["appended"] = state.get("appended", 0) + len(points)
-    acr, reward, scalars = Patch(), Patch(), Patch()
+    new_state["last_scalars"] = _scalars_at(points[-1])
+    acr, reward = Patch(), Patch()
     figures.extend_patch(acr, points, figures.ACR_SERIES)
     figures.extend_patch(reward, points, figures.REWARD_SERIES)
     figures.extend_patch(scalars, points, figures.scalar_series(state.get("scalars") or []))
     if not state.get("reward_std") and figures.has_reward_std(points):  # the band shows now
         reward["data"][figures.REWARD_BAND]["showlegend"] = True
         new_state["reward_std"] = True
-    if not state.get("non_finite") and (note := figures.non_finite_scalar(points)):
+    if not state.get("non_finite") and (
+        note := figures.non_finite_scalar([again, *points] if late else points)
+    ):
         scalars["layout"]["title"]["text"] = figures.scalars_title(note, state.get("shown"))
         new_state["non_finite"] = note
     timeline = update["timeline"] or []

@@ -395,3 +395,36 @@ def test_an_alert_on_a_mitigated_run_says_the_rules_read_the_raw_acr():
     mitigated = {"run_id": "r", "status": "running", "mitigation_reported": {"mode": "avspo"}}
     assert "AVSPO is on: it leaves the raw ACR that rules read" in text(mitigated)
     assert "is on:" not in text({"run_id": "r", "status": "running"})
+
+
+def test_a_live_update_draws_scalars_that_came_after_their_steps_groups(dashboard):
+    """The bundled trainer logs the held-out accuracy after the step's groups: a page that had
+    drawn the step showed no eval point for it until a reload (a trial)."""
+    with dashboard.api() as api:
+        run_id, attempt = sample_data.create_run(api, "late-eval")
+        records = sample_data.step_records(0, 3)
+        for record in records:
+            record["scalars"] = {"loss": 0.1}
+        records[0]["scalars"]["eval_accuracy"] = 0.4
+        sample_data.send_steps(api, run_id, attempt, records)
+        state = run_view.first_load(READ, run_id)[run_view.OUTPUTS.index("state")]
+        trace = state["scalars"].index("eval_accuracy")
+        late = {"step": 2, "groups": [], "scalars": {"eval_accuracy": 0.6}}
+        sample_data.send_steps(api, run_id, attempt, [late])
+
+        def appended(out) -> list:
+            patch = out[run_view.OUTPUTS.index("scalars_figure")].to_plotly_json()["operations"]
+            return [(op["location"][-1], op["params"]["value"]) for op in patch
+                    if op["location"][:2] == ["data", trace]]  # fmt: skip
+
+        out = run_view.live_update(READ, run_id, state)  # no new step: the late scalar alone
+        assert appended(out) == [("x", 2), ("y", 0.6)]
+        state = out[run_view.OUTPUTS.index("state")]
+        assert run_view.live_update(READ, run_id, state)[6] is no_update  # drawn once
+        step_3, step_4 = ({**r, "scalars": {"loss": 0.1}} for r in sample_data.step_records(3, 2))
+        sample_data.send_steps(api, run_id, attempt, [step_3])
+        state = run_view.live_update(READ, run_id, state)[run_view.OUTPUTS.index("state")]
+        # step 3's accuracy and step 4's groups in one tick: the late point, then the new step
+        sample_data.send_steps(api, run_id, attempt, [{**late, "step": 3}, step_4])
+        out = run_view.live_update(READ, run_id, state)
+        assert appended(out) == [("x", 3), ("y", 0.6), ("x", [4]), ("y", [None])]

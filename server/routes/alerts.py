@@ -31,6 +31,7 @@ from ..alerts import list_alerts
 from ..db import redo_on_lock_conflict
 from ..deps import ControlKey, ReadKey, SessionDep, SettingsDep, check_key, load_run
 from ..keys import KeyInfo
+from ..locks import rule_writes_lock
 from ..models import Run, as_utc
 from ..notify import redact_url
 from ..settings import Settings
@@ -125,13 +126,14 @@ def rules_create(
 ) -> dict:
     """Create a rule; answers 201 with the rule and its `id`."""
     _scoped(body, key, session)
-    try:
-        rule = create_rule(session, body, settings.webhook_allow)
-    except ValueError as exc:
-        raise HTTPException(422, str(exc)) from exc
-    except RuleExists as exc:
-        raise HTTPException(409, str(exc)) from exc
-    session.commit()
+    with rule_writes_lock(session):  # until the commit: a name another request is storing
+        try:
+            rule = create_rule(session, body, settings.webhook_allow)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from exc
+        except RuleExists as exc:
+            raise HTTPException(409, str(exc)) from exc
+        session.commit()
     return rule
 
 
@@ -160,7 +162,10 @@ def _update(
         run_id = body.run_id if "run_id" in changed else rule.run_id
         project = body.project if "project" in changed else rule.project
         _same_project(session.get(Run, run_id) if run_id else None, project)
-    with change_lock(session, rule, body.run_id if "run_id" in changed else None):
+    with (
+        rule_writes_lock(session),  # first: then the run locks (never the other way round)
+        change_lock(session, rule, body.run_id if "run_id" in changed else None),
+    ):
         try:
             out = update_rule(session, rule, body, settings)
         except ValueError as exc:

@@ -1028,3 +1028,35 @@ def test_names_at_their_limit_issue_commands(server, api):
         assert r.status_code == 201, r.text
     log = api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"]
     assert log[0]["issued_by"] == "key:" + "k" * 200
+
+
+def test_parallel_writes_of_one_rule_name_store_it_once(server, api):
+    """16 parallel creates of one name stored it 5 times on PostgreSQL, and two rules renamed
+    to one name in parallel both got a 200 (a trial): each request had found the name free."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = {"name": "raced", "metric": "acr", "op": ">", "threshold": 0.5}
+
+    def create(_i: int) -> int:
+        with server.client("all") as client:
+            return client.post("/api/v1/alert-rules", json=body).status_code
+
+    with ThreadPoolExecutor(16) as pool:
+        codes = sorted(pool.map(create, range(16)))
+    assert codes == [201] + [409] * 15, codes
+    ids = [make_rule(api, **{**body, "name": f"raced-{i}"})["id"] for i in range(2)]
+
+    def rename(rule_id: int) -> int:
+        with server.client("all") as client:
+            return client.put(
+                f"/api/v1/alert-rules/{rule_id}", json={"name": "renamed"}
+            ).status_code
+
+    with ThreadPoolExecutor(2) as pool:
+        assert sorted(pool.map(rename, ids)) == [200, 409]
+    rules = api.get("/api/v1/alert-rules").json()["rules"]
+    names = sorted(r["name"] for r in rules if r["name"].startswith(("raced", "renamed")))
+    assert names in (["raced", "raced-0", "renamed"], ["raced", "raced-1", "renamed"]), names
+    for rule in rules:
+        if rule["name"].startswith(("raced", "renamed")):
+            assert api.delete(f"/api/v1/alert-rules/{rule['id']}").status_code == 204

@@ -24,8 +24,11 @@ def default_database_url() -> str:
 # is a range gone wrong, not a name).
 _HOST = re.compile(r"(\*\.)?(?=.*[A-Za-z])[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.?")
 
-# A duration: a positive number of seconds (0 or less would spin a loop or expire at once).
-Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# A duration: a positive number of seconds (0 or less would spin a loop or expire at once), at
+# most ten years (1e308 passed, then overflowed a datetime: commands answered 500 and alert
+# evaluation failed, a trial).
+MAX_SECONDS = 10 * 366 * 86400
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
 
 
 class Settings(BaseSettings):
@@ -42,7 +45,7 @@ class Settings(BaseSettings):
     webhook_allow: str | None = None
     command_ttl_s: Seconds = 3600.0
     # at least 0.5 s: each refresh of each open page reads the run (0.001 was taken)
-    dashboard_refresh_s: Annotated[float, Field(ge=0.5, allow_inf_nan=False)] = 2.0
+    dashboard_refresh_s: Annotated[float, Field(ge=0.5, le=MAX_SECONDS, allow_inf_nan=False)] = 2.0
     # A step is evaluated once all ranks reported, a later step arrives, or this long after its
     # first record (DESIGN.md §6).
     step_complete_after_s: Seconds = 30.0

@@ -186,6 +186,8 @@ def test_insecure_no_auth_refuses_public_host():
     [
         ("VANTAGE_DEFAULT_MITIGATION_MODE", "bogus", "Input should be 'off', 'suggest' or 'auto'"),
         ("VANTAGE_WEBHOOK_GIVE_UP_S", "-5", "Input should be greater than 0"),
+        ("VANTAGE_COMMAND_TTL_S", "1e308", "Input should be less than or equal to 316224000"),
+        ("VANTAGE_WEBHOOK_GIVE_UP_S", "1e12", "Input should be less than or equal to 316224000"),
         ("VANTAGE_DASHBOARD_REFRESH_S", "0.001", "Input should be greater than or equal to 0.5"),
         ("VANTAGE_WEBHOOK_ALLOW", ",,,", "names no target"),
         ("VANTAGE_PUBLIC_URL", "notaurl", "must be an http:// or https:// URL"),

@@ -439,11 +439,14 @@ def test_long_names_and_tags_wrap_in_the_runs_table(login_as, server):
         run_id = api.post("/api/v1/runs", json=body).json()["run_id"]
     page = login_as("read", "/dashboard/")
     try:
-        page.set_viewport_size({"width": 1280, "height": 800})
+        page.set_viewport_size({"width": 1000, "height": 800})
         page.wait_for_selector(f'#runs-table tr[data-run-id="{run_id}"]')
         widths = "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
         scroll, client = page.evaluate(widths)
         assert scroll <= client, (scroll, client)
+        # and the name keeps a readable width (it was squeezed to three letters a line)
+        name_cell = f'#runs-table tr[data-run-id="{run_id}"] td'
+        assert page.eval_on_selector(name_cell, "td => td.getBoundingClientRect().width") >= 140
     finally:
         page.close()
 

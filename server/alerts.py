@@ -28,7 +28,7 @@ from sqlalchemy import and_, bindparam, false, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from .alert_metrics import SERIES_METRICS, Window, series_values, stale_value, step_value
-from .alert_models import AlertEpisode, AlertRule, AlertState, Silence
+from .alert_models import AlertEpisode, AlertRule, AlertState, Silence, WebhookMessage
 from .alert_steps import evaluable_steps, evaluated_frontier, mark_evaluated, unevaluated_steps
 from .commands import ENDED_STATES, create_command, mitigation_state
 from .locks import RunState, run_lock, save_run_state
@@ -623,12 +623,25 @@ def _notify(
     resolution whose firing was told is told too, even if a silence began in between (chat
     showed the alert firing for ever: a trial); a silence mutes the episodes it finds firing
     from then on."""
-    if not rule.notify or (state == "firing" and ctx.silenced(rule)):
+    urls = list(rule.notify or []) if state == "firing" else told(ctx.session, ep.id)
+    if not urls or (state == "firing" and ctx.silenced(rule)):
         return False
     body = webhook_body(ctx.settings, ctx.run, rule, ep.id, state, step, value)
-    enqueue(ctx.session, list(rule.notify), body, ep.id)
+    enqueue(ctx.session, urls, body, ep.id)
     ctx.queued = True
     return True
+
+
+def told(session: Session, episode_id: int) -> list[str]:
+    """The URLs an episode's firing was queued for (its outbox messages), in order: where its
+    resolution goes, whatever its rule's `notify` is now (a rule re-pointed while its alert
+    fired sent "firing" to one URL and "resolved" to the other: a trial)."""
+    rows = session.execute(
+        select(WebhookMessage.url)
+        .where(WebhookMessage.episode_id == episode_id)
+        .order_by(WebhookMessage.id)
+    ).scalars()
+    return list(dict.fromkeys(rows))
 
 
 def dashboard_url(settings: Settings, run_id: str) -> str | None:
@@ -703,20 +716,54 @@ def end_rule_episodes(
             st = session.get(AlertState, (rule.id, run_id))
             if run is None or st is None or st.episode_id is None or keep(run):
                 continue
-            ep = session.get(AlertEpisode, st.episode_id)
-            st.episode_id, st.streak, st.clear_streak = None, 0, 0
-            if ep is None:
-                continue
-            if ep.state == "pending":
-                session.delete(ep)
-                continue
-            ep.state, ep.resolved_at, ep.updated_at = "resolved", now, now
-            resolved += 1
-            if ep.notified and rule.notify:
-                body = webhook_body(settings, run, rule, ep.id, "resolved", None, ep.value, why)
-                enqueue(session, list(rule.notify), body, ep.id)
+            resolved += _close_episode(session, st, rule, run, settings, why, now)
     session.flush()
     return resolved
+
+
+def end_run_episodes(session: Session, run: Run, settings: Settings, why: str) -> int:
+    """Close the open episodes of a run that ended (finished or failed) or is being deleted, as
+    `end_rule_episodes` closes a rule's: a pending one is dropped, a firing one resolves at no
+    step, and a resolved message saying ``why`` goes where its firing was told. Without this an
+    ended run's alerts stayed firing for ever, and a deleted run's vanished untold: an on-call
+    incident stayed open (a trial). The caller holds the run's lock and commits. Returns how
+    many episodes resolved."""
+    now, resolved = utcnow(), 0
+    states = session.scalars(
+        select(AlertState).where(AlertState.run_id == run.id, AlertState.episode_id.is_not(None))
+    ).all()
+    for st in states:
+        rule = session.get(AlertRule, st.rule_id)
+        if rule is not None:
+            resolved += _close_episode(session, st, rule, run, settings, why, now)
+    session.flush()
+    return resolved
+
+
+def _close_episode(
+    session: Session,
+    st: AlertState,
+    rule: Any,
+    run: Run,
+    settings: Settings,
+    why: str,
+    now: datetime,
+) -> bool:
+    """End the open episode of ``st`` (its rule and run) with no step: a pending one is
+    deleted, a firing one resolved and, when its firing was told, told where it went (`told`)
+    with ``why``. True when an episode resolved."""
+    ep = session.get(AlertEpisode, st.episode_id)
+    st.episode_id, st.streak, st.clear_streak = None, 0, 0
+    if ep is None:
+        return False
+    if ep.state == "pending":
+        session.delete(ep)
+        return False
+    ep.state, ep.resolved_at, ep.updated_at = "resolved", now, now
+    if ep.notified and (urls := told(session, ep.id)):
+        body = webhook_body(settings, run, rule, ep.id, "resolved", None, ep.value, why)
+        enqueue(session, urls, body, ep.id)
+    return True
 
 
 def _slack(text: str) -> str:

@@ -26,10 +26,10 @@ def prune_groups(session: Session, older_than_days: float) -> int:
 
 
 def delete_run_data(session: Session, run: Run) -> None:
-    """Delete a run with everything it owns. Group blocks carry no foreign key (it slowed
-    ingest), so they go explicitly, as do its alerts' unsent webhook messages (a failing target
-    was retried for a day about a run that no longer exists); the other tables cascade from the
-    run row."""
+    """What deleting a run must delete beside the run row, which the caller deletes (the other
+    tables cascade from it). Group blocks carry no foreign key (it slowed ingest), so they go
+    explicitly, as do its alerts' unsent webhook messages (a failing target was retried for a
+    day about a run that no longer exists)."""
     session.execute(delete(GroupBlock).where(GroupBlock.run_key == run.key))
     episodes = select(AlertEpisode.id).where(AlertEpisode.run_id == run.id)
     session.execute(
@@ -37,4 +37,3 @@ def delete_run_data(session: Session, run: Run) -> None:
             WebhookMessage.status == "pending", WebhookMessage.episode_id.in_(episodes)
         )
     )
-    session.delete(run)

@@ -271,7 +271,17 @@ def _silence_visible(session: SessionDep, matchers: dict, key: KeyInfo) -> bool:
 
 
 @router.get("/silences")
-def silences_index(key: RulesReader, session: SessionDep, active: bool = False) -> dict:
+def silences_index(
+    key: RulesReader,
+    session: SessionDep,
+    active: Annotated[
+        bool,
+        Query(
+            description="true: only silences still in force; false (the default): expired ones too"
+        ),
+    ] = False,
+) -> dict:
+    """Silences the key may see, newest first (expired ones too unless `active=true`)."""
     silences = list_silences(session, active_only=active)
     return {"silences": [s for s in silences if _silence_visible(session, s["matchers"], key)]}
 

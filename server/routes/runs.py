@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import IntegrityError
 from vantage.client.schema import Finish, Heartbeat, RunCreate, RunPatch
 
+from ..alerts import end_run_episodes
 from ..commands import ENDED_STATES, deliver_commands, end_commands
 from ..deps import AdminKey, ControlKey, IngestKey, ReadKey, SessionDep, SettingsDep, load_run
 from ..ingest import forget_run
@@ -103,10 +104,14 @@ def patch_run(run_id: str, body: RunPatch, key: ControlKey, session: SessionDep)
 
 
 @router.delete("/{run_id}", status_code=204)
-def delete_run(run_id: str, key: AdminKey, session: SessionDep) -> Response:
+def delete_run(run_id: str, key: AdminKey, session: SessionDep, settings: SettingsDep) -> Response:
+    """Delete the run and all it owns; its firing alerts that were told are told resolved."""
     run = load_run(session, run_id, key)
-    delete_run_data(session, run)
-    session.commit()
+    with run_lock(session, run_id):
+        delete_run_data(session, run)  # its unsent messages go; the resolutions below stay
+        end_run_episodes(session, run, settings, "its run was deleted")
+        session.delete(run)
+        session.commit()
     forget_run(run_id)
     return Response(status_code=204)
 
@@ -133,10 +138,12 @@ def heartbeat(run_id: str, body: Heartbeat, key: IngestKey, session: SessionDep)
 
 
 @router.post("/{run_id}/finish")
-def finish(run_id: str, body: Finish, key: IngestKey, session: SessionDep) -> dict:
-    """Mark the run finished or failed; its open commands expire. The same status again
-    answers the run as it is (a retry); the other status is a 409, as a run ends once (a
-    relaunch makes it running again)."""
+def finish(
+    run_id: str, body: Finish, key: IngestKey, session: SessionDep, settings: SettingsDep
+) -> dict:
+    """Mark the run finished or failed; its open commands expire and its alerts resolve (told
+    where their firing went). The same status again answers the run as it is (a retry); the
+    other status is a 409, as a run ends once (a relaunch makes it running again)."""
     run = load_run(session, run_id, key)
     if body.attempt is not None and body.attempt > run.attempt:  # as steps and heartbeat say
         raise HTTPException(409, f"attempt {body.attempt} is unknown for run {run_id}")
@@ -152,10 +159,12 @@ def finish(run_id: str, body: Finish, key: IngestKey, session: SessionDep) -> di
                 409, f"run {run_id} has already {run.status}; a run ends once (relaunch it)"
             )
         return get_run(session, run_id) or {}
-    run.status = body.status
-    run.finished_at = utcnow()
-    end_commands(session, run_id, body.status)
-    session.commit()
+    with run_lock(session, run_id):  # as an evaluation of its alerts holds it
+        run.status = body.status
+        run.finished_at = utcnow()
+        end_commands(session, run_id, body.status)
+        end_run_episodes(session, run, settings, f"its run {body.status}")
+        session.commit()
     return get_run(session, run_id) or {}
 
 

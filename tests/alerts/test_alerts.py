@@ -1060,3 +1060,57 @@ def test_parallel_writes_of_one_rule_name_store_it_once(server, api):
     for rule in rules:
         if rule["name"].startswith(("raced", "renamed")):
             assert api.delete(f"/api/v1/alert-rules/{rule['id']}").status_code == 204
+
+
+@pytest.mark.parametrize("end", ["finished", "failed", "deleted"])
+def test_a_run_that_ends_resolves_its_alerts(api, receiver, end):
+    """A run stopped with its alerts firing kept them firing for ever, and a deleted run's
+    vanished: chat never heard they were over (a trial). Its firing alerts resolve at no step
+    and say why; a pending one is dropped."""
+    project = f"ends-{end}"
+    run = new_run(api, project=project)
+    make_rule(api, name=f"end-{end}", project=project, metric="acr", op=">=", threshold=0.9,
+              notify=[receiver.url])  # fmt: skip
+    make_rule(api, name=f"end-{end}-slow", project=project, metric="acr", op=">=",
+              threshold=0.9, for_steps=5, notify=[receiver.url])  # fmt: skip
+    flap(api, run, "C")
+    assert [m["state"] for m in receiver.wait_for(1)] == ["firing"]
+    assert alerts_of(api, run["run_id"], f"end-{end}-slow")[0]["state"] == "pending"
+    if end == "deleted":
+        assert api.delete(f"/api/v1/runs/{run['run_id']}").status_code == 204
+    else:
+        r = api.post(f"/api/v1/runs/{run['run_id']}/finish", json={"status": end})
+        assert r.status_code == 200, r.text
+    firing, resolved = receiver.wait_for(2)
+    assert resolved["state"] == "resolved" and resolved["alert_id"] == firing["alert_id"]
+    assert resolved["step"] is None and f"its run {end}" in resolved["text"].replace(
+        "was deleted", "deleted"
+    ), resolved
+    time.sleep(1.2)
+    assert len(receiver.messages) == 2  # nothing about the pending one
+    if end != "deleted":
+        (alert,) = alerts_of(api, run["run_id"], f"end-{end}")
+        assert alert["state"] == "resolved" and alert["resolved_step"] is None
+        assert alerts_of(api, run["run_id"], f"end-{end}-slow") == []
+
+
+def test_a_resolution_goes_where_the_firing_went(api, receiver):
+    """A rule re-pointed while its alert fired sent "firing" to the old URL and "resolved" to
+    the new one, so neither chat saw the whole episode (a trial)."""
+    later = Receiver()
+    try:
+        run = new_run(api)
+        rule = make_rule(api, name="re-pointed", run_id=run["run_id"], metric="acr", op=">=",
+                         threshold=0.9, notify=[receiver.url])  # fmt: skip
+        flap(api, run, "C")
+        assert [m["state"] for m in receiver.wait_for(1)] == ["firing"]
+        r = api.put(f"/api/v1/alert-rules/{rule['id']}", json={"notify": [later.url]})
+        assert r.status_code == 200, r.text
+        post_steps(api, run, [{"step": 2, "groups": LIVE}])
+        assert [m["state"] for m in receiver.wait_for(2)] == ["firing", "resolved"]
+        post_steps(api, run, [{"step": 3, "groups": ALL_FAIL}])  # a new episode: the new URL
+        assert [m["state"] for m in later.wait_for(1)] == ["firing"]
+        time.sleep(1.2)
+        assert len(receiver.messages) == 2 and len(later.messages) == 1
+    finally:
+        later.close()

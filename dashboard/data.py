@@ -229,7 +229,7 @@ def commands(info, run_id: str) -> list[dict] | None:
 
 # A second Send of the same command within this many seconds, while the first is not yet taken,
 # is a double click and gets the first command back.
-DOUBLE_SEND_S = 5.0
+DOUBLE_SEND_S = 5.0  # as the API's `commands.TWIN_WINDOW_S`
 
 
 def issue_command(

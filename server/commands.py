@@ -172,6 +172,11 @@ def ack_command(
     return command_dict(c)
 
 
+# A command sent again by the same issuer within this many seconds, before a trainer acked the
+# first, is the first (a double click on Send, a retried POST).
+TWIN_WINDOW_S = 5.0
+
+
 def open_twin(
     session: Session, run_id: str, type_: str, params: dict, issued_by: str, within_s: float
 ) -> dict[str, Any] | None:

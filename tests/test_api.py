@@ -550,6 +550,30 @@ def test_commands_delivered_to_rank0_until_acked(api):
     assert bad.status_code == 422
 
 
+def test_the_same_command_sent_twice_at_once_is_one_command(api, server):
+    """Two identical stops sent back to back were both delivered and applied: the trainer
+    saved two checkpoints (a trial). Sent again before it is acked, a command answers the
+    first; another command, or the same one after the ack, is a new one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rid = new_run(api)["run_id"]
+    path, stop = f"/api/v1/runs/{rid}/commands", {"type": "stop", "params": {}}
+
+    def send(_i: int) -> httpx.Response:
+        with server.client("all") as client:
+            return client.post(path, json=stop)
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(send, range(6)))
+    assert {r.status_code for r in answers} == {201}
+    (cid,) = {r.json()["command_id"] for r in answers}
+    checkpoint = api.post(path, json={"type": "checkpoint", "params": {}}).json()["command_id"]
+    assert checkpoint != cid
+    api.post(f"{path}/{cid}/ack", json={"status": "applied", "step": 1}).raise_for_status()
+    assert api.post(path, json=stop).json()["command_id"] != cid  # the first was applied
+    assert len(api.get(path).json()["commands"]) == 3
+
+
 def test_the_timeline_shows_mitigations_no_command_started(api):
     """A mitigation the trainer's config started (or a local command) was missing from the
     timeline, so the dashboard drew no band for it."""

@@ -6,14 +6,17 @@ from fastapi import APIRouter, HTTPException
 from vantage.client.schema import CommandAck, CommandCreate
 
 from ..commands import (
+    TWIN_WINDOW_S,
     AckConflict,
     RunEnded,
     ack_command,
     check_run_listens,
     create_command,
     list_commands,
+    open_twin,
 )
 from ..deps import CommandReaderKey, ControlKey, IngestKey, SessionDep, SettingsDep, load_run
+from ..locks import run_lock
 
 router = APIRouter(prefix="/api/v1/runs", tags=["commands"])
 
@@ -22,21 +25,31 @@ router = APIRouter(prefix="/api/v1/runs", tags=["commands"])
 def issue(
     run_id: str, body: CommandCreate, key: ControlKey, session: SessionDep, settings: SettingsDep
 ) -> dict:
+    """Queue a command for the run's trainer. The same command (type and params) sent again
+    by the same key within TWIN_WINDOW_S, while no trainer has acked the first, answers the
+    first: a retried or doubled request applied twice (two stops saved two checkpoints, a
+    trial)."""
     run = load_run(session, run_id, key)
     try:
         check_run_listens(run_id, run.status)
     except RunEnded as exc:
         raise HTTPException(409, str(exc)) from exc
-    cmd = create_command(
-        session,
-        run_id,
-        body.type,
-        body.params,
-        body.reason,
-        issued_by=f"key:{key.name}",
-        ttl_s=settings.command_ttl_s,
-    )
-    session.commit()
+    issuer = f"key:{key.name}"
+    with run_lock(session, run_id):  # two requests at once: one command
+        twin = open_twin(session, run_id, body.type, body.params, issuer, TWIN_WINDOW_S)
+        if twin is not None:
+            session.commit()
+            return twin
+        cmd = create_command(
+            session,
+            run_id,
+            body.type,
+            body.params,
+            body.reason,
+            issued_by=issuer,
+            ttl_s=settings.command_ttl_s,
+        )
+        session.commit()
     return cmd
 
 

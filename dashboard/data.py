@@ -227,32 +227,25 @@ def commands(info, run_id: str) -> list[dict] | None:
     return out
 
 
-# A second Send of the same command within this many seconds, while the first is not yet taken,
-# is a double click and gets the first command back.
-DOUBLE_SEND_S = 5.0  # as the API's `commands.TWIN_WINDOW_S`
-
-
 def issue_command(
     info, run_id: str, type_: str, params: dict, reason: str | None, alert_id: int | None = None
 ) -> dict:
-    """Create a command as the caller (or return its twin sent within DOUBLE_SEND_S,
-    `commands.open_twin`); raises PermissionError or ValueError with a message."""
+    """Create a command as the caller, or return its twin: the same one sent within 5 s and not
+    yet acked, a second click on Send (`commands.issue_once`); it expires after the server's
+    `command_ttl_s`. Raises PermissionError or ValueError with a message."""
     from vantage.server import commands as server_commands
 
     if not context.can(info, "control"):
         raise PermissionError("this key lacks the control scope; ask an admin for one")
     q = _queries()
+    ttl_s = getattr(context.state().settings, "command_ttl_s", server_commands.DEFAULT_TTL_S)
     with context.session() as s:
         run = q.get_run(s, run_id)
         if not context.can_see(info, run):
             raise PermissionError("run not found or not visible to this key")
         server_commands.check_run_listens(run_id, run["status"])
-        issuer = f"dashboard:{info.name}"
-        twin = server_commands.open_twin(s, run_id, type_, params, issuer, DOUBLE_SEND_S)
-        if twin is not None:  # a second click on Send: the first one's command
-            return twin
-        cmd = server_commands.create_command(
-            s, run_id, type_, params, reason=reason, issued_by=issuer, alert_id=alert_id
+        cmd = server_commands.issue_once(
+            s, run_id, type_, params, reason, f"dashboard:{info.name}", ttl_s, alert_id
         )
         s.commit()
     return cmd

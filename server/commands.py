@@ -201,6 +201,31 @@ def open_twin(
     return None
 
 
+def issue_once(
+    session: Session,
+    run_id: str,
+    type: str,  # noqa: A002 - the wire field's name
+    params: dict[str, Any],
+    reason: str | None,
+    issued_by: str,
+    ttl_s: float = DEFAULT_TTL_S,
+    alert_id: int | None = None,
+) -> dict[str, Any]:
+    """`create_command`, unless ``issued_by`` sent the same command within TWIN_WINDOW_S and no
+    trainer has acked it (`open_twin`): then that one. The check and the insert hold the run's
+    lock until the caller commits, so two requests at once make one command (two stops sent
+    back to back saved two checkpoints: a trial). Raises as `create_command` does."""
+    from .locks import run_lock  # locks imports this module
+
+    with run_lock(session, run_id):
+        twin = open_twin(session, run_id, type, params, issued_by, TWIN_WINDOW_S)
+        if twin is not None:
+            return twin
+        return create_command(
+            session, run_id, type, params, reason, issued_by, alert_id=alert_id, ttl_s=ttl_s
+        )
+
+
 def list_commands(session: Session, run_id: str) -> list[dict[str, Any]]:
     """The command log, newest first."""
     expire_commands(session, run_id)

@@ -6,17 +6,14 @@ from fastapi import APIRouter, HTTPException
 from vantage.client.schema import CommandAck, CommandCreate
 
 from ..commands import (
-    TWIN_WINDOW_S,
     AckConflict,
     RunEnded,
     ack_command,
     check_run_listens,
-    create_command,
+    issue_once,
     list_commands,
-    open_twin,
 )
 from ..deps import CommandReaderKey, ControlKey, IngestKey, SessionDep, SettingsDep, load_run
-from ..locks import run_lock
 
 router = APIRouter(prefix="/api/v1/runs", tags=["commands"])
 
@@ -34,22 +31,16 @@ def issue(
         check_run_listens(run_id, run.status)
     except RunEnded as exc:
         raise HTTPException(409, str(exc)) from exc
-    issuer = f"key:{key.name}"
-    with run_lock(session, run_id):  # two requests at once: one command
-        twin = open_twin(session, run_id, body.type, body.params, issuer, TWIN_WINDOW_S)
-        if twin is not None:
-            session.commit()
-            return twin
-        cmd = create_command(
-            session,
-            run_id,
-            body.type,
-            body.params,
-            body.reason,
-            issued_by=issuer,
-            ttl_s=settings.command_ttl_s,
-        )
-        session.commit()
+    cmd = issue_once(
+        session,
+        run_id,
+        body.type,
+        body.params,
+        body.reason,
+        issued_by=f"key:{key.name}",
+        ttl_s=settings.command_ttl_s,
+    )
+    session.commit()
     return cmd
 
 

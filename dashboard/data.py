@@ -50,17 +50,6 @@ def runs_overview(
     tag: str | None = None,
     status: str | None = None,
     order: str = "newest",
-) -> list[dict]:
-    """Every run the key may see (`runs_listing` without a limit)."""
-    return runs_listing(info, project, tag, status, order)[0]
-
-
-def runs_listing(
-    info,
-    project: str | None = None,
-    tag: str | None = None,
-    status: str | None = None,
-    order: str = "newest",
     limit: int | None = None,
 ) -> tuple[list[dict], int]:
     """The runs the key may see with the given project, tag and status (None: any), in

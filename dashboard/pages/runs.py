@@ -121,7 +121,7 @@ def _filter(component_id: str, options: list[str], asked: str | None, everything
 def refresh_runs(_n, project, tag, status, order, more):
     info = context.current_key()
     limit = RUNS_SHOWN * (1 + max(0, int(more or 0)))
-    runs, total = data.runs_listing(info, project, tag, status, order or "newest", limit)
+    runs, total = data.runs_overview(info, project, tag, status, order or "newest", limit)
     projects, tags = data.filter_options(info)
     if not runs and (project or tag or status):  # "No runs yet" read as an empty server
         body = html.P("No run matches these filters.", className="muted", id="runs-empty")

@@ -73,18 +73,18 @@ def test_a_finished_run_takes_no_commands_until_relaunched(dashboard):
 
 
 def test_keys_limited_to_a_project_see_only_its_runs(dashboard):
-    assert {r["name"] for r in data.runs_overview(READ)} >= set(dashboard.runs)
+    assert {r["name"] for r in data.runs_overview(READ)[0]} >= set(dashboard.runs)
     limited = KeyInfo("other", frozenset({"read"}), project="elsewhere")
-    assert data.runs_overview(limited) == []
+    assert data.runs_overview(limited)[0] == []
     assert run_view.first_load(limited, dashboard.runs["qwen-grpo"]) is None
     assert data.metrics_csv(limited, dashboard.runs["qwen-grpo"]) is None
 
 
 def test_runs_filters_and_sparklines(dashboard):
-    runs = data.runs_overview(READ, tag="avspo")
+    runs = data.runs_overview(READ, tag="avspo")[0]
     assert [r["name"] for r in runs] == ["qwen-avspo"]
     assert 0 < len(runs[0]["spark"]) <= data.SPARK_POINTS
-    assert data.runs_overview(READ, project="no-such-project") == []
+    assert data.runs_overview(READ, project="no-such-project")[0] == []
     projects, tags = data.filter_options(READ)
     assert "demo" in projects and {"grpo", "avspo", "aapo", "math"} <= set(tags)
 
@@ -95,21 +95,21 @@ def test_the_runs_list_filters_by_status_orders_and_shows_the_first_runs(dashboa
     with dashboard.api() as api:
         failed, _attempt = sample_data.create_run(api, "listed-failed")
         api.post(f"/api/v1/runs/{failed}/finish", json={"status": "failed"}).raise_for_status()
-    everything, total = data.runs_listing(READ)
+    everything, total = data.runs_overview(READ)
     assert total == len(everything) >= 4
-    first, total_again = data.runs_listing(READ, limit=2)
+    first, total_again = data.runs_overview(READ, limit=2)
     assert total_again == total and [r["run_id"] for r in first] == [
         r["run_id"] for r in everything[:2]
     ]
     assert all("spark" in r for r in first)
-    by_status = {s: data.runs_overview(READ, status=s) for s in data.RUN_STATUSES}
+    by_status = {s: data.runs_overview(READ, status=s)[0] for s in data.RUN_STATUSES}
     assert failed in {r["run_id"] for r in by_status["failed"]}
     assert all(r["status"] == s for s, runs in by_status.items() for r in runs)
     assert sum(len(runs) for runs in by_status.values()) == total
-    acrs = [r["latest_acr"] for r in data.runs_overview(READ, order="acr")]
+    acrs = [r["latest_acr"] for r in data.runs_overview(READ, order="acr")[0]]
     scored = [a for a in acrs if a is not None]  # highest first, runs without an ACR last
     assert len(set(scored)) > 1 and acrs[: len(scored)] == sorted(scored, reverse=True)
-    alerts = [len(r["alerts"]) for r in data.runs_overview(READ, order="alerts")]
+    alerts = [len(r["alerts"]) for r in data.runs_overview(READ, order="alerts")[0]]
     assert alerts == sorted(alerts, reverse=True)
 
 
@@ -133,7 +133,7 @@ def test_the_runs_list_shows_a_mitigated_runs_effective_acr(dashboard):
                         "mitigation": {"mode": mode}} for s in range(3)]  # fmt: skip
             sample_data.send_steps(api, run_id, attempt, records)
             runs[mode] = run_id
-    overview = data.runs_overview(READ)
+    overview = data.runs_overview(READ)[0]
     avspo = cell(overview, runs["avspo"])
     raw, effective = avspo.children
     assert raw.className == "acr-bad" and raw.children == "1.00"

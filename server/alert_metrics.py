@@ -58,6 +58,41 @@ def check_metric(metric: str) -> str:
     )
 
 
+# The range each bounded metric lies in (shares, counts); a rule's condition outside it can
+# never hold, or always does (`condition_warning`).
+SHARES = frozenset({"acr", "acr_eps", "acr_all_pass", "acr_all_fail", "acr_constant",
+                    "acr_effective", "pass_rate", "expected_acr", "acr_pooled", "acr_100",
+                    "acr_ema"})  # fmt: skip
+NON_NEGATIVE = frozenset({*(m for m in STEP_METRICS if m.startswith("n_")), "wasted_rollouts",
+                          "acr_streak", "acr_volatility", "stale"})  # fmt: skip
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    **{m: (0.0, 1.0) for m in SHARES},
+    **{m: (0.0, math.inf) for m in NON_NEGATIVE},
+    "excess_acr": (-1.0, 1.0),
+}
+
+
+def condition_warning(metric: str, op: str, threshold: float) -> str | None:
+    """What to say of a rule whose condition its metric's range decides: it never fires
+    (``acr > 7``, ``stale < -1``) or fires at every evaluated step (``acr > -5``); None
+    otherwise. Such rules were taken without a word (a trial); they stay allowed, as a rule
+    may be kept at hand with an impossible threshold."""
+    if metric not in METRIC_RANGES:
+        return None
+    lo, hi = METRIC_RANGES[metric]
+    never = {">": threshold >= hi, ">=": threshold > hi, "<": threshold <= lo,
+             "<=": threshold < lo}[op]  # fmt: skip
+    always = {">": threshold < lo, ">=": threshold <= lo, "<": threshold > hi,
+              "<=": threshold >= hi}[op]  # fmt: skip
+    span = f"[{lo:g}, {hi:g}]" if math.isfinite(hi) else f"{lo:g} or more"
+    said = f"{metric} lies in {span}: {metric} {op} {threshold:g}"
+    if never:
+        return f"{said} never holds, so this rule never fires"
+    if always:
+        return f"{said} always holds, so this rule fires at every step of every run it covers"
+    return None
+
+
 def finite(x: Any) -> float | None:
     if x is None or isinstance(x, bool):
         return None

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ..alert_metrics import condition_warning
 from ..alert_models import AlertRule, Silence
 from ..alert_rules import (
     RuleCreate,
@@ -134,7 +135,14 @@ def rules_create(
         except RuleExists as exc:
             raise HTTPException(409, str(exc)) from exc
         session.commit()
-    return rule
+    return _with_warning(rule)
+
+
+def _with_warning(rule: dict) -> dict:
+    """The rule as answered, with a `warning` when its metric's range decides its condition
+    (`condition_warning`)."""
+    warning = condition_warning(rule["metric"], rule["op"], rule["threshold"])
+    return {**rule, "warning": warning} if warning else rule
 
 
 @router.get("/alert-rules/{rule_id}")
@@ -173,7 +181,7 @@ def _update(
         except RuleExists as exc:
             raise HTTPException(409, str(exc)) from exc
         session.commit()
-    return out
+    return _with_warning(out)
 
 
 @router.delete("/alert-rules/{rule_id}", status_code=204)

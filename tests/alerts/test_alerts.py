@@ -1114,3 +1114,23 @@ def test_a_resolution_goes_where_the_firing_went(api, receiver):
         assert len(receiver.messages) == 2 and len(later.messages) == 1
     finally:
         later.close()
+
+
+@pytest.mark.parametrize(
+    ("condition", "says"),
+    [({"metric": "acr", "op": ">", "threshold": 7}, "acr lies in [0, 1]: acr > 7 never holds"),
+     ({"metric": "stale", "op": "<", "threshold": -1}, "stale lies in 0 or more: stale < -1 never"),
+     ({"metric": "acr", "op": ">", "threshold": -5}, "always holds, so this rule fires at every"),
+     ({"metric": "n_invalid", "op": ">=", "threshold": 0}, "always holds"),
+     ({"metric": "acr", "op": ">", "threshold": 0.35}, None),
+     ({"metric": "reward_mean", "op": "<", "threshold": -1e9}, None)],  # unbounded: no word
+)  # fmt: skip
+def test_a_rule_its_metrics_range_decides_is_taken_with_a_warning(api, condition, says):
+    """`acr > -5` fired at every step of every run, and `acr > 7` never: both were taken
+    without a word (a trial)."""
+    name = f"ranged-{condition['metric']}-{condition['threshold']}"
+    rule = make_rule(api, name=name, **condition)
+    assert rule.get("warning") is None if says is None else says in rule["warning"], rule
+    changed = api.put(f"/api/v1/alert-rules/{rule['id']}", json={"threshold": 0.5}).json()
+    assert "warning" not in changed, changed
+    assert api.delete(f"/api/v1/alert-rules/{rule['id']}").status_code == 204

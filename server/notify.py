@@ -17,10 +17,14 @@ restricts targets further.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import ipaddress
+import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -142,6 +146,18 @@ def check_target(url: str, allow: str | None, resolve: bool = True) -> str:
     if not _allowed(url, host, addresses, allow):
         raise RefusedTarget(f"webhook '{url}' is not allowed by VANTAGE_WEBHOOK_ALLOW")
     return url
+
+
+SIGNATURE_HEADER = "X-Vantage-Signature"
+
+
+def signature_header(secret: str, body: bytes, timestamp: int) -> str:
+    """The `X-Vantage-Signature` value of a webhook ``body`` sent at ``timestamp`` (Unix
+    seconds): ``t=<timestamp>,v1=<hex HMAC-SHA256 of "<timestamp>." + body under secret>``, the
+    scheme of Stripe's webhook signatures. A receiver recomputes it over the raw body and
+    refuses a mismatch or an old timestamp (a replay)."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
+    return f"t={timestamp},v1={mac.hexdigest()}"
 
 
 def enqueue(session: Session, urls: list[str], payload: dict[str, Any], episode_id: int) -> None:
@@ -322,8 +338,13 @@ class OutboxSender:
             check_target(url, self.settings.webhook_allow)
         except RefusedTarget as exc:
             return str(exc), "failed"
+        body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        headers = {"content-type": "application/json"}
+        if self.settings.webhook_secret is not None:
+            secret = self.settings.webhook_secret.get_secret_value()
+            headers[SIGNATURE_HEADER] = signature_header(secret, body, int(time.time()))
         try:
-            r = self.http.post(url, json=payload)
+            r = self.http.post(url, content=body, headers=headers)
         except httpx.ReadTimeout:
             waited = self.settings.webhook_timeout_s
             return (

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from platformdirs import user_data_dir
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     metrics_token: str | None = None
     default_mitigation_mode: Literal["off", "suggest", "auto"] = "auto"
     webhook_allow: str | None = None
+    # Signs each webhook message (`notify.signature_header`): a receiver can tell Vantage's
+    # messages from anyone's who knows its URL.
+    webhook_secret: SecretStr | None = None
     command_ttl_s: Seconds = 3600.0
     # at least 0.5 s: each refresh of each open page reads the run (0.001 was taken)
     dashboard_refresh_s: Annotated[float, Field(ge=0.5, le=MAX_SECONDS, allow_inf_nan=False)] = 2.0
@@ -81,6 +84,13 @@ class Settings(BaseSettings):
             parts = urlsplit(value)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError("must be an http:// or https:// URL (the dashboard's address)")
+        return value
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _webhook_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters (a guessable secret signs nothing)")
         return value
 
     @field_validator("webhook_allow")
@@ -132,4 +142,9 @@ def _problem(error: Any) -> str:
     """One bad value: its variable, its value (any URL password hidden) and what is wrong."""
     name = "VANTAGE_" + "_".join(map(str, error["loc"])).upper()
     value = hide_passwords(repr(error.get("input")))
+    if error["loc"] and error["loc"][0] in SECRET_SETTINGS:  # never echoed
+        value = "'***'"
     return f"{name}={value}: {error['msg'].removeprefix('Value error, ')}"
+
+
+SECRET_SETTINGS = frozenset({"webhook_secret", "metrics_token"})

@@ -188,6 +188,7 @@ def test_insecure_no_auth_refuses_public_host():
         ("VANTAGE_WEBHOOK_GIVE_UP_S", "-5", "Input should be greater than 0"),
         ("VANTAGE_COMMAND_TTL_S", "1e308", "Input should be less than or equal to 316224000"),
         ("VANTAGE_WEBHOOK_GIVE_UP_S", "1e12", "Input should be less than or equal to 316224000"),
+        ("VANTAGE_WEBHOOK_SECRET", "short", "must be at least 16 characters"),
         ("VANTAGE_DASHBOARD_REFRESH_S", "0.001", "Input should be greater than or equal to 0.5"),
         ("VANTAGE_WEBHOOK_ALLOW", ",,,", "names no target"),
         ("VANTAGE_PUBLIC_URL", "notaurl", "must be an http:// or https:// URL"),
@@ -201,7 +202,8 @@ def test_a_bad_setting_is_one_line_naming_the_variable(tmp_path, variable, value
     for command in (["serve", "--port", "0"], ["db", "upgrade"]):
         proc = run_cli(*command, "--database-url", url, env={variable: value}, check=False)
         assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.strip().startswith(f"error: {variable}='{value}': {says}")
+        shown = "***" if variable == "VANTAGE_WEBHOOK_SECRET" else value  # a secret is not echoed
+        assert proc.stderr.strip().startswith(f"error: {variable}='{shown}': {says}")
         assert len(proc.stderr.strip().splitlines()) == 1
 
 

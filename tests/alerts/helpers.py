@@ -27,12 +27,14 @@ class Receiver:
         self.status_for = status_for  # body → the status to answer, instead of ``status``
         self.messages: list[dict] = []
         self.times: list[float] = []
+        self.raw: list[tuple[dict, bytes]] = []  # (headers, body) of each message, as sent
         received, times, outer = self.messages, self.times, self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 times.append(time.monotonic())
+                outer.raw.append(({k.lower(): v for k, v in self.headers.items()}, body))
                 received.append(json.loads(body))
                 status = outer.status_for(received[-1]) if outer.status_for else outer.status
                 time.sleep(outer.delay)

@@ -45,6 +45,7 @@ FAST = {
     "VANTAGE_COMMAND_TTL_S": "2",
     "VANTAGE_WEBHOOK_GIVE_UP_S": "2",
     "VANTAGE_WEBHOOK_TIMEOUT_S": "3",
+    "VANTAGE_WEBHOOK_SECRET": "test-signing-secret-0123",
 }
 
 
@@ -238,6 +239,34 @@ def test_names_in_the_slack_text_cannot_ping_or_link(fast_server):
         assert said in message["text"] and "\n" not in message["text"], message["text"]
         assert "r&lt;b&gt;" in message["text"]
         assert message["run_name"] == name and message["rule"] == "r<b>"
+    finally:
+        receiver.close()
+
+
+def test_messages_are_signed_with_the_webhook_secret(fast_server):
+    """A receiver could not tell Vantage's messages from anyone's who knew its URL (a trial):
+    with VANTAGE_WEBHOOK_SECRET each carries X-Vantage-Signature, t=<unix time>,v1=<HMAC-SHA256
+    of "<t>." + the raw body>, which a receiver recomputes."""
+    import hashlib
+    import hmac
+
+    receiver = Receiver()
+    try:
+        with fast_server.client("all") as api:
+            run = new_run(api, name="signed")
+            make_rule(api, name="signed", run_id=run["run_id"], metric="acr", op=">",
+                      threshold=0.5, notify=[receiver.url])  # fmt: skip
+            post_steps(api, run, [{"step": 1, "groups": [[1, 1]]}])
+            receiver.wait_for(1)
+        (headers, body), secret = receiver.raw[0], FAST["VANTAGE_WEBHOOK_SECRET"].encode()
+        fields = dict(part.split("=", 1) for part in headers["x-vantage-signature"].split(","))
+        assert abs(int(fields["t"]) - time.time()) < 60
+        mac = hmac.new(secret, fields["t"].encode() + b"." + body, hashlib.sha256).hexdigest()
+        assert hmac.compare_digest(fields["v1"], mac)
+        assert headers["content-type"] == "application/json" and b"signed" in body
+        forged = hmac.new(b"another-secret-0123", fields["t"].encode() + b"." + body,
+                          hashlib.sha256).hexdigest()  # fmt: skip
+        assert fields["v1"] != forged
     finally:
         receiver.close()
 

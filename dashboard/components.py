@@ -182,7 +182,7 @@ RUNS_COLUMNS = [
 ]
 
 
-def runs_table(runs: list[dict]) -> html.Table | html.P:
+def runs_table(runs: list[dict]) -> html.Div | html.P:
     if not runs:
         return html.P(
             "No runs yet. Start one with `vantage demo`, or add the Monitor hook to a trainer.",
@@ -221,7 +221,9 @@ def runs_table(runs: list[dict]) -> html.Table | html.P:
                 **{"data-run-id": r["run_id"]},
             )
         )
-    return html.Table([html.Thead(header), html.Tbody(rows)], className="runs", id="runs-table")
+    # on a narrow window the table scrolls in its card, not the whole page
+    table = html.Table([html.Thead(header), html.Tbody(rows)], className="runs", id="runs-table")
+    return html.Div(table, className="table-scroll")
 
 
 def latest_acr_cell(run: dict) -> html.Td:

@@ -118,7 +118,7 @@ def test_the_runs_list_shows_a_mitigated_runs_effective_acr(dashboard):
     reddest run on the list (a trial). A run without mitigation keeps its raw colour."""
 
     def cell(runs, run_id):
-        table = components.runs_table(runs)
+        table = components.runs_table(runs).children
         [row] = [r for r in table.children[1].children if r.to_plotly_json()["props"].get(
             "data-run-id") == run_id]  # fmt: skip
         return row.children[4]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -128,19 +129,19 @@ def rules_create(
     """Create a rule; answers 201 with the rule and its `id`."""
     _scoped(body, key, session)
     with rule_writes_lock(session):  # until the commit: a name another request is storing
-        try:
-            rule = create_rule(session, body, settings.webhook_allow)
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from exc
-        except RuleExists as exc:
-            raise HTTPException(409, str(exc)) from exc
-        session.commit()
-    return _with_warning(rule)
+        return _written(session, lambda: create_rule(session, body, settings.webhook_allow))
 
 
-def _with_warning(rule: dict) -> dict:
-    """The rule as answered, with a `warning` when its metric's range decides its condition
-    (`condition_warning`)."""
+def _written(session: Session, write: Callable[[], dict]) -> dict:
+    """``write()``'s rule, committed, as answered: with a `warning` when its metric's range
+    decides its condition (`condition_warning`). A refused value is a 422, a taken name 409."""
+    try:
+        rule = write()
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    except RuleExists as exc:
+        raise HTTPException(409, str(exc)) from exc
+    session.commit()
     warning = condition_warning(rule["metric"], rule["op"], rule["threshold"])
     return {**rule, "warning": warning} if warning else rule
 
@@ -174,14 +175,7 @@ def _update(
         rule_writes_lock(session),  # first: then the run locks (never the other way round)
         change_lock(session, rule, body.run_id if "run_id" in changed else None),
     ):
-        try:
-            out = update_rule(session, rule, body, settings)
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from exc
-        except RuleExists as exc:
-            raise HTTPException(409, str(exc)) from exc
-        session.commit()
-    return _with_warning(out)
+        return _written(session, lambda: update_rule(session, rule, body, settings))
 
 
 @router.delete("/alert-rules/{rule_id}", status_code=204)

@@ -340,7 +340,10 @@ def evaluate_locked(
     if not rows and not stale and not _open_stale_episode(session, run.id):
         return Outcome()  # e.g. one rank of several: nothing to evaluate yet
     ctx = _Context(session, run, settings, now)
-    step_rules = [r for r in ctx.rules if r.metric != "stale"]
+    # An ended run's late steps (a rank's, a `vantage sync`) are stored but fire nothing: the
+    # finish resolved its alerts, and nothing would resolve one fired after it (a trial).
+    ended = run.status in ENDED_STATES
+    step_rules = [] if ended else [r for r in ctx.rules if r.metric != "stale"]
     series = {}
     for split in sorted({r.split for r in rows}):
         needs = {r.metric for r in step_rules if r.split == split}
@@ -555,10 +558,9 @@ def _mitigate(
     the alert fires and, until the episode has done so, at each later step whose value meets
     the condition: an alert that fired in `suggest` mode, or within a cooldown, acts once the
     run is switched to `auto` or the cooldown ends (found by a fresh-user trial). Nothing is
-    issued for a run that has finished or failed (steps evaluated after the finish, such as a
-    rank's late steps): no trainer reads its commands, and one left `pending` would reach a
-    relaunch as if new (a fresh-user trial); a relaunch makes the run `running` again, and the
-    episode acts at its next step that meets the condition."""
+    issued for a run that has finished or failed (`evaluate_locked` gives an ended run's steps
+    to no rule; this guards the rest): no trainer reads its commands, and one left `pending`
+    would reach a relaunch as if new (a fresh-user trial)."""
     if not rule.mitigation or ctx.run.mitigation_mode != "auto" or step is None:
         return
     if ctx.run.status in ENDED_STATES:
@@ -641,7 +643,15 @@ def told(session: Session, episode_id: int) -> list[str]:
         .where(WebhookMessage.episode_id == episode_id)
         .order_by(WebhookMessage.id)
     ).scalars()
-    return list(dict.fromkeys(rows))
+    # Evaluation does not flush: a firing queued earlier in this transaction (an alert that
+    # fired and resolved within one batch) is not in the database yet (a trial lost its
+    # resolution).
+    queued = [
+        m.url
+        for m in session.new
+        if isinstance(m, WebhookMessage) and m.episode_id == episode_id
+    ]
+    return list(dict.fromkeys([*rows, *queued]))
 
 
 def dashboard_url(settings: Settings, run_id: str) -> str | None:

@@ -438,25 +438,45 @@ def test_a_sampling_or_stop_already_asked_for_is_not_issued_again(api):
     assert len(issued("checkpoint", {})) == 3
 
 
-def test_a_run_that_has_ended_gets_no_command_until_it_is_relaunched(api):
-    """Steps evaluated after the run finished (a rank's late steps, a `vantage sync`) still
-    fire the alert but issue no command: no trainer reads it, and a pending one would reach a
-    relaunch as new (a fresh-user trial found one left pending). A relaunch acts again."""
+def test_a_run_that_has_ended_gets_no_alert_until_it_is_relaunched(api, receiver):
+    """Steps stored after the run finished (a rank's late steps, a `vantage sync`) fire no
+    alert and issue no command: the finish resolved the run's alerts, and one fired after it
+    stayed firing for ever, as nothing resolves an ended run's alert (a fresh-user trial); a
+    pending command would reach a relaunch as new (a trial found one left pending). A
+    relaunch acts again."""
     run = new_run(api, launch_id="first")
     rid = run["run_id"]
     avspo = {"type": "set_mitigation", "params": {"mode": "avspo"}}
     make_rule(api, name="ended", run_id=rid, metric="acr", op=">=", threshold=0.9,
-              mitigation=avspo)  # fmt: skip
+              mitigation=avspo, notify=[receiver.url])  # fmt: skip
     post_steps(api, run, [{"step": 0, "groups": LIVE}])
     assert api.post(f"/api/v1/runs/{rid}/finish", json={"status": "finished"}).status_code == 200
     answer = post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])
-    assert [e["fired_step"] for e in alerts_of(api, rid, "ended")] == [1]
+    assert alerts_of(api, rid, "ended") == []
     assert answer["commands"] == []
+    time.sleep(1.2)
+    assert receiver.messages == []
     assert api.get(f"/api/v1/runs/{rid}/commands").json()["commands"] == []
     again = new_run(api, run_id=rid, launch_id="second")
     assert again["attempt"] == 2
     answer = post_steps(api, again, [{"step": 2, "groups": ALL_FAIL}])
     assert [c["params"] for c in answer["commands"]] == [{"mode": "avspo"}]
+    assert [e["fired_step"] for e in alerts_of(api, rid, "ended")] == [2]
+
+
+def test_an_alert_that_fires_and_resolves_in_one_batch_tells_both(api, receiver):
+    """One POST whose steps made an alert fire and then resolve sent the firing message only:
+    the resolution looked for the firing's messages in the database before they were written,
+    so chat showed the alert firing for ever (a fresh-user trial)."""
+    run = new_run(api)
+    make_rule(api, name="one-batch", run_id=run["run_id"], metric="acr", op=">", threshold=0.8,
+              for_steps=2, notify=[receiver.url])  # fmt: skip
+    steps = [{"step": s, "groups": ALL_FAIL} for s in (1, 2)] + [{"step": 3, "groups": LIVE}]
+    post_steps(api, run, steps)
+    (alert,) = alerts_of(api, run["run_id"], "one-batch")
+    assert (alert["state"], alert["fired_step"], alert["resolved_step"]) == ("resolved", 2, 3)
+    messages = receiver.wait_for(2)
+    assert [(m["state"], m["step"]) for m in messages] == [("firing", 2), ("resolved", 3)]
 
 
 @pytest.mark.parametrize("mode", ["suggest", "off"])

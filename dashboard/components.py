@@ -37,11 +37,12 @@ def shown_id(run_id: str, limit: int = 40) -> str:
 SHORT_ID = 8
 
 
-def resolve_run_ids(asked: list[str], visible: list[str]) -> tuple[list[str], list[str]]:
+def resolve_run_ids(asked: list[str], visible: list[str]) -> tuple[list[str], list[str], list[str]]:
     """The runs a link names, as (chosen run ids in the link's order, each once; what names no
-    visible run). A name is a visible run's id, or the start of exactly one (at least SHORT_ID
-    characters: the short id the pages show was refused in a compare link, a trial)."""
-    known, chosen, missing = set(visible), [], []
+    visible run; what is the start of several). A name is a visible run's id, or the start of
+    exactly one (at least SHORT_ID characters: the short id the pages show was refused in a
+    compare link, a trial); a start that several share is ambiguous, not "not found"."""
+    known, chosen, missing, ambiguous = set(visible), [], [], []
     for name in asked:
         found = [name] if name in known else []
         if not found and len(name) >= SHORT_ID:
@@ -49,8 +50,8 @@ def resolve_run_ids(asked: list[str], visible: list[str]) -> tuple[list[str], li
         if len(found) == 1:
             chosen.append(found[0])
         else:
-            missing.append(name)
-    return list(dict.fromkeys(chosen)), missing
+            (ambiguous if found else missing).append(name)
+    return list(dict.fromkeys(chosen)), missing, ambiguous
 
 
 def run_href(run_id: str) -> str:

@@ -38,3 +38,20 @@ def keep_in_address(store_id: str, params: dict[str, str]) -> dcc.Store:
         *(Input(component, "value") for component in params.values()),
     )
     return dcc.Store(id=store_id)
+
+
+def one(value: str | list[str] | None) -> str | None:
+    """A query parameter a page takes once, as its ``layout`` gets it: Dash passes a repeated
+    one (``?order=a&order=b``, a hand-edited or merged link) as a list, which the page took
+    for a string and answered 500 (a trial). The last value counts, as the page writes it."""
+    if isinstance(value, list):
+        return value[-1] if value else None
+    return value
+
+
+def joined(value: str | list[str] | None) -> str | None:
+    """A comma-separated query parameter (``?runs=a,b``) given once or repeated
+    (``?runs=a&runs=b``): all its values, joined with commas."""
+    if isinstance(value, list):
+        return ",".join(value) if value else None
+    return value

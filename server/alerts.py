@@ -647,9 +647,7 @@ def told(session: Session, episode_id: int) -> list[str]:
     # fired and resolved within one batch) is not in the database yet (a trial lost its
     # resolution).
     queued = [
-        m.url
-        for m in session.new
-        if isinstance(m, WebhookMessage) and m.episode_id == episode_id
+        m.url for m in session.new if isinstance(m, WebhookMessage) and m.episode_id == episode_id
     ]
     return list(dict.fromkeys([*rows, *queued]))
 

@@ -29,6 +29,7 @@ _HOST = re.compile(r"(\*\.)?(?=.*[A-Za-z])[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.?")
 # evaluation failed, a trial).
 MAX_SECONDS = 10 * 366 * 86400
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
+MAX_REFRESH_S = (2**31 - 1) // 1000  # a browser's longest timer, in whole seconds
 
 
 class Settings(BaseSettings):
@@ -47,8 +48,12 @@ class Settings(BaseSettings):
     # messages from anyone's who knows its URL.
     webhook_secret: SecretStr | None = None
     command_ttl_s: Seconds = 3600.0
-    # at least 0.5 s: each refresh of each open page reads the run (0.001 was taken)
-    dashboard_refresh_s: Annotated[float, Field(ge=0.5, le=MAX_SECONDS, allow_inf_nan=False)] = 2.0
+    # at least 0.5 s: each refresh of each open page reads the run (0.001 was taken); at most
+    # what a browser's timer holds (2**31 - 1 ms): a longer interval overflowed and fired
+    # continuously, flooding the server (a trial)
+    dashboard_refresh_s: Annotated[float, Field(ge=0.5, le=MAX_REFRESH_S, allow_inf_nan=False)] = (
+        2.0
+    )
     # A step is evaluated once all ranks reported, a later step arrives, or this long after its
     # first record (DESIGN.md §6).
     step_complete_after_s: Seconds = 30.0

@@ -190,6 +190,8 @@ def test_insecure_no_auth_refuses_public_host():
         ("VANTAGE_WEBHOOK_GIVE_UP_S", "1e12", "Input should be less than or equal to 316224000"),
         ("VANTAGE_WEBHOOK_SECRET", "short", "must be at least 16 characters"),
         ("VANTAGE_DASHBOARD_REFRESH_S", "0.001", "Input should be greater than or equal to 0.5"),
+        # a browser's timer holds at most 2**31 - 1 ms: a longer one fires at once, every time
+        ("VANTAGE_DASHBOARD_REFRESH_S", "3e6", "Input should be less than or equal to 2147483"),
         ("VANTAGE_WEBHOOK_ALLOW", ",,,", "names no target"),
         ("VANTAGE_PUBLIC_URL", "notaurl", "must be an http:// or https:// URL"),
         ("VANTAGE_WEBHOOK_ALLOW", "10.0.0.0/33", "'10.0.0.0/33' is not a URL"),

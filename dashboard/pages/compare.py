@@ -30,13 +30,15 @@ WINDOW_COLUMNS = [
 
 
 def layout(runs: str | None = None, **_query) -> html.Div:
+    runs = url_state.joined(runs)
     asked = list(dict.fromkeys(r.strip() for r in (runs or "").split(",") if r.strip()))
     options = [
         {"label": f"{r.get('name') or r['run_id'][:8]} · {r['run_id'][:8]}", "value": r["run_id"]}
         for r in data.visible_runs(context.current_key())
     ]
-    chosen, unknown = components.resolve_run_ids(asked, [o["value"] for o in options])
+    chosen, unknown, ambiguous = components.resolve_run_ids(asked, [o["value"] for o in options])
     missing = [components.shown_id(r) for r in unknown]
+    shared = ", ".join(components.shown_id(r) for r in ambiguous[:10])
     return html.Div(
         [
             html.H2("Compare runs"),
@@ -58,6 +60,13 @@ def layout(runs: str | None = None, **_query) -> html.Div:
                 className="muted",
             )
             if missing
+            else None,
+            html.P(
+                f"The start of several runs' ids (give more of the id): {shared}",
+                id="compare-ambiguous",
+                className="muted",
+            )
+            if ambiguous
             else None,
             dcc.Dropdown(
                 id="compare-runs",

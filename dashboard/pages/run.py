@@ -36,17 +36,18 @@ def _graph(id_: str, help_text: str, height: int) -> html.Div:
 
 def layout(run_id: str | None = None, **_query) -> html.Div:
     info = context.current_key()
-    run = data.visible_run(info, run_id) if run_id else None
+    run, ambiguous = _named(info, run_id) if run_id else (None, False)
     if run is None:
         return html.Div(
             [
-                _missing(run_id or ""),
+                _missing(run_id or "", ambiguous),
                 # asks until the run is visible, then loads its page
                 dcc.Store(id="run-wait-id", data=run_id or ""),
                 dcc.Interval(id="run-wait", interval=context.refresh_ms()),
                 dcc.Location(id="run-wait-reload", refresh=True),
             ]
         )
+    run_id = run["run_id"]  # the whole id, when the address gave its start
     can_control = context.can(info, "control")
     ended = run["status"] if components.run_ended(run) else None
     settings = commands_ui.current_settings(
@@ -133,17 +134,34 @@ def reload_when_visible(_n, run_id):
     return no_update
 
 
-def _missing(run_id: str) -> html.Div:
-    """The page of a run that does not exist or that the key may not see (no controls)."""
+def _named(info, run_id: str) -> tuple[dict | None, bool]:
+    """The visible run an address names, by its id or the start of exactly one visible run's
+    id (the short id the pages show: it was "not found", a trial), and whether the address is
+    the start of several runs' ids (then None)."""
+    run = data.visible_run(info, run_id)
+    if run is not None or len(run_id) < components.SHORT_ID:
+        return run, False
+    ids = [r["run_id"] for r in data.visible_runs(info)]
+    chosen, _, ambiguous = components.resolve_run_ids([run_id], ids)
+    return (data.visible_run(info, chosen[0]) if chosen else None), bool(ambiguous)
+
+
+def _missing(run_id: str, ambiguous: bool = False) -> html.Div:
+    """The page of a run that does not exist or that the key may not see (no controls), or
+    whose short id several runs' ids start with."""
+    shown = components.shown_id(unquote(run_id))
+    said = (
+        f"{shown} is the start of several runs' ids: give more of the id, or pick the run "
+        "from all runs."
+        if ambiguous
+        else f"No run {shown} is visible to this key: it was deleted, belongs to a project "
+        "this key cannot see, or has not registered yet. This page shows it as soon as it "
+        "appears (the demo's run registers after its warm start)."
+    )
     return html.Div(
         [
-            html.H2("Run not found"),
-            html.P(
-                f"No run {components.shown_id(unquote(run_id))} is visible to this key: it was "
-                "deleted, belongs to a project this key cannot see, or has not registered yet. "
-                "This page "
-                "shows it as soon as it appears (the demo's run registers after its warm start)."
-            ),
+            html.H2("Several runs match" if ambiguous else "Run not found"),
+            html.P(said),
             dcc.Link("All runs", href=components.URL_BASE),
         ],
         id="run-missing",

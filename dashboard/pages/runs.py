@@ -26,7 +26,9 @@ def layout(
     **_query,
 ) -> html.Div:
     """The runs page, filtered by ``?project=``, ``?tag=`` and ``?status=`` when they name one
-    the key sees, in ``?order=`` (a `data.RUN_ORDERS` key)."""
+    the key sees, in ``?order=`` (a `data.RUN_ORDERS` key). A filter the page cannot apply is
+    said, not dropped silently; a repeated one counts once (`url_state.one`)."""
+    project, tag, status, order = map(url_state.one, (project, tag, status, order))
     projects, tags = data.filter_options(context.current_key())
     unknown = [
         f"{what} {asked!r}"
@@ -47,6 +49,14 @@ def layout(
                 className="result-error",
             )
             if unknown
+            else None,
+            html.P(
+                f"No order {order!r}: showing {data.RUN_ORDERS['newest'].lower()} (the orders: "
+                f"{', '.join(data.RUN_ORDERS)}).",
+                id="runs-unknown-order",
+                className="result-error",
+            )
+            if order and order not in data.RUN_ORDERS
             else None,
             html.P(
                 "Each GRPO run with its advantage collapse rate (ACR): the share of prompt groups "

@@ -313,6 +313,32 @@ def test_filters_are_kept_in_the_address(login_as, server):
         page.close()
 
 
+def test_odd_addresses_are_said_not_answered_500(login_as, server):
+    """A repeated parameter (`?order=a&order=b`, `?runs=A&runs=B`: a hand-edited or merged
+    link) answered 500; an unknown order was dropped without a word; a short id two runs
+    share said "not found", and so did a run page addressed by a run's short id (trials)."""
+    first, second = server.runs["qwen-grpo"], server.runs["qwen-aapo"]
+    with server.api() as api:
+        for suffix in ("a", "b"):
+            body = {"run_id": f"twinprefix-{suffix}", "name": f"twin-{suffix}"}
+            api.post("/api/v1/runs", json=body).raise_for_status()
+    page = login_as("read", "/dashboard/?order=acr&order=sideways&status=bogus&status=running")
+    try:
+        said = page.inner_text("#runs-unknown-order")
+        assert "No order 'sideways'" in said and "newest first" in said, said
+        assert page.locator("#runs-unknown-filter").count() == 0  # the last status: running
+        page.goto(f"{server.url}/dashboard/compare?runs={first}&runs={second}&runs=twinpref")
+        page.wait_for_function("document.querySelectorAll('#compare-tbl tbody tr').length == 2")
+        assert "twinpref" in page.inner_text("#compare-ambiguous")
+        page.goto(f"{server.url}/dashboard/runs/twinpref")
+        assert "Several runs match" in page.inner_text("#run-missing")
+        page.goto(f"{server.url}/dashboard/runs/{first[:8]}")
+        page.wait_for_selector("#kpi-acr")
+        assert "qwen-grpo" in page.inner_text("#run-header")
+    finally:
+        page.close()
+
+
 def test_pages_load_without_script_errors(login_as, server):
     """Straight to each page, as a bookmark does, with no JavaScript error on the way."""
     page = login_as("read")

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import pytest
 from dash import Patch
 from vantage.client.acr import window_metrics
-from vantage.dashboard import commands_ui, components, explain, figures, kpis
+from vantage.dashboard import commands_ui, components, explain, figures, kpis, url_state
 
 
 def point(step: int, acr: float | None = 0.5, **extra) -> dict:
@@ -637,9 +637,20 @@ def test_a_compare_link_takes_the_short_id_the_pages_show():
     """The runs list and compare legend show a run id's first 8 characters; a link naming a run
     by them was refused as "not found"."""
     visible = ["3f2a9c1e-aaaa", "3f2a9c1e-bbbb", "7d41e0b2-cccc", "short"]
-    chosen, missing = components.resolve_run_ids(
+    chosen, missing, ambiguous = components.resolve_run_ids(
         ["7d41e0b2", "short", "7d41e0b2-cccc", "3f2a9c1e", "3f2a", "gone-run-id"], visible
     )
     assert chosen == ["7d41e0b2-cccc", "short"]  # each once, in the link's order
-    # a prefix two runs share, one shorter than the short id, and an unknown id are said
-    assert missing == ["3f2a9c1e", "3f2a", "gone-run-id"]
+    # one shorter than the short id and an unknown id are not found; a prefix two runs share
+    # is said to be ambiguous (it was "not found", a trial)
+    assert missing == ["3f2a", "gone-run-id"]
+    assert ambiguous == ["3f2a9c1e"]
+
+
+def test_a_repeated_address_parameter_is_read_as_one():
+    """`?order=a&order=b` reached the page as a list and answered 500 (a trial): a repeated
+    filter counts once, its last value; a repeated `runs` list adds up."""
+    assert url_state.one(["acr", "newest"]) == "newest" and url_state.one("acr") == "acr"
+    assert url_state.one([]) is None and url_state.one(None) is None
+    assert url_state.joined(["a,b", "c"]) == "a,b,c" and url_state.joined("a") == "a"
+    assert url_state.joined(None) is None

@@ -206,6 +206,12 @@ REWARD_SERIES: tuple[Series, ...] = (
 )
 
 SCALAR_SERIES: tuple[Series, ...] = (
+    Series(
+        "eval_accuracy",
+        "eval accuracy",
+        _scalar("eval_accuracy"),
+        _hover("eval accuracy", "held-out accuracy: whether the policy still learns", ".3g"),
+    ),
     Series("loss", "loss", _scalar("loss"), _hover("loss", "policy loss", ".4g")),
     Series("kl", "KL", _scalar("kl"), _hover("KL", "distance from the reference model", ".4g")),
     Series(
@@ -435,16 +441,25 @@ def _resolved(alert: dict) -> str:
     return f", resolved at {step}" if step is not None else ", resolved when its rule changed"
 
 
+def _isolated(ys: Sequence[Any]) -> bool:
+    """Whether a value of ``ys`` has no value beside it, which a line alone does not draw."""
+    return any(
+        y is not None and (i == 0 or ys[i - 1] is None) and (i == len(ys) - 1 or ys[i + 1] is None)
+        for i, y in enumerate(ys)
+    )
+
+
 def _traces(xy, series: Sequence[Series], **extra) -> list[dict]:
-    """One line a series; a series with a single value also gets a marker (a line of one point
-    draws nothing: a loss logged once showed an empty chart, a trial)."""
+    """One line a series; a series with a value between gaps also gets markers (a line of one
+    point draws nothing: a loss logged once showed an empty chart, and an accuracy logged every
+    10 steps no line at all, trials)."""
     return [
         {
             "type": "scatter",
             "x": xs,
             "y": ys,
             "name": s.label,
-            "mode": "lines" if sum(y is not None for y in ys) > 1 else "lines+markers",
+            "mode": "lines+markers" if _isolated(ys) else "lines",
             "hovertemplate": s.hover,
             **s.style,
             **extra,
@@ -585,7 +600,7 @@ NOT_CHARTED = frozenset({"reward_std"})  # drawn as the reward chart's band
 
 def scalar_names(points: Iterable[Point]) -> list[str]:
     """Every scalar logged in ``points`` that the chart may draw: the well-known ones first
-    (loss, KL, entropy, temperature), then the others by name."""
+    (held-out accuracy, loss, KL, entropy, temperature), then the others by name."""
     seen = {name for p in points for name in (p.get("scalars") or {})} - NOT_CHARTED
     known = [s.key for s in SCALAR_SERIES if s.key in seen]
     return known + sorted(seen - set(known))

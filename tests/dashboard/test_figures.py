@@ -508,6 +508,25 @@ def test_a_scalar_logged_once_is_drawn_as_a_dot():
     assert modes["loss"] == "lines+markers" and modes["KL"] == "lines", modes
 
 
+def test_held_out_accuracy_is_charted_first_and_its_sparse_points_drawn():
+    """The trainer's `eval_accuracy` (every few steps) came fifth among a run's scalars, so it
+    was never charted, and its points, each between steps without one, drew no line at all
+    (a trial): it is charted first, and a series with isolated points gets markers."""
+    points = [
+        point(s, scalars={"loss": 0.5, "kl": 0.1, "entropy": 1.0, "temperature": 1.0,
+                          **({"eval_accuracy": s / 40} if s % 10 == 0 else {})})
+        for s in range(31)
+    ]  # fmt: skip
+    fig = figures.scalars_figure(points)
+    names = [t["name"] for t in fig["data"]]
+    assert names == ["eval accuracy", "loss", "KL", "entropy"], names
+    accuracy = fig["data"][0]
+    assert accuracy["mode"] == "lines+markers", accuracy["mode"]
+    assert [y for y in accuracy["y"] if y is not None] == [0.0, 0.25, 0.5, 0.75]
+    assert fig["data"][1]["mode"] == "lines"  # a dense series stays a plain line
+    go.Figure(fig)
+
+
 def test_alert_chips_of_rules_of_one_name_say_their_scope():
     """A project's own `acr_stall` firing beside the global one showed "acr_stall acr_stall"
     (a trial): chips of one name say whose rule they are; a lone chip stays short."""

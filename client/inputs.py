@@ -89,18 +89,32 @@ def capture(value: Any, what: str) -> tuple[Any, int]:
     return out, len(out)
 
 
+def row_widths(rows: Any) -> list[int]:
+    """The group sizes of a captured [P, G] input (`capture`'s copy), group by group."""
+    shape = getattr(rows, "shape", None)
+    if shape is not None:
+        return [int(shape[1])] * int(shape[0])
+    return [len(row) for row in rows]
+
+
 def check_width(rows: Any, group_size: int, what: str) -> None:
     """ValueError when a captured [P, G] input (`capture`'s copy) has a group that is not
     ``group_size`` completions: a call's group_size that its rows contradict was ignored."""
-    shape = getattr(rows, "shape", None)
-    widths = {int(shape[1])} if shape is not None else {len(row) for row in rows}
-    wrong = sorted(widths - {group_size})
+    wrong = sorted(set(row_widths(rows)) - {group_size})
     if wrong:
         raise ValueError(
             f"{what} has groups of {wrong[0]} completions, but group_size is {group_size}: "
             "leave group_size out for [P, G] rows (ragged rows are allowed), or give P·G flat "
             "values"
         )
+
+
+def check_mask_width(rows: Any, masks: Any) -> None:
+    """ValueError when a captured mask's group has another size than its rewards' group, in
+    the caller (it was found on the sender thread, the call's groups dropped later: a trial)."""
+    for i, (n_rewards, n_mask) in enumerate(zip(row_widths(rows), row_widths(masks), strict=True)):
+        if n_rewards != n_mask:
+            raise ValueError(f"group {i}: mask has {n_mask} entries for {n_rewards} rewards")
 
 
 def materialize(value: Any) -> tuple[list[list[Any]], bool]:

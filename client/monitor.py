@@ -40,7 +40,15 @@ import orjson
 from pydantic import ValidationError
 
 from . import checks
-from .inputs import capture, check_width, grouped, mask_row, materialize, plain_rewards
+from .inputs import (
+    capture,
+    check_mask_width,
+    check_width,
+    grouped,
+    mask_row,
+    materialize,
+    plain_rewards,
+)
 from .launch import derive_launch_id, torch_distributed
 from .schema import (
     MAX_COUNT,
@@ -425,8 +433,10 @@ class Monitor:
         rank) that continues across calls. Never blocks; when the queue is full the groups are
         dropped and counted."""
         step, split, rank = self._where(step, split, rank)
-        if group_size is not None and checks.count("group_size", group_size, MAX_GROUP_SIZE) < 1:
-            raise ValueError("group_size must be at least 1")
+        if group_size is not None:  # 4.0 is 4; a float left in split nothing (a trial)
+            group_size = checks.count("group_size", group_size, MAX_GROUP_SIZE)
+            if group_size < 1:
+                raise ValueError("group_size must be at least 1")
         size = group_size or self.group_size
         rows, p = capture(grouped(rewards, size, "rewards"), "rewards")
         if p == 0:
@@ -449,6 +459,7 @@ class Monitor:
             masks, n_mask = capture(grouped(mask, size, "mask"), "mask")
             if n_mask != p:
                 raise ValueError(f"mask has {n_mask} rows for {p} groups")
+            check_mask_width(rows, masks)
         prompts = None if prompt_ids is None else checks.identifiers("prompt_id", prompt_ids, p)
         item = ("g", step, split, rank, time.time(), p, rows, start, ids, masks, prompts)
         if self.strict:  # unreadable rewards raise here, in the caller, not in the background

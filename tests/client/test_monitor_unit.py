@@ -507,7 +507,9 @@ def test_rejected_calls_are_all_counted_and_the_log_says_when_it_goes_quiet(tmp_
 
 
 def test_scalars_and_masks_that_cannot_be_sent_are_named(tmp_path: Path, caplog):
-    """Dropped in the background, where the server would refuse the batch, and said so."""
+    """Dropped where the server would refuse the batch, and said so: a mask of the wrong size
+    in the call (the sender thread found it, later), a scalar that is no number in the
+    background."""
     mon = offline(tmp_path)
     mon.log_scalars(4, {"loss": 0.5, "kl": "x", "n": None, "gn": float("nan")})
     for _ in range(7):  # one mask entry for two rewards, as a loop would repeat it
@@ -516,8 +518,8 @@ def test_scalars_and_masks_that_cannot_be_sent_are_named(tmp_path: Path, caplog)
     mon.close(timeout=2)
     said = " | ".join(r.getMessage() for r in caplog.records)
     assert "scalar 'kl' is the text 'x', not a number" in said and "'n'" not in said
-    unread = [r for r in caplog.records if "could not be read" in r.getMessage()]
-    assert len(unread) == 5 and "mask has 1 entries for 2 rewards" in said  # then quiet
+    ignored = [r for r in caplog.records if "log_groups(step=4) ignored" in r.getMessage()]
+    assert len(ignored) == 5 and "mask has 1 entries for 2 rewards" in said  # then quiet
     (rec,) = spooled_records(mon.spool_path)
     # kept, as JSON can carry them: NaN as its text, None as null (the API's "no value")
     assert rec["scalars"] == {"loss": 0.5, "n": None, "gn": "NaN"}
@@ -619,6 +621,27 @@ def test_flat_rewards_are_split_by_group_size(tmp_path: Path, caplog):
     plain = offline(tmp_path / "plain", strict=True)
     with pytest.raises(TypeError, match="or give group_size"):
         plain.log_groups(0, [1.0, 0.0])
+
+
+def test_a_whole_float_group_size_is_taken_and_a_bad_mask_refused_in_the_caller(tmp_path: Path):
+    """`group_size=4.0` failed with Python's own error about slicing; a mask whose groups have
+    other sizes than the rewards' was found on the sender thread, and the call's groups
+    dropped there, later (trials): both are decided in the call."""
+    mon = offline(tmp_path, strict=True)
+    mon.log_groups(0, [1.0, 0.0, 1.0, 1.0], group_size=4.0)
+    with pytest.raises(ValueError, match="group_size must be a whole number"):
+        mon.log_groups(0, [1.0, 0.0, 1.0, 1.0], group_size=2.5)
+    for mask in ([[1, 1, 0]], torch.ones(1, 3), np.ones((1, 3))):
+        with pytest.raises(ValueError, match="group 0: mask has 3 entries for 4 rewards"):
+            mon.log_groups(1, torch.ones(1, 4), mask=mask)
+    mon.log_groups(2, [[1.0, 0.0], [1.0]], mask=[[1, 0], [1]])  # ragged alike: taken
+    mon.close(timeout=2)
+    records = spooled_records(mon.spool_path)
+    assert [g["rewards"] for r in records for g in r["groups"]] == [
+        [1.0, 0.0, 1.0, 1.0],
+        [1.0, 0.0],
+        [1.0],
+    ]
 
 
 @pytest.mark.parametrize(

@@ -176,12 +176,14 @@ class RuleExists(Exception):
 def _check_unique_name(session: Session, rule: AlertRule) -> None:
     """Two rules of one name and scope would both fire and notify for the same thing (a setup
     script run twice), and `GET /alerts?rule=NAME` could not tell them apart. A rule of the same
-    name in another scope (a project's own `acr_stall` beside the global one) is fine."""
+    name in another scope (a project's own `acr_stall` beside the global one) is fine. A run's
+    rules are one scope whether they name the run's project or not (a project key adds it; two
+    of one name both fired for the same run: a trial)."""
     q = select(AlertRule.id).where(
-        AlertRule.name == rule.name,
-        AlertRule.run_id.is_not_distinct_from(rule.run_id),
-        AlertRule.project.is_not_distinct_from(rule.project),
+        AlertRule.name == rule.name, AlertRule.run_id.is_not_distinct_from(rule.run_id)
     )
+    if rule.run_id is None:
+        q = q.where(AlertRule.project.is_not_distinct_from(rule.project))
     if rule.id is not None:
         q = q.where(AlertRule.id != rule.id)
     with session.no_autoflush:

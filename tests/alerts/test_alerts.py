@@ -171,6 +171,14 @@ def test_rule_crud_defaults_and_scopes(server, api):
     assert r.status_code == 409 and "for project 'crud-project'" in r.text
     r = api.put(f"/api/v1/alert-rules/{project_rule['id']}", json={"project": None})
     assert r.status_code == 409, r.text  # moving it into the taken scope
+    # a run's rule, named with or without the run's project (a project key adds it), is one
+    # scope: two of one name both fired for the same run (a trial)
+    run = new_run(api, project="crud-project")
+    run_rule = make_rule(api, **same, run_id=run["run_id"])
+    r = api.post("/api/v1/alert-rules", json={**same, "run_id": run["run_id"],
+                                              "project": "crud-project"})  # fmt: skip
+    assert r.status_code == 409 and f"for run {run['run_id']}" in r.text, r.text
+    assert api.delete(f"/api/v1/alert-rules/{run_rule['id']}").status_code == 204
     assert api.put(f"/api/v1/alert-rules/{rule['id']}", json={"name": "crud"}).status_code == 200
     assert api.delete(f"/api/v1/alert-rules/{project_rule['id']}").status_code == 204
     assert api.delete(f"/api/v1/alert-rules/{rule['id']}").status_code == 204

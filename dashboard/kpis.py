@@ -221,22 +221,23 @@ def at_common_step(metrics: dict[str, Sequence[dict]]) -> tuple[int | None, dict
     """Runs' numbers at the last step every one of them reached, so that they compare like for
     like (their latest values were at steps 80 and 193: a trial). ``metrics``: run id → its
     points (step order, maybe downsampled). Returns (that step, run id → {acr, acr_effective,
-    reward_mean, eval_accuracy}), each from the run's newest point at or before the step;
-    eval_accuracy is the newest `eval_accuracy` scalar by then (the bundled trainer's
-    held-out accuracy). A run without points is left out of the step, its values None (one
+    reward_mean, eval_accuracy, eval_accuracy_step}), each from the run's newest point at or
+    before the step; eval_accuracy is the newest `eval_accuracy` scalar by then (the bundled
+    trainer's held-out accuracy) and eval_accuracy_step the step it was logged at. A run without points is left out of the step, its values None (one
     such run blanked every run's: a trial); (None, {}) when no run has points."""
     stepped = {run_id: points for run_id, points in metrics.items() if points}
     if not stepped:
         return None, {}
     common = min(points[-1]["step"] for points in stepped.values())
-    out = {run_id: dict.fromkeys(("acr", "acr_effective", "reward_mean", "eval_accuracy"))
+    out = {run_id: dict.fromkeys(("acr", "acr_effective", "reward_mean", "eval_accuracy",
+                                  "eval_accuracy_step"))
            for run_id in metrics}  # fmt: skip
     for run_id, points in stepped.items():
         before = [p for p in points if p["step"] <= common]
         point = before[-1] if before else {}
-        accuracy = next(
+        measured = next(
             (
-                p["scalars"]["eval_accuracy"]
+                p
                 for p in reversed(before)
                 if isinstance((p.get("scalars") or {}).get("eval_accuracy"), int | float)
             ),
@@ -244,6 +245,16 @@ def at_common_step(metrics: dict[str, Sequence[dict]]) -> tuple[int | None, dict
         )
         out[run_id] = {
             **{k: point.get(k) for k in ("acr", "acr_effective", "reward_mean")},
-            "eval_accuracy": accuracy,
+            "eval_accuracy": measured["scalars"]["eval_accuracy"] if measured else None,
+            "eval_accuracy_step": measured["step"] if measured else None,
         }
     return common, out
+
+
+def common_cell(values: dict[str, Any], key: str, common: int | None) -> str:
+    """A compare table cell of `at_common_step`'s ``values``: the number, and for the held-out
+    accuracy, measured every few steps, the step it was measured at when not ``common`` (the
+    column said "at step 80" of an accuracy from step 77: a trial)."""
+    text = explain.fmt(values.get(key))
+    at = values.get(f"{key}_step")
+    return f"{text} (step {at})" if at is not None and at != common else text

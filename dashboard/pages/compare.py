@@ -14,7 +14,8 @@ COMMON_COLUMNS = [
     ("acr_effective", "effective ACR", explain.ACR_EFFECTIVE),
     ("reward_mean", "reward", "Mean reward of the step's completions."),
     ("eval_accuracy", "eval accuracy", "Held-out accuracy, as the trainer logs it (the "
-     "`eval_accuracy` scalar); — when it logs none."),
+     "`eval_accuracy` scalar), with the step it was measured at when that is an earlier "
+     "one; — when it logs none."),
 ]  # fmt: skip
 COMMON_STEP = (
     "Taken at the last step every chosen run reached (its newest point by then), so that the "
@@ -144,7 +145,7 @@ def _comparison(result: dict) -> tuple:
                 ]
                 + [
                     html.Td(
-                        explain.fmt(values.get(k)),
+                        kpis.common_cell(values, k, common),
                         className=components.acr_class(values.get(k))
                         if k.startswith("acr")
                         else "",

@@ -607,10 +607,14 @@ def test_compared_runs_are_read_at_the_last_step_they_all_reached():
     common, at = kpis.at_common_step({"short": short, "long": long})
     assert common == 80
     assert at["short"] == {"acr": 0.5, "acr_effective": None, "reward_mean": 8.0,
-                           "eval_accuracy": 0.88}  # fmt: skip
-    # step 77's point: the newest by step 80
+                           "eval_accuracy": 0.88, "eval_accuracy_step": 80}  # fmt: skip
+    # step 77's point: the newest by step 80; the accuracy's own step is said in its cell
+    # (the column said "at step 80" of an accuracy measured at 77, a trial)
     assert at["long"] == {"acr": 0.9, "acr_effective": 0.0, "reward_mean": 0.2,
-                          "eval_accuracy": 0.86}  # fmt: skip
+                          "eval_accuracy": 0.86, "eval_accuracy_step": 77}  # fmt: skip
+    assert kpis.common_cell(at["long"], "eval_accuracy", common) == "0.86 (step 77)"
+    assert kpis.common_cell(at["short"], "eval_accuracy", common) == "0.88"
+    assert kpis.common_cell(at["long"], "acr", common) == "0.90"
     common, at = kpis.at_common_step({"short": short, "empty": []})  # blanked every run
     assert common == 80 and at["short"]["eval_accuracy"] == 0.88
     assert set(at["empty"].values()) == {None}

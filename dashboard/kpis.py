@@ -223,8 +223,9 @@ def at_common_step(metrics: dict[str, Sequence[dict]]) -> tuple[int | None, dict
     points (step order, maybe downsampled). Returns (that step, run id → {acr, acr_effective,
     reward_mean, eval_accuracy, eval_accuracy_step}), each from the run's newest point at or
     before the step; eval_accuracy is the newest `eval_accuracy` scalar by then (the bundled
-    trainer's held-out accuracy) and eval_accuracy_step the step it was logged at. A run without points is left out of the step, its values None (one
-    such run blanked every run's: a trial); (None, {}) when no run has points."""
+    trainer's held-out accuracy) and eval_accuracy_step the step it was logged at. A run
+    without points is left out of the step, its values None (one such run blanked every
+    run's: a trial); (None, {}) when no run has points."""
     stepped = {run_id: points for run_id, points in metrics.items() if points}
     if not stepped:
         return None, {}

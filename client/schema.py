@@ -129,11 +129,18 @@ def _plain_name(text: str) -> str:
         raise ValueError(f"a name {exc}") from None
 
 
-def label(max_length: int) -> Any:
-    """`text` of at most ``max_length`` characters on one line (a project, a tag): no control
-    characters, which a project key's name refuses (a run of project "a\tb" could never get
-    one: a trial)."""
-    return Annotated[text(max_length), AfterValidator(_one_line)]
+def _plain_label(text: str) -> str:
+    if not BIDI_CONTROLS.isdisjoint(text):
+        raise ValueError("cannot hold bidirectional control characters (U+202A-E, U+2066-9)")
+    return _one_line(text)
+
+
+def label(max_length: int, min_length: int = 0) -> Any:
+    """`text` of ``min_length`` to ``max_length`` characters on one line (a project, a tag, an
+    alert's severity): no control characters, which a project key's name refuses (a run of
+    project "a\tb" could never get one: a trial), nor bidirectional controls (a severity
+    "\u202elacitirc" read as "critical" in chat: a trial)."""
+    return Annotated[text(max_length, min_length), AfterValidator(_plain_label)]
 
 
 Name = Annotated[text(200, 1), AfterValidator(_plain_name)]

@@ -109,7 +109,7 @@ class RulePatch(BaseModel):
     """Consecutive clear steps needed to resolve (default 1)."""
     min_valid_groups: StrictInt | None = Field(default=None, ge=0, le=10**9)
     """A step with fewer valid groups neither advances nor resets for_steps (default 1)."""
-    severity: text(32, 1) | None = None
+    severity: label(32, 1) | None = None
     """Free label sent with notifications (default warning)."""
     notify: list[text(2000, 1)] | None = Field(default=None, max_length=20)
     """Webhook URLs (up to 2,000 characters each) notified on firing and on resolving."""

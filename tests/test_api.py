@@ -1132,6 +1132,19 @@ def test_a_blank_or_bidi_spoofed_run_name_is_refused(api):
     rule = {"name": "r", "metric": "acr", "op": ">", "threshold": 0.5, "project": "a\tb"}
     r = api.post("/api/v1/alert-rules", json=rule)
     assert r.status_code == 422 and "control characters" in r.text, r.text
+    # a project, tag or alert severity shown in chat and on the dashboard: no bidi spoofing
+    # (a severity "\u202elacitirc" read as "critical" in a chat message: a trial)
+    for body in ({"project": "p\u202eq"}, {"tags": ["t\u2066"]}):
+        r = api.post("/api/v1/runs", json={"name": "x", **body})
+        assert r.status_code == 422 and "bidirectional control" in r.text, (body, r.text)
+    rule = {"name": "r", "metric": "acr", "op": ">", "threshold": 0.5}
+    for severity, says in (
+        ("\u202elacitirc", "bidirectional control"),
+        ("a\nb", "control characters"),
+        ("", "at least 1 character"),
+    ):
+        r = api.post("/api/v1/alert-rules", json={**rule, "severity": severity})
+        assert r.status_code == 422 and says in r.text, (severity, r.text)
     run = new_run(api)
     r = api.patch(f"/api/v1/runs/{run['run_id']}", json={"name": "x\ny"})
     assert r.status_code == 422 and "control characters" in r.text, r.text

@@ -84,12 +84,24 @@ def _scalar(name: str) -> Callable[[Point], Any]:
 _reward_std = _scalar("reward_std")
 
 
-def _reward_edge(sign: int) -> Callable[[Point], Any]:
+Bounds = tuple[float | None, float | None]
+"""A run's (reward_min, reward_max): no reward lies outside them (None: unbounded)."""
+
+
+def _reward_edge(sign: int, bounds: Bounds = (None, None)) -> Callable[[Point], Any]:
+    """The band's lower (``sign`` −1) or upper (+1) edge, mean ∓ std, kept within the run's
+    reward ``bounds``: a 0/1 reward at mean 0.9 drew its band up to 1.2, a reward no
+    completion can get (a trial)."""
+    low, high = bounds
+
     def edge(p: Point) -> Any:
         mean, std = p.get("reward_mean"), _reward_std(p)
         if mean is None or std is None:  # no band here: it narrows to the mean (a null in one
             return mean  # edge only, filled to the other edge, drew a triangle: a trial)
-        return mean + sign * std
+        value = mean + sign * std
+        if low is not None and value < low:
+            return low
+        return high if high is not None and value > high else value
 
     return edge
 
@@ -176,34 +188,48 @@ ACR_SERIES: tuple[Series, ...] = (
     ),
 )
 
-REWARD_SERIES: tuple[Series, ...] = (
-    Series(
-        "reward_low",
-        "mean − std",
-        _reward_edge(-1),
-        _hover("mean − std", "spread of rewards"),
-        {"line": {"width": 0}, "showlegend": False, "connectgaps": True},
-    ),
-    Series(
-        "reward_high",
-        "reward ± std",
-        _reward_edge(+1),
-        _hover("mean + std", "spread of rewards"),
-        {
-            "line": {"width": 0},
-            "fill": "tonexty",
-            "fillcolor": COLORS["band"],
-            "connectgaps": True,
-        },
-    ),
-    Series(
-        "reward_mean",
-        "reward mean",
-        _field("reward_mean"),
-        _hover("reward mean", "a sudden drop is a failure: check KL and the latest checkpoint"),
-        {"line": {"color": COLORS["reward"], "width": 2}},
-    ),
-)
+
+def reward_series(bounds: Bounds = (None, None)) -> tuple[Series, ...]:
+    """The reward chart's series (band's lower edge, upper edge, mean), the band kept within
+    a run's reward ``bounds`` (`run_bounds`)."""
+    return (
+        Series(
+            "reward_low",
+            "mean − std",
+            _reward_edge(-1, bounds),
+            _hover("mean − std", "spread of rewards"),
+            {"line": {"width": 0}, "showlegend": False, "connectgaps": True},
+        ),
+        Series(
+            "reward_high",
+            "reward ± std",
+            _reward_edge(+1, bounds),
+            _hover("mean + std", "spread of rewards"),
+            {
+                "line": {"width": 0},
+                "fill": "tonexty",
+                "fillcolor": COLORS["band"],
+                "connectgaps": True,
+            },
+        ),
+        Series(
+            "reward_mean",
+            "reward mean",
+            _field("reward_mean"),
+            _hover("reward mean", "a sudden drop is a failure: check KL and the latest checkpoint"),
+            {"line": {"color": COLORS["reward"], "width": 2}},
+        ),
+    )
+
+
+def run_bounds(run: dict | None) -> Bounds:
+    """A run's reward bounds as the API gives them (``reward_min``, ``reward_max``)."""
+    run = run or {}
+    return run.get("reward_min"), run.get("reward_max")
+
+
+REWARD_SERIES = reward_series()
+
 
 SCALAR_SERIES: tuple[Series, ...] = (
     Series(
@@ -523,14 +549,18 @@ def acr_figure(
     return {"data": data, "layout": layout}
 
 
-def reward_figure(points: Sequence[Point], downsampled: bool = False) -> Figure:
+def reward_figure(
+    points: Sequence[Point], downsampled: bool = False, bounds: Bounds = (None, None)
+) -> Figure:
     """Reward mean with a ± std band (the std is the trainer's ``reward_std`` scalar; without
-    it the band has no legend entry, as it has nothing to show)."""
+    it the band has no legend entry, as it has nothing to show), within the run's reward
+    ``bounds``."""
     banded = has_reward_std(points)
     title = f"Reward mean{' ± std' if banded else ''}: watch for drops"
     layout = _base_layout(title + (" (downsampled)" if downsampled else ""), REWARD_HEIGHT)
     layout["yaxis"] = {"title": {"text": "reward"}}
-    data = _traces(series_xy(points, REWARD_SERIES), REWARD_SERIES)
+    series = reward_series(bounds)
+    data = _traces(series_xy(points, series), series)
     data[REWARD_BAND]["showlegend"] = banded
     if not points:
         layout["annotations"] = [dict(NO_STEPS_NOTE)]

@@ -221,7 +221,7 @@ def first_load(info, run_id: str, can_control: bool = False) -> tuple | None:
         components.plain(components.kpi_cards(kpis.cards(state, run))),
         state,
         figures.acr_figure(points, state["timeline"], alerts, downsampled),
-        figures.reward_figure(points, downsampled),
+        figures.reward_figure(points, downsampled, figures.run_bounds(run)),
         figures.scalars_figure(points),
         components.plain(config_view(run)),
         components.run_ended(run),
@@ -298,7 +298,7 @@ def live_update(info, run_id: str, state: dict) -> tuple | None:
     new_state["last_scalars"] = _scalars_at(points[-1])
     acr, reward = Patch(), Patch()
     figures.extend_patch(acr, points, figures.ACR_SERIES)
-    figures.extend_patch(reward, points, figures.REWARD_SERIES)
+    figures.extend_patch(reward, points, figures.reward_series(figures.run_bounds(run)))
     figures.extend_patch(scalars, points, figures.scalar_series(state.get("scalars") or []))
     if not state.get("reward_std") and figures.has_reward_std(points):  # the band shows now
         reward["data"][figures.REWARD_BAND]["showlegend"] = True

@@ -677,3 +677,22 @@ def test_a_repeated_address_parameter_is_read_as_one():
     assert url_state.one([]) is None and url_state.one(None) is None
     assert url_state.joined(["a,b", "c"]) == "a,b,c" and url_state.joined("a") == "a"
     assert url_state.joined(None) is None
+
+
+def test_the_reward_band_stays_within_the_runs_reward_bounds():
+    """A 0/1 reward at mean 0.9 ± 0.3 drew its band up to 1.2, a reward no completion can get
+    (a trial): the band's edges stop at the run's reward_min and reward_max, the first draw
+    and the live updates alike."""
+    points = [point(0, reward_mean=0.9, scalars={"reward_std": 0.3}),
+              point(1, reward_mean=0.1, scalars={"reward_std": 0.3})]  # fmt: skip
+    run = {"reward_min": 0.0, "reward_max": 1.0}
+    fig = figures.reward_figure(points, bounds=figures.run_bounds(run))
+    low, high, mean = (t["y"] for t in fig["data"])
+    assert high == [1.0, 0.4] and low == [pytest.approx(0.6), 0.0] and mean == [0.9, 0.1]
+    unbounded = figures.reward_figure(points)  # no bounds: mean ± std as it is
+    assert unbounded["data"][1]["y"][0] == 1.2
+    patch = Patch()
+    figures.extend_patch(patch, points[:1], figures.reward_series(figures.run_bounds(run)))
+    assert "1.0" in json.dumps(patch.to_plotly_json()) and "1.2" not in json.dumps(
+        patch.to_plotly_json()
+    )

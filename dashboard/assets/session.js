@@ -22,7 +22,8 @@
       document.body.prepend(banner);
     }
     banner.textContent =
-      what + " since " + lostSince.toLocaleTimeString() +
+      // in UTC, as every other time on the dashboard
+      what + " since " + lostSince.toISOString().slice(11, 19) + " UTC" +
       ": what this page shows is as of then. Retrying at each refresh.";
   }
 

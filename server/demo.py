@@ -31,6 +31,10 @@ import httpx
 # stall above 0.35; the tiny task collapses harder, so the demo waits for a clear majority.
 DEMO_THRESHOLD = 0.5
 DEMO_FOR_STEPS = 3
+# How long `--quick` keeps serving after the run: two refreshes of an open dashboard page (2 s
+# each by default), which then shows the run finished (the server stopped at once, and the page
+# showed it "running" for ever: a trial).
+QUICK_LINGER_S = 5.0
 PROFILES = {
     # model: (config, quick overrides, full overrides)
     "tiny": (
@@ -247,9 +251,10 @@ def run_demo(args: argparse.Namespace) -> int:
         _print_summary(summary)
         if args.quick:
             _say(
-                f"\n--quick: the server stops now. To browse this run later: vantage serve "
-                f"--port {port} --database-url {safe_url(database_url)}"
+                f"\n--quick: the server stops in {QUICK_LINGER_S:g} s. To browse this run later: "
+                f"vantage serve --port {port} --database-url {safe_url(database_url)}"
             )
+            time.sleep(QUICK_LINGER_S)  # an open page's next refresh shows the run finished
         else:
             _say(f"\nStill serving {dashboard_url} — press Ctrl-C to stop.")
             with contextlib.suppress(KeyboardInterrupt):

@@ -5,24 +5,37 @@ from __future__ import annotations
 import json
 import subprocess
 
+import httpx
 import pytest
 
 from .conftest import VANTAGE, new_postgres_database
 
 
 def test_demo_quick_detects_and_mitigates_collapse(postgres_url, tmp_path):
+    """The main job. Once it prints its summary, the server still answers for a few seconds:
+    it stopped at once, and an open dashboard page kept the run "running" for ever (a trial)."""
     url, drop = new_postgres_database()
     try:
-        proc = subprocess.run(
+        log = tmp_path / "demo.err"  # a file: a full stderr pipe would stall the demo
+        with log.open("w") as stderr, subprocess.Popen(
             [VANTAGE, "demo", "--quick", "--no-browser", "--database-url", url, "--port", "0"],
-            capture_output=True, text=True, timeout=900, cwd=tmp_path,
-        )  # fmt: skip
+            stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=tmp_path,
+        ) as demo:  # fmt: skip
+            first = demo.stdout.readline()  # the summary, printed once the run is done
+            alive = None
+            if first.startswith("{"):
+                base = json.loads(first)["dashboard_url"].split("/dashboard/")[0]
+                alive = httpx.get(f"{base}/healthz", timeout=5).status_code
+            out, _ = demo.communicate(timeout=900)
+        err = log.read_text()
         keys = subprocess.run([VANTAGE, "keys", "list", "--database-url", url],
                               capture_output=True, text=True, timeout=60).stdout  # fmt: skip
     finally:
         drop()
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert demo.returncode == 0, err[-4000:]
+    summary = json.loads((first + out).strip().splitlines()[-1])
+    assert alive == 200  # still serving: an open page's next refresh shows the run finished
+    assert "the server stops in" in err, err[-2000:]
     assert summary["steps"] == 60 and summary["dashboard_url"].startswith("http://127.0.0.1:")
     assert summary["alert_step"] is not None, "the collapse alert never fired"
     assert summary["mitigation_applied_step"] >= summary["alert_step"]

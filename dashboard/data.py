@@ -135,6 +135,11 @@ def run_snapshot(info, run_id: str, max_points: int = 5000) -> dict[str, Any] | 
         metrics = q.run_metrics(s, run_id, max_points=max_points)
         reported = q.reported_mitigation_changes(s, run_id)  # kept for the live updates
         summary = q.run_summary(s, run_id, reported=reported) or {}
+        # the chart's timeline: the mitigation timeline and the applied checkpoints and stops
+        summary["mitigation_timeline"] = [
+            *(summary.get("mitigation_timeline") or []),
+            *q.applied_commands(s, run_id),
+        ]
         alerts = _alerts(s, run_id, state=None)
         tail = metrics["points"]
         if metrics["downsampled"] and run.get("last_step") is not None:
@@ -171,7 +176,10 @@ def run_since(
         if points:
             known = [tuple(c) for c in reported or []] if after_step is not None else []
             reported = known + q.reported_mitigation_changes(s, run_id, after_step)
-            timeline = q.mitigation_timeline(s, run_id, reported=reported)
+            timeline = [
+                *q.mitigation_timeline(s, run_id, reported=reported),
+                *q.applied_commands(s, run_id),
+            ]
     return {
         "run": run,
         "points": points,

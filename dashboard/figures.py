@@ -337,9 +337,49 @@ def mitigation_bands(timeline: Iterable[dict], last_step: int | None) -> list[di
     return bands
 
 
+def _command_label(item: dict) -> str:
+    """A marked command's label: "temperature 1.3", "checkpoint", "stop"."""
+    if item.get("type") == "set_sampling":
+        params = item.get("params") or {}
+        return " ".join(f"{_text(str(k))} {v:g}" if isinstance(v, int | float) else _text(str(k))
+                        for k, v in params.items()) or "sampling"  # fmt: skip
+    return _text(str(item.get("type")))
+
+
+def command_marks(timeline: Iterable[dict]) -> list[dict]:
+    """A dotted grey line, labelled, at the step where each temperature change
+    (``set_sampling``), checkpoint and stop of ``timeline`` was applied (shapes named
+    "command"): the chart showed mitigations only, and where the others took effect could not
+    be seen (a trial). Pending, rejected and expired commands get none."""
+    return [
+        {
+            "type": "line",
+            "name": "command",
+            "xref": "x",
+            "yref": "paper",
+            "x0": item["step"],
+            "x1": item["step"],
+            "y0": 0,
+            "y1": 1,
+            "line": {"color": "#6b7280", "width": 1, "dash": "dot"},
+            "label": {
+                "text": _command_label(item),
+                "textposition": "end",
+                "font": {"size": 10, "color": "#4b5563"},
+            },
+        }
+        for item in timeline
+        if item.get("type") in ("set_sampling", "checkpoint", "stop")
+        and item.get("status") == "applied"
+        and item.get("step") is not None
+    ]
+
+
 def mitigation_shapes(timeline: Iterable[dict], last_step: int | None) -> list[dict]:
     """`mitigation_bands`, each with a solid vertical line of its mode's colour where it
-    starts: a band alone hid where a mitigation began behind the stacked areas (a trial)."""
+    starts (a band alone hid where a mitigation began behind the stacked areas: a trial), and
+    the `command_marks` of the other commands."""
+    timeline = list(timeline)
     bands = mitigation_bands(timeline, last_step)
     edges = [
         {
@@ -354,7 +394,7 @@ def mitigation_shapes(timeline: Iterable[dict], last_step: int | None) -> list[d
         }
         for band in bands
     ]
-    return bands + edges
+    return bands + edges + command_marks(timeline)
 
 
 def _reported(item: dict) -> bool:

@@ -345,6 +345,42 @@ def run_window(
     return window
 
 
+MARKED_COMMANDS = ("checkpoint", "stop")
+
+
+def _timeline_entry(c: Command) -> dict[str, Any]:
+    """A command as the mitigation timeline lists it (``step``: where the trainer applied it)."""
+    return {
+        "command_id": c.id,
+        "type": c.type,
+        "params": c.params,
+        "status": c.status,
+        "issued_by": c.issued_by,
+        "alert_id": c.alert_id,
+        "step": c.acked_step,
+        "created_at": iso(c.created_at),
+    }
+
+
+def applied_commands(
+    session: Session, run_id: str, types: tuple[str, ...] = MARKED_COMMANDS
+) -> list[dict[str, Any]]:
+    """The run's applied commands of ``types`` (default checkpoint and stop), as
+    `mitigation_timeline` gives its entries (``step``: where the trainer applied it), in step
+    order: the dashboard marks them on the ACR chart beside the timeline."""
+    rows = session.scalars(
+        select(Command)
+        .where(
+            Command.run_id == run_id,
+            Command.type.in_(types),
+            Command.status == "applied",
+            Command.acked_step.is_not(None),
+        )
+        .order_by(Command.acked_step, Command.created_at)
+    ).all()
+    return [_timeline_entry(c) for c in rows]
+
+
 def mitigation_timeline(
     session: Session, run_id: str, reported: list[tuple[int, dict]] | None = None
 ) -> list[dict[str, Any]]:
@@ -359,19 +395,7 @@ def mitigation_timeline(
         .where(Command.run_id == run_id, Command.type.in_(("set_mitigation", "set_sampling")))
         .order_by(Command.created_at)
     ).all()
-    commands = [
-        {
-            "command_id": c.id,
-            "type": c.type,
-            "params": c.params,
-            "status": c.status,
-            "issued_by": c.issued_by,
-            "alert_id": c.alert_id,
-            "step": c.acked_step,
-            "created_at": iso(c.created_at),
-        }
-        for c in rows
-    ]
+    commands = [_timeline_entry(c) for c in rows]
     if reported is None:
         reported = reported_mitigation_changes(session, run_id)
     timeline = commands + _unexplained(commands, reported)

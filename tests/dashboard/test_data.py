@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import plotly.graph_objects as go
 import pytest
 from dash import Patch, no_update
 from dash.html import Div
@@ -203,6 +204,48 @@ def test_a_mitigation_no_command_started_gets_its_band(dashboard):
         sample_data.send_steps(api, run_id, attempt, reporting(16, 2, "aapo"))
         out = run_view.live_update(READ, run_id, state)
         assert bands(out[run_view.OUTPUTS.index("acr_figure")]) == [(0, "AVSPO"), (13, "AAPO")]
+
+
+def test_temperature_checkpoint_and_stop_commands_are_marked_where_applied(dashboard):
+    """The ACR chart showed mitigation bands only: where a temperature change, a checkpoint or
+    a stop took effect could not be seen (a trial). Each applied one gets a dotted line at its
+    step, labelled, on the first draw and on a live update; a pending one none."""
+
+    def marks(figure_or_patch) -> list[tuple[int, str]]:
+        if isinstance(figure_or_patch, Patch):
+            ops = figure_or_patch.to_plotly_json()["operations"]
+            shapes = next(op["params"]["value"] for op in ops
+                          if op["location"] == ["layout", "shapes"])  # fmt: skip
+        else:
+            shapes = figure_or_patch["layout"]["shapes"]
+        return [(s["x0"], s["label"]["text"]) for s in shapes
+                if s.get("name") == "command"]  # fmt: skip
+
+    def applied(api, run_id: str, kind: str, params: dict, step: int) -> None:
+        cmd = data.issue_command(CONTROL, run_id, kind, params, None)
+        api.post(f"/api/v1/runs/{run_id}/commands/{cmd['command_id']}/ack",
+                 json={"status": "applied", "step": step}).raise_for_status()  # fmt: skip
+
+    with dashboard.api() as api:
+        run_id, attempt = sample_data.create_run(api, "marked-commands")
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 6))
+        applied(api, run_id, "set_sampling", {"temperature": 1.3}, 2)
+        applied(api, run_id, "checkpoint", {}, 4)
+        data.issue_command(CONTROL, run_id, "stop", {}, None)  # pending: not marked yet
+        first = run_view.first_load(READ, run_id)
+        figure = first[run_view.OUTPUTS.index("acr_figure")]
+        assert marks(figure) == [(2, "temperature 1.3"), (4, "checkpoint")]
+        go.Figure(figure)
+        state = json.loads(json.dumps(first[run_view.OUTPUTS.index("state")]))
+        stop = [c for c in api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
+                if c["type"] == "stop"][0]  # fmt: skip
+        api.post(f"/api/v1/runs/{run_id}/commands/{stop['command_id']}/ack",
+                 json={"status": "applied", "step": 7}).raise_for_status()  # fmt: skip
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(6, 2))
+        out = run_view.live_update(READ, run_id, state)
+        assert marks(out[run_view.OUTPUTS.index("acr_figure")]) == [
+            (2, "temperature 1.3"), (4, "checkpoint"), (7, "stop")
+        ]  # fmt: skip
 
 
 def test_a_pending_alert_gets_no_triangle_until_it_fires(dashboard):

@@ -79,7 +79,8 @@ KPI_HELP = {
     "wasted": WASTED,
     "reward_mean": REWARD_MEAN,
     "steps_per_min": (
-        "Training speed over the latest steps ('—' until two steps carry a time). With status "
+        "Training speed over the latest steps ('—' until two steps carry times at least a "
+        "second apart). With status "
         "'stale' the trainer stopped sending data: check the job."
     ),
 }

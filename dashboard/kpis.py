@@ -89,12 +89,19 @@ def advance(state: dict[str, Any], points: Sequence[dict]) -> dict[str, Any]:
     return s
 
 
+# The shortest span of step times a speed is told from (s): steps sent in one batch, a few
+# microseconds apart, read as 458,060 steps per minute (a trial).
+MIN_SPEED_SPAN_S = 1.0
+
+
 def steps_per_minute(tail: Sequence[list]) -> float | None:
+    """Steps per minute over ``tail`` (rows [step, time (s since the epoch), ...]); None with
+    fewer than two timed steps or when they span under MIN_SPEED_SPAN_S."""
     timed = [(row[0], row[1]) for row in tail if row[1] is not None]
     if len(timed) < 2:
         return None
     (s0, t0), (s1, t1) = timed[0], timed[-1]
-    if t1 <= t0:
+    if t1 - t0 < MIN_SPEED_SPAN_S:
         return None
     return (s1 - s0) / ((t1 - t0) / 60.0)
 

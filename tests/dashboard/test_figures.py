@@ -696,3 +696,12 @@ def test_the_reward_band_stays_within_the_runs_reward_bounds():
     assert "1.0" in json.dumps(patch.to_plotly_json()) and "1.2" not in json.dumps(
         patch.to_plotly_json()
     )
+
+
+def test_steps_per_minute_needs_a_second_of_steps():
+    """A loop that sent its steps in one batch, a few microseconds apart, showed 458,060 steps
+    per minute (a trial): under a second of steps is too short to tell a speed."""
+    assert kpis.steps_per_minute([[0, 100.0], [24, 100.0003]]) is None
+    assert kpis.steps_per_minute([[0, 100.0], [24, 100.9]]) is None
+    assert kpis.steps_per_minute([[0, 100.0], [24, 148.0]]) == 30.0
+    assert kpis.steps_per_minute([[0, 100.0]]) is None

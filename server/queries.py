@@ -26,8 +26,8 @@ from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, STEP_METRIC_FIELDS, win
 from vantage.client.schema import NON_FINITE_TOKENS
 
 from .classify import COLLAPSED
+from .commands import command_dict, mitigation_state
 from .commands import list_commands as list_commands  # re-exported for the dashboard
-from .commands import mitigation_state
 from .group_blocks import decode_block
 from .models import Command, GroupBlock, Run, Step, as_utc, iso
 
@@ -348,17 +348,17 @@ def run_window(
 MARKED_COMMANDS = ("checkpoint", "stop")
 
 
+_TIMELINE_FIELDS = ("command_id", "type", "params", "status", "issued_by", "alert_id")
+
+
 def _timeline_entry(c: Command) -> dict[str, Any]:
-    """A command as the mitigation timeline lists it (``step``: where the trainer applied it)."""
+    """A command as the mitigation timeline lists it: `command_dict`'s identity fields,
+    ``step`` (where the trainer applied it) and ``created_at``."""
+    full = command_dict(c)
     return {
-        "command_id": c.id,
-        "type": c.type,
-        "params": c.params,
-        "status": c.status,
-        "issued_by": c.issued_by,
-        "alert_id": c.alert_id,
+        **{k: full[k] for k in _TIMELINE_FIELDS},
         "step": c.acked_step,
-        "created_at": iso(c.created_at),
+        "created_at": full["created_at"],
     }
 
 

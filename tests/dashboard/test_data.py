@@ -166,18 +166,20 @@ def test_live_update_appends_only_new_steps(dashboard):
         assert done[-1] is True
 
 
+def shapes_of(figure_or_patch) -> list[dict]:
+    """The ACR chart's shapes: a first draw's, or those a live update's Patch sets."""
+    if isinstance(figure_or_patch, Patch):
+        ops = figure_or_patch.to_plotly_json()["operations"]
+        return next(op["params"]["value"] for op in ops if op["location"] == ["layout", "shapes"])
+    return figure_or_patch["layout"]["shapes"]
+
+
 def test_a_mitigation_no_command_started_gets_its_band(dashboard):
     """A run whose config started AVSPO had no band on its chart (the timeline held commands
     only); a change the trainer reports later gets one on the next tick."""
 
     def bands(figure_or_patch) -> list[tuple[int, str]]:
-        if isinstance(figure_or_patch, Patch):
-            ops = figure_or_patch.to_plotly_json()["operations"]
-            shapes = next(op["params"]["value"] for op in ops
-                          if op["location"] == ["layout", "shapes"])  # fmt: skip
-        else:
-            shapes = figure_or_patch["layout"]["shapes"]
-        return [(b["x0"], b["label"]["text"].split(" ")[0]) for b in shapes
+        return [(b["x0"], b["label"]["text"].split(" ")[0]) for b in shapes_of(figure_or_patch)
                 if b.get("fillcolor") in figures.MITIGATION_COLORS.values()]  # fmt: skip
 
     def reporting(start: int, count: int, mode: str) -> list[dict]:
@@ -212,13 +214,7 @@ def test_temperature_checkpoint_and_stop_commands_are_marked_where_applied(dashb
     step, labelled, on the first draw and on a live update; a pending one none."""
 
     def marks(figure_or_patch) -> list[tuple[int, str]]:
-        if isinstance(figure_or_patch, Patch):
-            ops = figure_or_patch.to_plotly_json()["operations"]
-            shapes = next(op["params"]["value"] for op in ops
-                          if op["location"] == ["layout", "shapes"])  # fmt: skip
-        else:
-            shapes = figure_or_patch["layout"]["shapes"]
-        return [(s["x0"], s["label"]["text"]) for s in shapes
+        return [(s["x0"], s["label"]["text"]) for s in shapes_of(figure_or_patch)
                 if s.get("name") == "command"]  # fmt: skip
 
     def applied(api, run_id: str, kind: str, params: dict, step: int) -> None:

@@ -88,8 +88,15 @@ def auth_enabled(app: Any = None) -> bool:
     return bool(getattr(state(app).settings, "auth_enabled", True))
 
 
-def refresh_ms() -> int:
-    return int(1000 * float(getattr(state().settings, "dashboard_refresh_s", 2.0) or 2.0))
+# A browser's longest timer (ms): a longer interval overflows and fires at once, every time.
+MAX_INTERVAL_MS = 2**31 - 1
+
+
+def refresh_ms(times: int = 1) -> int:
+    """The live-update interval (``times`` the server's `dashboard_refresh_s`) in ms, at most
+    MAX_INTERVAL_MS (the compare page's twice the longest refresh flooded the server)."""
+    seconds = float(getattr(state().settings, "dashboard_refresh_s", 2.0) or 2.0)
+    return min(MAX_INTERVAL_MS, int(1000 * seconds * times))
 
 
 def key_info(plaintext: str | None, app: Any = None):

@@ -78,7 +78,7 @@ def layout(runs: str | None = None, **_query) -> html.Div:
             ),
             _ADDRESS_STORE,
             # live: redrawn when a compared run has new steps or another status
-            dcc.Interval(id="compare-interval", interval=2 * context.refresh_ms()),
+            dcc.Interval(id="compare-interval", interval=context.refresh_ms(times=2)),
             dcc.Store(id="compare-marks"),
             html.Div(
                 dcc.Graph(id="compare-graph", config={"displaylogo": False}), className="card"

@@ -467,3 +467,14 @@ def test_a_live_update_draws_scalars_that_came_after_their_steps_groups(dashboar
         sample_data.send_steps(api, run_id, attempt, [{**late, "step": 3}, step_4])
         out = run_view.live_update(READ, run_id, state)
         assert appended(out) == [("x", 3), ("y", 0.6), ("x", [4]), ("y", [None])]
+
+
+def test_refresh_intervals_stay_within_a_browsers_timer():
+    """At the longest `VANTAGE_DASHBOARD_REFRESH_S` the compare page's twice-as-long interval
+    overflowed a browser's timer, which then fires at once, every time (a trial)."""
+    longest = SimpleNamespace(auth_enabled=True, public_url=None, dashboard_refresh_s=2_147_483)
+    context.configure(longest, lambda: None)
+    assert context.refresh_ms() == 2_147_483_000
+    assert context.refresh_ms(times=2) == context.MAX_INTERVAL_MS == 2**31 - 1
+    context.configure(SimpleNamespace(dashboard_refresh_s=2.0), lambda: None)
+    assert context.refresh_ms(times=2) == 4000

@@ -35,7 +35,11 @@ MAX_REFRESH_S = (2**31 - 1) // 1000  # a browser's longest timer, in whole secon
 class Settings(BaseSettings):
     """Every knob of the server; each field reads ``VANTAGE_<NAME>`` from the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="VANTAGE_", env_file=".env", extra="ignore")
+    # An empty variable is unset: compose passes `${VAR:-}` for what .env leaves out, and an
+    # empty VANTAGE_WEBHOOK_SECRET stopped the server as "shorter than 16 characters".
+    model_config = SettingsConfigDict(
+        env_prefix="VANTAGE_", env_file=".env", extra="ignore", env_ignore_empty=True
+    )
 
     database_url: str = Field(default_factory=default_database_url)
     # Off only through `vantage serve --insecure-no-auth`, which refuses non-loopback hosts.
@@ -94,8 +98,11 @@ class Settings(BaseSettings):
     @field_validator("webhook_secret")
     @classmethod
     def _webhook_secret(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < 16:
-            raise ValueError("must be at least 16 characters (a guessable secret signs nothing)")
+        if value is not None and len(value.get_secret_value().strip()) < 16:
+            raise ValueError(
+                "must be at least 16 characters, not counting blanks (a guessable secret signs "
+                "nothing)"
+            )
         return value
 
     @field_validator("webhook_allow")

@@ -49,3 +49,24 @@ def test_server_image_has_no_torch_and_runs_as_non_root():
     build = next(s for s in stages if " AS build" in s.splitlines()[0])
     assert "[server]" in build and "trainer]" not in build and "torch" not in server
     assert re.search(r"^USER (?!root)\w+", server, re.M)
+
+
+def test_the_server_gets_the_settings_a_deployment_sets():
+    """Under compose the webhook secret in .env never reached the server: messages went out
+    unsigned (a trial). Each setting the README's table lists for a deployment is passed, empty
+    when .env leaves it out (the server then takes its default)."""
+    environment = COMPOSE["services"]["server"]["environment"]
+    for name in ("VANTAGE_WEBHOOK_SECRET", "VANTAGE_DEFAULT_MITIGATION_MODE",
+                 "VANTAGE_COMMAND_TTL_S", "VANTAGE_WEBHOOK_GIVE_UP_S",
+                 "VANTAGE_WEBHOOK_TIMEOUT_S", "VANTAGE_DASHBOARD_REFRESH_S"):  # fmt: skip
+        assert environment.get(name) == f"${{{name}:-}}", name
+
+
+def test_an_empty_setting_is_the_default(monkeypatch):
+    from vantage.server.settings import load_settings
+
+    for name in ("WEBHOOK_SECRET", "COMMAND_TTL_S", "PUBLIC_URL", "DEFAULT_MITIGATION_MODE"):
+        monkeypatch.setenv(f"VANTAGE_{name}", "")
+    settings = load_settings(database_url="sqlite:///x.db")
+    assert settings.webhook_secret is None and settings.command_ttl_s == 3600.0
+    assert settings.public_url is None and settings.default_mitigation_mode == "auto"

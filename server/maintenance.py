@@ -27,13 +27,13 @@ def prune_groups(session: Session, older_than_days: float) -> int:
 
 def delete_run_data(session: Session, run: Run) -> None:
     """What deleting a run must delete beside the run row, which the caller deletes (the other
-    tables cascade from it). Group blocks carry no foreign key (it slowed ingest), so they go
-    explicitly, as do its alerts' unsent webhook messages (a failing target was retried for a
-    day about a run that no longer exists)."""
+    tables cascade from it), once `alerts.end_run_episodes` queued its alerts' resolutions.
+    Group blocks carry no foreign key (it slowed ingest), so they go explicitly, as do its
+    alerts' unsent messages to targets that already failed them (a failing target was retried
+    for a day about a run that no longer exists: a trial). Messages not tried yet stay: a run
+    deleted just after its alert fired lost both the firing and its resolution (a trial)."""
     session.execute(delete(GroupBlock).where(GroupBlock.run_key == run.key))
     episodes = select(AlertEpisode.id).where(AlertEpisode.run_id == run.id)
-    session.execute(
-        delete(WebhookMessage).where(
-            WebhookMessage.status == "pending", WebhookMessage.episode_id.in_(episodes)
-        )
-    )
+    unsent = (WebhookMessage.status == "pending", WebhookMessage.episode_id.in_(episodes))
+    failing = select(WebhookMessage.url).where(*unsent, WebhookMessage.attempts > 0)
+    session.execute(delete(WebhookMessage).where(*unsent, WebhookMessage.url.in_(failing)))

@@ -5,7 +5,7 @@ alert evaluation never costs the batch, and a stale per-process cache of a run's
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import select, update
 from vantage.client.acr import ACRSettings
 from vantage.server import alerts, ingest
 from vantage.server.alert_models import WebhookMessage
@@ -62,7 +62,8 @@ def test_deleting_a_run_deletes_its_group_blocks(app_client):
 
 def test_deleting_a_run_drops_its_unsent_webhook_messages(app_client):
     """A message to a failing target was retried for a day about a run that no longer existed
-    (a trial): deleting the run drops its alerts' pending messages, and only those."""
+    (a trial): deleting the run drops its alerts' pending messages to targets that failed them
+    (the resolution it queues to one too), and only those."""
     run_id = app_client.post("/api/v1/runs", json={"name": "gone"}).json()["run_id"]
     other = app_client.post("/api/v1/runs", json={"name": "kept"}).json()["run_id"]
     rule = {
@@ -84,6 +85,9 @@ def test_deleting_a_run_drops_its_unsent_webhook_messages(app_client):
             return len(session.scalars(q).all())
 
     assert pending() == 2
+    with app_client.app.state.session_factory() as session:  # both tried once, and failed
+        session.execute(update(WebhookMessage).values(attempts=1))
+        session.commit()
     assert app_client.delete(f"/api/v1/runs/{run_id}").status_code == 204
     assert pending() == 1
 

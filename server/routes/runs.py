@@ -108,8 +108,9 @@ def delete_run(run_id: str, key: AdminKey, session: SessionDep, settings: Settin
     """Delete the run and all it owns; its firing alerts that were told are told resolved."""
     run = load_run(session, run_id, key)
     with run_lock(session, run_id):
-        delete_run_data(session, run)  # its unsent messages go; the resolutions below stay
+        # resolutions first: they go where the firing went, which its unsent messages tell
         end_run_episodes(session, run, settings, "its run was deleted")
+        delete_run_data(session, run)
         session.delete(run)
         session.commit()
     forget_run(run_id)

@@ -28,9 +28,12 @@ def plain(value: Any) -> Any:
 
 
 def shown_id(run_id: str, limit: int = 40) -> str:
-    """A run id as a page shows it: whole, or its first ``limit`` characters and an ellipsis
-    (a link can carry any text)."""
-    return run_id if len(run_id) <= limit else run_id[:limit] + "…"
+    """A run id from an address as a page shows it: whole, or its first ``limit`` characters
+    and an ellipsis (a link can carry any text), with characters that are not printable
+    (bidirectional controls, line breaks) as escapes: "\u202e…" showed its text reversed, so a
+    crafted link could put words on the page (a trial)."""
+    shown = run_id if len(run_id) <= limit else run_id[:limit] + "…"
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in shown)
 
 
 # the dashboard shows a run id's first 8 characters: a prefix this long names a run in a link

@@ -705,3 +705,12 @@ def test_steps_per_minute_needs_a_second_of_steps():
     assert kpis.steps_per_minute([[0, 100.0], [24, 100.9]]) is None
     assert kpis.steps_per_minute([[0, 100.0], [24, 148.0]]) == 30.0
     assert kpis.steps_per_minute([[0, 100.0]]) is None
+
+
+def test_an_id_from_the_address_is_shown_with_its_controls_escaped():
+    """`/dashboard/runs/%E2%80%AEdetaerc-si-nur` showed "run-is-created" on the page: a link
+    could put words there (a trial)."""
+    assert components.shown_id("\u202edetaerc-si-nur") == "\\u202edetaerc-si-nur"
+    assert components.shown_id("a\nb") == "a\\nb"
+    assert components.shown_id("plain-id") == "plain-id"
+    assert components.shown_id("x" * 50) == "x" * 40 + "…"

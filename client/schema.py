@@ -130,6 +130,8 @@ def _plain_name(text: str) -> str:
 
 
 def _plain_label(text: str) -> str:
+    if text and not text.strip():  # a severity " " was "[ ]" in chat (a trial)
+        raise ValueError("needs a visible character, not only spaces")
     if not BIDI_CONTROLS.isdisjoint(text):
         raise ValueError("cannot hold bidirectional control characters (U+202A-E, U+2066-9)")
     return _one_line(text)

@@ -294,7 +294,8 @@ def end_what_it_left(
     if before.enabled and not rule.enabled:
         end_rule_episodes(session, before, settings, "its rule was disabled")
     elif (before.metric, before.split) != (rule.metric, rule.split):
-        end_rule_episodes(session, before, settings, "its rule now watches another metric")
+        other = "metric" if before.metric != rule.metric else "split"
+        end_rule_episodes(session, before, settings, f"its rule now watches another {other}")
     elif (before.run_id, before.project) != (rule.run_id, rule.project):
 
         def in_scope(run: Run) -> bool:
@@ -354,11 +355,13 @@ class SilenceMatchers(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    rule: text(200) | None = None
+    # as rules and runs take them: a name no rule can have ("", " x ") matched nothing, and
+    # the silence was taken with at most a "no rule named" warning (a trial)
+    rule: RuleName | None = None
     """A rule's name."""
-    run_id: text(64) | None = None
+    run_id: text(64, 1) | None = None
     """A run."""
-    project: text(200) | None = None
+    project: label(200, 1) | None = None
     """A project's runs."""
 
 

@@ -171,18 +171,22 @@ class _Context:
 
     def silenced(self, rule: RuleRow) -> bool:
         if self._silences is None:
-            self._silences = list(
-                self.session.scalars(select(Silence).where(Silence.until > self.now))
-            )
-        for s in self._silences:
-            m = s.matchers or {}
-            if (
-                m.get("rule") in (None, rule.name)
-                and m.get("run_id") in (None, self.run.id)
-                and m.get("project") in (None, self.run.project)
-            ):
-                return True
-        return False
+            self._silences = active_silences(self.session, self.now)
+        return any(_mutes(s, rule.name, self.run.id, self.run.project) for s in self._silences)
+
+
+def active_silences(session: Session, now: datetime) -> list[Silence]:
+    return list(session.scalars(select(Silence).where(Silence.until > now)))
+
+
+def _mutes(silence: Silence, rule: str, run_id: str, project: str | None) -> bool:
+    """Whether ``silence`` mutes the alerts of the rule named ``rule`` on a run."""
+    m = silence.matchers or {}
+    return (
+        m.get("rule") in (None, rule)
+        and m.get("run_id") in (None, run_id)
+        and m.get("project") in (None, project)
+    )
 
 
 class Evaluator:
@@ -242,6 +246,7 @@ class Evaluator:
                 )
             )
             run_ids |= _stale_candidates(session, now)
+            run_ids |= _unmuted_candidates(session, now)
         for run_id in sorted(run_ids):
             with session_factory() as session:
                 try:
@@ -253,6 +258,26 @@ class Evaluator:
                 self._failing.pop(run_id, None)
                 if notified:
                     self.notified()
+
+
+def _unmuted_candidates(session: Session, now: datetime) -> set[str]:
+    """Runs with a firing alert that was never told (a silence muted its firing) whose rule
+    has URLs and that no silence mutes any more: the silence expired or was deleted while the
+    alert fired, and chat never heard of it (a trial). Evaluation tells it (`_tell_unmuted`)."""
+    rows = session.execute(
+        select(AlertEpisode.run_id, AlertRule.name, AlertRule.notify, Run.project)
+        .join(AlertRule, AlertRule.id == AlertEpisode.rule_id)
+        .join(Run, Run.id == AlertEpisode.run_id)
+        .where(AlertEpisode.state == "firing", AlertEpisode.notified.is_(False))
+    ).all()
+    if not rows:
+        return set()
+    silences = active_silences(session, now)
+    return {
+        run_id
+        for run_id, rule, notify, project in rows
+        if notify and not any(_mutes(s, rule, run_id, project) for s in silences)
+    }
 
 
 def _stale_candidates(session: Session, now: datetime) -> set[str]:
@@ -363,8 +388,27 @@ def evaluate_locked(
             st = ctx.states.get(rule.id)
             if stale or (st is not None and st.episode_id is not None):
                 _evaluate_stale(ctx, rule)
+        _tell_unmuted(ctx, rule)
     write_states(session, run.id, ctx.states)
     return Outcome(ctx.queued, ctx.issued)
+
+
+def _tell_unmuted(ctx: _Context, rule: RuleRow) -> None:
+    """Tell a firing episode of ``rule`` that was not told when it fired (a silence muted it,
+    or the rule had no URL then) once nothing mutes it: a silence that ended while the alert
+    fired left chat unaware of a live incident (a trial). A replay of a firing already told (a
+    resumed run) stays untold, as `_fire` leaves it."""
+    st = ctx.states.get(rule.id)
+    ep = ctx.episodes.get(st.episode_id) if st is not None and st.episode_id else None
+    if ep is None or ep.state != "firing" or ep.notified or not rule.notify:
+        return
+    step, told_through = ep.fired_step, st.notified_through
+    if rule.metric != "stale" and None not in (step, told_through) and step <= told_through:
+        return
+    if _notify(ctx, rule, ep, "firing", step, ep.value):
+        ep.notified = True
+        if step is not None:
+            st.notified_through = max(step, told_through or step)
 
 
 def _open_stale_episode(session: Session, run_id: str) -> bool:
@@ -669,10 +713,11 @@ def webhook_body(
     why: str | None = None,
 ) -> dict[str, Any]:
     """The §6 body, plus `alert_id` (the episode: a receiver that retries may de-duplicate on
-    it and `state`); `text` is a Slack-compatible line that names only the new state, and
-    ``why`` instead of the value when no step resolved the alert (its rule was disabled,
-    changed or deleted). ``run`` and ``rule``: anything with a run's `id` and `name` and a
-    rule's columns as attributes."""
+    it and `state`) and the rule's id and scope (`rule_id`, `rule_project`, `rule_run_id`);
+    `text` is a Slack-compatible line that names only the new state, and ``why`` instead of
+    the value when no step resolved the alert (its rule was disabled, changed or deleted).
+    ``run`` and ``rule``: anything with a run's `id` and `name` and a rule's columns as
+    attributes."""
     url = dashboard_url(settings, run.id)
     at = f" at step {step}" if step is not None else ""
     icon = ":rotating_light:" if state == "firing" else ":white_check_mark:"
@@ -692,6 +737,10 @@ def webhook_body(
         "severity": rule.severity,
         "dashboard_url": url,
         "alert_id": alert_id,
+        # which rule: rules of one name in several scopes sent look-alike messages (a trial)
+        "rule_id": rule.id,
+        "rule_project": rule.project,
+        "rule_run_id": rule.run_id,
     }
 
 

@@ -1142,6 +1142,7 @@ def test_a_blank_or_bidi_spoofed_run_name_is_refused(api):
         ("\u202elacitirc", "bidirectional control"),
         ("a\nb", "control characters"),
         ("", "at least 1 character"),
+        (" ", "visible character"),  # "[ ]" in chat
     ):
         r = api.post("/api/v1/alert-rules", json={**rule, "severity": severity})
         assert r.status_code == 422 and says in r.text, (severity, r.text)

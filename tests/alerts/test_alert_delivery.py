@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -184,6 +185,39 @@ def test_incomplete_step_is_evaluated_by_the_periodic_pass(fast_server):
         assert wait_until(lambda: alerts_of(api, run["run_id"], "late"), timeout=10)
         (ep,) = alerts_of(api, run["run_id"], "late")
         assert (ep["state"], ep["fired_step"]) == ("firing", 1)
+
+
+@pytest.mark.parametrize("end", ["expires", "is deleted"])
+def test_an_alert_still_firing_when_its_silence_ends_is_told(fast_server, end):
+    """An alert that fired under a silence and still fired when the silence ended was never
+    told: chat heard nothing of an incident that was still going on (a trial). The periodic
+    pass tells it once, as firing; its resolution follows."""
+    receiver = Receiver()
+    try:
+        with fast_server.client("all") as api:
+            run = new_run(api)
+            until = datetime.now(UTC) + timedelta(seconds=2 if end == "expires" else 3600)
+            r = api.post("/api/v1/silences", json={
+                "matchers": {"run_id": run["run_id"]}, "until": until.isoformat()})  # fmt: skip
+            assert r.status_code == 201, r.text
+            make_rule(api, name=f"unmuted-{end}", run_id=run["run_id"], metric="acr", op=">=",
+                      threshold=0.9, notify=[receiver.url])  # fmt: skip
+            post_steps(api, run, [{"step": 0, "groups": ALL_FAIL}])
+            (alert,) = alerts_of(api, run["run_id"], f"unmuted-{end}")
+            assert alert["state"] == "firing"
+            time.sleep(1.0)
+            assert receiver.messages == []  # muted while the silence lasts
+            if end == "is deleted":
+                assert api.delete(f"/api/v1/silences/{r.json()['id']}").status_code == 204
+            [told] = receiver.wait_for(1, timeout=10)
+            assert (told["state"], told["step"], told["alert_id"]) == (
+                "firing", 0, alert["alert_id"])  # fmt: skip
+            time.sleep(1.0)
+            assert len(receiver.messages) == 1  # once, not at every pass
+            post_steps(api, run, [{"step": 1, "groups": LIVE}])
+            assert [m["state"] for m in receiver.wait_for(2)] == ["firing", "resolved"]
+    finally:
+        receiver.close()
 
 
 def test_stale_fires_and_resolves_when_data_arrives(fast_server):

@@ -157,9 +157,14 @@ def test_rule_crud_defaults_and_scopes(server, api):
     r = api.post("/api/v1/silences", json={"until": later, "matchers": {"rule": "crud"}})
     assert r.status_code == 201 and "warning" not in r.json(), r.text
     assert api.delete(f"/api/v1/silences/{r.json()['id']}").status_code == 204
-    r = api.post("/api/v1/silences", json={"until": later})  # every alert: allowed, and said
-    assert r.status_code == 201 and "mutes the notifications of every alert" in r.json()["warning"]
-    assert api.delete(f"/api/v1/silences/{r.json()['id']}").status_code == 204
+    for body in ({"until": later}, {"until": later, "matchers": {}}):  # allowed, and said
+        r = api.post("/api/v1/silences", json=body)
+        assert r.status_code == 201 and "of every alert" in r.json()["warning"], r.text
+        assert api.delete(f"/api/v1/silences/{r.json()['id']}").status_code == 204
+    # a matcher nothing can have is refused, not a silence that mutes nothing (a trial)
+    for matchers in ({"rule": ""}, {"rule": " crud "}, {"project": ""}, {"run_id": ""}):
+        r = api.post("/api/v1/silences", json={"until": later, "matchers": matchers})
+        assert r.status_code == 422, (matchers, r.text)
     r = api.put(f"/api/v1/alert-rules/{rule['id']}", json={"threshold": 0.7, "for_steps": 3})
     assert (r.json()["threshold"], r.json()["for_steps"]) == (0.7, 3)
     # one name per scope: a second "crud" for every run would fire and notify twice
@@ -560,7 +565,9 @@ def test_a_silence_begun_while_firing_lets_the_resolution_through(api, receiver)
     assert [m["state"] for m in receiver.wait_for(2)] == ["firing", "resolved"]
 
 
-@pytest.mark.parametrize("change", ["disable", "delete", "other metric", "other project"])
+@pytest.mark.parametrize(
+    "change", ["disable", "delete", "other metric", "other split", "other project"]
+)
 def test_a_rule_that_stops_watching_a_firing_alert_resolves_it(api, receiver, change):
     """Disabling a rule, deleting it, pointing it at another metric or moving it to another
     project left its firing alert firing for ever, with no resolved message (a trial): it
@@ -577,6 +584,7 @@ def test_a_rule_that_stops_watching_a_firing_alert_resolves_it(api, receiver, ch
         assert api.delete(path).status_code == 204
     else:
         body = {"disable": {"enabled": False}, "other metric": {"metric": "acr_all_fail"},
+                "other split": {"split": "eval"},
                 "other project": {"project": "proj-b"}}[change]  # fmt: skip
         assert api.put(path, json=body).status_code == 200, body
     messages = receiver.wait_for(4 if change != "other project" else 3)
@@ -586,8 +594,12 @@ def test_a_rule_that_stops_watching_a_firing_alert_resolves_it(api, receiver, ch
     assert ended_runs == ({mine["run_id"]} if change == "other project" else
                           {mine["run_id"], other["run_id"]}), messages  # fmt: skip
     why = {"disable": "disabled", "delete": "deleted", "other metric": "another metric",
+           "other split": "another split",
            "other project": "no longer applies"}[change]  # fmt: skip
     assert all(why in m["text"] and m["step"] is None for m in ended), ended
+    # which rule said it, scope included (rules of one name in several scopes looked alike)
+    assert all((m["rule_id"], m["rule_project"], m["rule_run_id"]) == (rule["id"], None, None)
+               for m in receiver.messages), receiver.messages  # fmt: skip
     firing_ids = {m["alert_id"] for m in receiver.messages if m["state"] == "firing"}
     assert {m["alert_id"] for m in ended} <= firing_ids
     if change == "delete":
@@ -1120,6 +1132,19 @@ def test_a_run_that_ends_resolves_its_alerts(api, receiver, end):
         (alert,) = alerts_of(api, run["run_id"], f"end-{end}")
         assert alert["state"] == "resolved" and alert["resolved_step"] is None
         assert alerts_of(api, run["run_id"], f"end-{end}-slow") == []
+
+
+def test_a_run_deleted_just_after_its_alert_fired_tells_both(api, receiver):
+    """Deleting a run a moment after its alert fired dropped the firing message, not sent yet,
+    and so the resolution found nowhere to go: chat heard nothing (a trial)."""
+    run = new_run(api, project="deleted-at-once")
+    make_rule(api, name="deleted-at-once", project="deleted-at-once", metric="acr", op=">",
+              threshold=0.5, for_steps=2, notify=[receiver.url])  # fmt: skip
+    post_steps(api, run, [{"step": s, "groups": ALL_FAIL} for s in (1, 2)])
+    assert api.delete(f"/api/v1/runs/{run['run_id']}").status_code == 204
+    firing, resolved = receiver.wait_for(2)
+    assert (firing["state"], resolved["state"]) == ("firing", "resolved")
+    assert resolved["alert_id"] == firing["alert_id"] and "its run was deleted" in resolved["text"]
 
 
 def test_a_resolution_goes_where_the_firing_went(api, receiver):

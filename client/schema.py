@@ -505,7 +505,8 @@ class RunCreate(_RewardBounds):
     """The trainer's epsilon in (r − mean) / (std + eps), for near_collapsed."""
     world_size: Annotated[int, Strict(), Field(ge=1, le=65_536)] = 1
     """Ranks that send data."""
-    heartbeat_s: Annotated[float, Strict(), Field(gt=0, le=86_400, allow_inf_nan=False)] = 10.0
+    # at least 0.1 s: 1e-9 was taken, and the run was "stale" from its start (a trial)
+    heartbeat_s: Annotated[float, Strict(), Field(ge=0.1, le=86_400, allow_inf_nan=False)] = 10.0
     """Seconds between heartbeats; the run is stale after 3 × this without data or heartbeat."""
     tags: list[label(100)] = Field(default_factory=list, max_length=50)
     """Free labels."""

@@ -82,6 +82,13 @@ def _trimmed(name: str) -> str:
 RuleName = Annotated[Name, AfterValidator(_trimmed)]
 
 
+def _once(urls: Any) -> Any:
+    """A list of webhook URLs with each URL once, in order (anything else as it is)."""
+    if isinstance(urls, list) and all(isinstance(u, str) for u in urls):
+        return list(dict.fromkeys(urls))
+    return urls
+
+
 class RulePatch(BaseModel):
     """Body of `PUT /api/v1/alert-rules/{id}`: the fields to change (others keep their value)."""
 
@@ -124,6 +131,13 @@ class RulePatch(BaseModel):
     """A disabled rule is not evaluated."""
     description: text(2000) | None = None
     """Free text."""
+
+    @field_validator("notify", mode="before")
+    @classmethod
+    def _notify_once(cls, v: Any) -> Any:
+        """A URL given twice counts once (100 copies of one URL were "more than 20": a
+        trial)."""
+        return _once(v)
 
     @field_validator("metric")
     @classmethod

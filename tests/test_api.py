@@ -1326,3 +1326,16 @@ def test_a_launch_that_began_before_the_newest_attempt_is_refused(api):
         body = {**old, "launch_id": "L7", "started_at": bad}
         r = api.post("/api/v1/runs", content=json.dumps(body))
         assert r.status_code == 422, (bad, r.text)
+
+
+def test_a_heartbeat_too_short_and_a_url_given_twice(api):
+    """`heartbeat_s` 1e-9 was taken and the run was "stale" from its start; one URL given 100
+    times was "more than 20 URLs" (trials)."""
+    r = api.post("/api/v1/runs", json={"name": "x", "heartbeat_s": 1e-9})
+    assert r.status_code == 422 and "greater than or equal to 0.1" in r.text, r.text
+    url = "http://127.0.0.1:9/hook"
+    rule = {"name": "once-each", "metric": "acr", "op": ">", "threshold": 0.5,
+            "notify": [url] * 100}  # fmt: skip
+    r = api.post("/api/v1/alert-rules", json=rule)
+    assert r.status_code == 201 and r.json()["notify"] == [url], r.text
+    assert api.delete(f"/api/v1/alert-rules/{r.json()['id']}").status_code == 204

@@ -34,15 +34,16 @@ from .schema import (
 _SPLIT = re.compile(SPLIT_PATTERN)
 
 
-def count(name: str, value: Any, top: int = MAX_STEP) -> int:
-    """A step, rank or count as the server takes it: an integer in [0, top]."""
+def count(name: str, value: Any, top: int = MAX_STEP, low: int = 0) -> int:
+    """A step, rank or count as the server takes it: an integer in [low, top] (a whole float
+    such as 7.0 is 7)."""
     if isinstance(value, bool | str | bytes) or value is None:
         raise TypeError(f"{name} must be an integer, not {type(value).__name__} {value!r}")
     number = int(value)
     if number != value:
         raise ValueError(f"{name} must be a whole number, not {value!r}")
-    if not 0 <= number <= top:
-        raise ValueError(f"{name} {number} is outside [0, {top}]")
+    if not low <= number <= top:
+        raise ValueError(f"{name} {number} is outside [{low}, {top}]")
     return number
 
 

@@ -242,6 +242,9 @@ class Monitor:
         if not isinstance(run_name, str):  # the server needs a new run's name
             raise TypeError(f"Monitor: run_name must be text, not {run_name!r}")
         try:
+            if group_size is not None and not isinstance(group_size, bool | str):
+                # as log_groups takes it: 4.0 is 4 (it was "not a valid integer", a trial)
+                group_size = checks.count("group_size", group_size, MAX_GROUP_SIZE, low=1)
             run = RunCreate(
                 run_id=self.run_id,
                 launch_id=self.launch_id,
@@ -434,9 +437,7 @@ class Monitor:
         dropped and counted."""
         step, split, rank = self._where(step, split, rank)
         if group_size is not None:  # 4.0 is 4; a float left in split nothing (a trial)
-            group_size = checks.count("group_size", group_size, MAX_GROUP_SIZE)
-            if group_size < 1:
-                raise ValueError("group_size must be at least 1")
+            group_size = checks.count("group_size", group_size, MAX_GROUP_SIZE, low=1)
         size = group_size or self.group_size
         rows, p = capture(grouped(rewards, size, "rewards"), "rewards")
         if p == 0:

@@ -631,6 +631,14 @@ def test_a_whole_float_group_size_is_taken_and_a_bad_mask_refused_in_the_caller(
     mon.log_groups(0, [1.0, 0.0, 1.0, 1.0], group_size=4.0)
     with pytest.raises(ValueError, match="group_size must be a whole number"):
         mon.log_groups(0, [1.0, 0.0, 1.0, 1.0], group_size=2.5)
+    for size in (0, -1):  # "outside [0, 65536]" though 0 is refused too (a trial)
+        with pytest.raises(ValueError, match=rf"group_size {size} is outside \[1, 65536\]"):
+            mon.log_groups(0, [1.0, 0.0], group_size=size)
+    whole = offline(tmp_path / "m", group_size=4.0)  # the Monitor's too
+    assert whole.group_size == 4
+    whole.close(timeout=2)
+    with pytest.raises(ValueError, match="group_size must be a whole number"):
+        offline(tmp_path / "n", group_size=2.5)
     for mask in ([[1, 1, 0]], torch.ones(1, 3), np.ones((1, 3))):
         with pytest.raises(ValueError, match="group 0: mask has 3 entries for 4 rewards"):
             mon.log_groups(1, torch.ones(1, 4), mask=mask)

@@ -346,11 +346,14 @@ def _command_label(item: dict) -> str:
     return _text(str(item.get("type")))
 
 
-def command_marks(timeline: Iterable[dict]) -> list[dict]:
-    """A dotted grey line, labelled, at the step where each temperature change
+def command_marks(timeline: Iterable[dict], last_step: int | None = None) -> list[dict]:
+    """A dotted grey line, labelled at its foot, at the step where each temperature change
     (``set_sampling``), checkpoint and stop of ``timeline`` was applied (shapes named
     "command"): the chart showed mitigations only, and where the others took effect could not
-    be seen (a trial). Pending, rejected and expired commands get none."""
+    be seen (a trial). Pending, rejected and expired commands get none, nor one acked at a step
+    past ``last_step``, the chart's last (an ack at step 1,000,000 stretched the axis of an
+    11-step run until its steps could not be seen: a trial); a live update draws it once the
+    run's steps reach it."""
     return [
         {
             "type": "line",
@@ -362,9 +365,10 @@ def command_marks(timeline: Iterable[dict]) -> list[dict]:
             "y0": 0,
             "y1": 1,
             "line": {"color": "#6b7280", "width": 1, "dash": "dot"},
+            # at the foot: at the top it ran under the chart's title and the band labels
             "label": {
                 "text": _command_label(item),
-                "textposition": "end",
+                "textposition": "start",
                 "font": {"size": 10, "color": "#4b5563"},
             },
         }
@@ -372,6 +376,7 @@ def command_marks(timeline: Iterable[dict]) -> list[dict]:
         if item.get("type") in ("set_sampling", "checkpoint", "stop")
         and item.get("status") == "applied"
         and item.get("step") is not None
+        and (last_step is None or item["step"] <= last_step)
     ]
 
 
@@ -394,7 +399,7 @@ def mitigation_shapes(timeline: Iterable[dict], last_step: int | None) -> list[d
         }
         for band in bands
     ]
-    return bands + edges + command_marks(timeline)
+    return bands + edges + command_marks(timeline, last_step)
 
 
 def _reported(item: dict) -> bool:

@@ -714,3 +714,18 @@ def test_an_id_from_the_address_is_shown_with_its_controls_escaped():
     assert components.shown_id("a\nb") == "a\\nb"
     assert components.shown_id("plain-id") == "plain-id"
     assert components.shown_id("x" * 50) == "x" * 40 + "…"
+
+
+def test_a_command_acked_past_the_last_step_is_not_marked_yet():
+    """An ack at step 1,000,000 of an 11-step run stretched the ACR chart's axis until the
+    run's steps could not be seen (a trial): a mark waits until the steps reach it."""
+    timeline = [
+        {"type": "set_sampling", "status": "applied", "step": 1_000_000,
+         "params": {"temperature": 3.0}},
+        {"type": "checkpoint", "status": "applied", "step": 5, "params": {}},
+    ]  # fmt: skip
+    fig = figures.acr_figure([point(s) for s in range(12)], timeline)
+    marks = [s for s in fig["layout"]["shapes"] if s.get("name") == "command"]
+    assert [(m["x0"], m["label"]["text"]) for m in marks] == [(5, "checkpoint")]
+    later = figures.command_marks(timeline, last_step=1_000_000)
+    assert [m["label"]["text"] for m in later] == ["temperature 3", "checkpoint"]

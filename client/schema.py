@@ -90,6 +90,19 @@ PromptId = Annotated[
 Text = Annotated[str, AfterValidator(_no_nul)]
 
 
+def _no_bidi(text: str) -> str:
+    if not BIDI_CONTROLS.isdisjoint(text):
+        raise ValueError(f"cannot hold {BIDI_NAMED}")
+    return text
+
+
+def prose(max_length: int) -> Any:
+    """`text` of at most ``max_length`` characters that people read (notes, a description, a
+    reason): line breaks allowed, bidirectional controls not (a note "evil \u202edetaerc" read
+    "evil created" on the run page: a trial)."""
+    return Annotated[text(max_length), AfterValidator(_no_bidi)]
+
+
 def _blank_is_none(value: Any) -> Any:
     return None if isinstance(value, str) and not value.strip() else value
 
@@ -103,8 +116,12 @@ def text(max_length: int, min_length: int = 0) -> Any:
     return Annotated[str, limits, AfterValidator(_no_nul)]
 
 
-# Bidirectional overrides and isolates: "rtl \u202e gnp.exe" would read as "rtl exe.png".
-BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+# Bidirectional overrides, isolates and marks: "rtl \u202e gnp.exe" would read as "rtl
+# exe.png"; the marks (U+200E-F, U+061C) reorder neighbouring text too (a trial).
+BIDI_CONTROLS = frozenset(
+    "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
+)
+BIDI_NAMED = "bidirectional control characters (U+202A-E, U+2066-9, U+200E-F, U+061C)"
 
 
 # Control characters and the Unicode line and paragraph separators: they break a name's one line
@@ -122,7 +139,7 @@ def _plain_name(text: str) -> str:
     if not text.strip():
         raise ValueError("a name needs a visible character, not only spaces")
     if not BIDI_CONTROLS.isdisjoint(text):
-        raise ValueError("a name cannot hold bidirectional control characters (U+202A-E, U+2066-9)")
+        raise ValueError(f"a name cannot hold {BIDI_NAMED}")
     try:
         return _one_line(text)
     except ValueError as exc:  # as key names (a trial)
@@ -133,7 +150,7 @@ def _plain_label(text: str) -> str:
     if text and not text.strip():  # a severity " " was "[ ]" in chat (a trial)
         raise ValueError("needs a visible character, not only spaces")
     if not BIDI_CONTROLS.isdisjoint(text):
-        raise ValueError("cannot hold bidirectional control characters (U+202A-E, U+2066-9)")
+        raise ValueError(f"cannot hold {BIDI_NAMED}")
     return _one_line(text)
 
 
@@ -519,7 +536,7 @@ class RunPatch(_Strict):
     """Display name."""
     tags: list[label(100)] | None = Field(default=None, max_length=50)
     """Free labels (replaces the list)."""
-    notes: text(10_000) | None = None
+    notes: prose(10_000) | None = None
     """Free text shown on the run page."""
     mitigation_mode: Literal["off", "suggest", "auto"] | None = None
     """What a firing rule's mitigation does: nothing, offer it on the dashboard, or send the
@@ -562,7 +579,7 @@ class CommandCreate(_Strict):
     params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
     """set_mitigation: {mode: none|avspo|aapo, threshold?, variant?, alpha?, eta?, tau?,
     delta_low?, delta_high?}; set_sampling: {temperature}; checkpoint and stop: {}."""
-    reason: text(1000) | None = None
+    reason: prose(1000) | None = None
     """Why, shown in the command log."""
 
     @field_validator("params")

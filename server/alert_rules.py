@@ -23,7 +23,7 @@ from pydantic import (
 )
 from sqlalchemy import ColumnElement, and_, or_, select, true
 from sqlalchemy.orm import Session
-from vantage.client.schema import Name, Split, label, text, validate_command_params
+from vantage.client.schema import Name, Split, label, prose, text, validate_command_params
 
 from .alert_metrics import check_metric
 from .alert_models import AlertRule, AlertState, Silence
@@ -82,6 +82,16 @@ def _trimmed(name: str) -> str:
 RuleName = Annotated[Name, AfterValidator(_trimmed)]
 
 
+def _trimmed_severity(severity: str) -> str:
+    """A severity as chat shows it in brackets: " warning" read "[ warning]" (a trial)."""
+    if severity != severity.strip():
+        raise ValueError("a severity cannot start or end with a blank")
+    return severity
+
+
+Severity = Annotated[label(32, 1), AfterValidator(_trimmed_severity)]
+
+
 def _once(urls: Any) -> Any:
     """A list of webhook URLs with each URL once, in order (anything else as it is)."""
     if isinstance(urls, list) and all(isinstance(u, str) for u in urls):
@@ -116,7 +126,7 @@ class RulePatch(BaseModel):
     """Consecutive clear steps needed to resolve (default 1)."""
     min_valid_groups: StrictInt | None = Field(default=None, ge=0, le=10**9)
     """A step with fewer valid groups neither advances nor resets for_steps (default 1)."""
-    severity: label(32, 1) | None = None
+    severity: Severity | None = None
     """Free label sent with notifications (default warning)."""
     notify: list[text(2000, 1)] | None = Field(default=None, max_length=20)
     """Webhook URLs (up to 2,000 characters each) notified on firing and on resolving."""
@@ -129,7 +139,7 @@ class RulePatch(BaseModel):
     """The split whose steps are evaluated (default train)."""
     enabled: StrictBool | None = None
     """A disabled rule is not evaluated."""
-    description: text(2000) | None = None
+    description: prose(2000) | None = None
     """Free text."""
 
     @field_validator("notify", mode="before")
@@ -388,7 +398,7 @@ class SilenceCreate(BaseModel):
     """Which alerts are muted."""
     until: datetime
     """When the silence ends (ISO 8601; without a zone: UTC); must be in the future."""
-    reason: text(1000) | None = None
+    reason: prose(1000) | None = None
     """Why, shown in the list of silences."""
 
     @field_validator("until")

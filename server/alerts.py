@@ -365,6 +365,8 @@ def evaluate_locked(
     if not rows and not stale and not _open_stale_episode(session, run.id):
         return Outcome()  # e.g. one rank of several: nothing to evaluate yet
     ctx = _Context(session, run, settings, now)
+    for rule in ctx.rules:  # before the steps, which may resolve it (then told too)
+        _tell_unmuted(ctx, rule)
     # An ended run's late steps (a rank's, a `vantage sync`) are stored but fire nothing: the
     # finish resolved its alerts, and nothing would resolve one fired after it (a trial).
     ended = run.status in ENDED_STATES
@@ -388,7 +390,6 @@ def evaluate_locked(
             st = ctx.states.get(rule.id)
             if stale or (st is not None and st.episode_id is not None):
                 _evaluate_stale(ctx, rule)
-        _tell_unmuted(ctx, rule)
     write_states(session, run.id, ctx.states)
     return Outcome(ctx.queued, ctx.issued)
 

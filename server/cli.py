@@ -319,10 +319,10 @@ def _key_text_problem(value: str | None) -> str | None:
         value.encode()
     except UnicodeEncodeError:  # bytes of the command line that are no UTF-8
         return "is not valid UTF-8 text"
-    from vantage.client.schema import BIDI_CONTROLS
+    from vantage.client.schema import BIDI_CONTROLS, BIDI_NAMED
 
     if not BIDI_CONTROLS.isdisjoint(value):  # they reorder what keys list shows
-        return "cannot hold bidirectional control characters (U+202A-E, U+2066-9)"
+        return f"cannot hold {BIDI_NAMED}"
     if len(value) > 200:
         return f"has {len(value)} characters; at most 200"
     if any(unicodedata.category(c) == "Cc" for c in value):

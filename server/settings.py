@@ -98,7 +98,7 @@ class Settings(BaseSettings):
     @field_validator("webhook_secret")
     @classmethod
     def _webhook_secret(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value().strip()) < 16:
+        if value is not None and len("".join(value.get_secret_value().split())) < 16:
             raise ValueError(
                 "must be at least 16 characters, not counting blanks (a guessable secret signs "
                 "nothing)"

@@ -1143,12 +1143,25 @@ def test_a_blank_or_bidi_spoofed_run_name_is_refused(api):
         ("a\nb", "control characters"),
         ("", "at least 1 character"),
         (" ", "visible character"),  # "[ ]" in chat
+        (" warning", "cannot start or end with a blank"),
+        ("a\u200fb", "bidirectional control"),  # a mark reorders its neighbours too
     ):
         r = api.post("/api/v1/alert-rules", json={**rule, "severity": severity})
         assert r.status_code == 422 and says in r.text, (severity, r.text)
     run = new_run(api)
     r = api.patch(f"/api/v1/runs/{run['run_id']}", json={"name": "x\ny"})
     assert r.status_code == 422 and "control characters" in r.text, r.text
+    # text people read: line breaks are fine, bidi controls not ("evil \u202edetaerc" read
+    # "evil created" on the run page, a trial)
+    r = api.patch(f"/api/v1/runs/{run['run_id']}", json={"notes": "two\nlines"})
+    assert r.status_code == 200, r.text
+    for path, body in (
+        (f"/api/v1/runs/{run['run_id']}", {"notes": "evil \u202edetaerc"}),
+        (f"/api/v1/runs/{run['run_id']}/commands", {"type": "stop", "reason": "\u2067x"}),
+        ("/api/v1/alert-rules", {**rule, "description": "a\u061cb"}),
+    ):
+        r = api.request("PATCH" if "notes" in body else "POST", path, json=body)
+        assert r.status_code == 422 and "bidirectional control" in r.text, (body, r.text)
 
 
 def test_a_body_nested_too_deeply_is_a_422_on_every_route(api):

@@ -190,6 +190,7 @@ def test_insecure_no_auth_refuses_public_host():
         ("VANTAGE_WEBHOOK_GIVE_UP_S", "1e12", "Input should be less than or equal to 316224000"),
         ("VANTAGE_WEBHOOK_SECRET", "short", "must be at least 16 characters"),
         ("VANTAGE_WEBHOOK_SECRET", " " * 20, "must be at least 16 characters, not counting"),
+        ("VANTAGE_WEBHOOK_SECRET", "aaaaaaaa       b", "must be at least 16 characters, not"),
         ("VANTAGE_DASHBOARD_REFRESH_S", "0.001", "Input should be greater than or equal to 0.5"),
         # a browser's timer holds at most 2**31 - 1 ms: a longer one fires at once, every time
         ("VANTAGE_DASHBOARD_REFRESH_S", "3e6", "Input should be less than or equal to 2147483"),

@@ -1147,6 +1147,23 @@ def test_a_run_deleted_just_after_its_alert_fired_tells_both(api, receiver):
     assert resolved["alert_id"] == firing["alert_id"] and "its run was deleted" in resolved["text"]
 
 
+def test_an_alert_that_resolves_right_after_its_silence_ends_is_told_both(api, receiver):
+    """Its silence deleted, the alert resolved at the next batch, before the periodic pass (5 s
+    here) told its firing: neither message was sent (a trial). The batch tells the firing
+    first, then the resolution."""
+    run = new_run(api)
+    until = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    r = api.post("/api/v1/silences", json={
+        "matchers": {"run_id": run["run_id"]}, "until": until})  # fmt: skip
+    make_rule(api, name="unmuted-at-once", run_id=run["run_id"], metric="acr", op=">=",
+              threshold=0.9, notify=[receiver.url])  # fmt: skip
+    post_steps(api, run, [{"step": 0, "groups": ALL_FAIL}])
+    assert api.delete(f"/api/v1/silences/{r.json()['id']}").status_code == 204
+    post_steps(api, run, [{"step": 1, "groups": LIVE}])  # before the periodic pass
+    messages = receiver.wait_for(2)
+    assert [(m["state"], m["step"]) for m in messages] == [("firing", 0), ("resolved", 1)]
+
+
 def test_a_resolution_goes_where_the_firing_went(api, receiver):
     """A rule re-pointed while its alert fired sent "firing" to the old URL and "resolved" to
     the new one, so neither chat saw the whole episode (a trial)."""

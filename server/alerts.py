@@ -176,6 +176,7 @@ class _Context:
 
 
 def active_silences(session: Session, now: datetime) -> list[Silence]:
+    """The silences in force at ``now`` (their `until` later)."""
     return list(session.scalars(select(Silence).where(Silence.until > now)))
 
 

@@ -163,6 +163,12 @@ def label(max_length: int, min_length: int = 0) -> Any:
 
 
 Name = Annotated[text(200, 1), AfterValidator(_plain_name)]
+# A run's tags: each once, none empty ([""] and ["ok", "ok"] were stored as given, a trial).
+Tags = Annotated[
+    list[label(100, 1)],
+    AfterValidator(lambda tags: list(dict.fromkeys(tags))),
+    Field(max_length=50),
+]
 MaskValue = Literal[0, 1, True, False]
 Split = Annotated[str, Field(min_length=1, max_length=MAX_SPLIT_CHARS, pattern=SPLIT_PATTERN)]
 
@@ -525,7 +531,7 @@ class RunCreate(_RewardBounds):
     # at least 0.1 s: 1e-9 was taken, and the run was "stale" from its start (a trial)
     heartbeat_s: Annotated[float, Strict(), Field(ge=0.1, le=86_400, allow_inf_nan=False)] = 10.0
     """Seconds between heartbeats; the run is stale after 3 × this without data or heartbeat."""
-    tags: list[label(100)] = Field(default_factory=list, max_length=50)
+    tags: Tags = Field(default_factory=list)
     """Free labels."""
 
 
@@ -534,7 +540,7 @@ class RunPatch(_Strict):
 
     name: Name | None = None
     """Display name."""
-    tags: list[label(100)] | None = Field(default=None, max_length=50)
+    tags: Tags | None = None
     """Free labels (replaces the list)."""
     notes: prose(10_000) | None = None
     """Free text shown on the run page."""

@@ -1352,3 +1352,13 @@ def test_a_heartbeat_too_short_and_a_url_given_twice(api):
     r = api.post("/api/v1/alert-rules", json=rule)
     assert r.status_code == 201 and r.json()["notify"] == [url], r.text
     assert api.delete(f"/api/v1/alert-rules/{r.json()['id']}").status_code == 204
+
+
+def test_tags_are_kept_once_and_never_empty(api):
+    """`["ok", "ok"]` was stored twice and `[""]` as an empty tag (a trial)."""
+    r = api.post("/api/v1/runs", json={"name": "tagged", "tags": ["ok", "b", "ok"]})
+    assert r.status_code == 201 and r.json()["tags"] == ["ok", "b"], r.text
+    r = api.patch(f"/api/v1/runs/{r.json()['run_id']}", json={"tags": ["c", "c"]})
+    assert r.status_code == 200 and r.json()["tags"] == ["c"], r.text
+    r = api.post("/api/v1/runs", json={"name": "tagged", "tags": [""]})
+    assert r.status_code == 422 and "at least 1 character" in r.text, r.text

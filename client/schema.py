@@ -138,8 +138,10 @@ def _one_line(text: str) -> str:
 def _plain_name(text: str) -> str:
     if not text.strip():
         raise ValueError("a name needs a visible character, not only spaces")
-    if not BIDI_CONTROLS.isdisjoint(text):
-        raise ValueError(f"a name cannot hold {BIDI_NAMED}")
+    try:
+        _no_bidi(text)
+    except ValueError as exc:
+        raise ValueError(f"a name {exc}") from None
     try:
         return _one_line(text)
     except ValueError as exc:  # as key names (a trial)
@@ -149,9 +151,7 @@ def _plain_name(text: str) -> str:
 def _plain_label(text: str) -> str:
     if text and not text.strip():  # a severity " " was "[ ]" in chat (a trial)
         raise ValueError("needs a visible character, not only spaces")
-    if not BIDI_CONTROLS.isdisjoint(text):
-        raise ValueError(f"cannot hold {BIDI_NAMED}")
-    return _one_line(text)
+    return _one_line(_no_bidi(text))
 
 
 def label(max_length: int, min_length: int = 0) -> Any:

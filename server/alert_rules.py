@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -71,25 +71,21 @@ class Mitigation(BaseModel):
         return self
 
 
-def _trimmed(name: str) -> str:
-    """A rule's name without blanks at its ends: a silence matches names exactly, and `"x "`
-    beside `"x"` was a second rule that a silence of `x` missed (a trial)."""
-    if name != name.strip():
-        raise ValueError("a rule's name cannot start or end with a blank")
-    return name
+def _without_edge_blanks(what: str) -> Callable[[str], str]:
+    """A validator refusing ``what`` with a blank at either end: a silence matches rule names
+    exactly, and `"x "` beside `"x"` was a second rule that a silence of `x` missed; a
+    severity " warning" read "[ warning]" in chat (trials)."""
+
+    def trimmed(value: str) -> str:
+        if value != value.strip():
+            raise ValueError(f"{what} cannot start or end with a blank")
+        return value
+
+    return trimmed
 
 
-RuleName = Annotated[Name, AfterValidator(_trimmed)]
-
-
-def _trimmed_severity(severity: str) -> str:
-    """A severity as chat shows it in brackets: " warning" read "[ warning]" (a trial)."""
-    if severity != severity.strip():
-        raise ValueError("a severity cannot start or end with a blank")
-    return severity
-
-
-Severity = Annotated[label(32, 1), AfterValidator(_trimmed_severity)]
+RuleName = Annotated[Name, AfterValidator(_without_edge_blanks("a rule's name"))]
+Severity = Annotated[label(32, 1), AfterValidator(_without_edge_blanks("a severity"))]
 
 
 def _once(urls: Any) -> Any:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import JSON, Row, bindparam, exists, select, text, update
+from sqlalchemy import JSON, Row, bindparam, exists, func, select, text, true, update
 from sqlalchemy.orm import Session
 
 from .commands import OPEN_STATES
@@ -78,8 +78,14 @@ _READ = select(
     *(RUNS.c[c] for c in STATE_COLUMNS),
     exists().where(Command.run_id == RUNS.c.id, Command.status.in_(OPEN_STATES)).label("has_open"),
 ).where(RUNS.c.id == bindparam("run_id"))
-_READ_FOR_UPDATE = _READ.with_for_update(of=RUNS)
-_READ_FOR_UPDATE_NOWAIT = _READ.with_for_update(of=RUNS, nowait=True)
+# pg_advisory_xact_lock's key for writes of alert rules (any 64-bit number no other lock uses)
+RULE_WRITES_KEY = 0x7661_6E74_7275_6C65  # "vantrule"
+# PostgreSQL: the run row's lock joined to a shared hold of the rule writers' lock. The join's
+# inputs run below the row lock (LockRows), so the rule lock is always taken first.
+_RULES_READ = select(func.pg_advisory_xact_lock_shared(RULE_WRITES_KEY).label("held")).subquery()
+_READ_PG = _READ.select_from(RUNS.join(_RULES_READ, true()))
+_READ_FOR_UPDATE = _READ_PG.with_for_update(of=RUNS)
+_READ_FOR_UPDATE_NOWAIT = _READ_PG.with_for_update(of=RUNS, nowait=True)
 _TOUCH = update(RUNS).where(RUNS.c.id == bindparam("run_id")).values(attempt=RUNS.c.attempt)
 _SAVE = (
     update(RUNS)
@@ -96,8 +102,13 @@ def run_lock(session: Session, run_id: str, nowait: bool = False) -> Iterator[Lo
     transaction that has written already and could otherwise close a circle of waits.
 
     PostgreSQL: the run row's lock (``SELECT ... FOR UPDATE``), which also reads the row as
-    it is now, in the same statement. SQLite: a process lock plus SQLite's own write lock, taken
-    at once by a no-op write, so that processes sharing one file also take turns."""
+    it is now, in the same statement, after a shared hold of `rule_writes_lock`: a rule
+    changes while no transaction that may evaluate it holds a run. Without it, an ingest that
+    read a rule as enabled fired it after the rule's disabling had looked for its open episodes
+    and committed: a disabled rule kept a firing alert for ever (a CI run of the race test). A
+    ``nowait`` lock is taken by a transaction that holds the rule lock already. SQLite: a
+    process lock plus SQLite's own write lock, taken at once by a no-op write, so that
+    processes sharing one file also take turns."""
     conn = session.connection()
     params = {"run_id": run_id}
     if conn.dialect.name == "postgresql":
@@ -125,18 +136,15 @@ def lock_runs(session: Session, run_ids: Iterable[str]) -> Iterator[None]:
         yield
 
 
-# pg_advisory_xact_lock's key for writes of alert rules (any 64-bit number no other lock uses)
-RULE_WRITES_KEY = 0x7661_6E74_7275_6C65  # "vantrule"
-
-
 @contextmanager
 def rule_writes_lock(session: Session) -> Iterator[None]:
     """Take turns with other writers of alert rules until the caller's transaction ends (commit
     inside the block): a rule's name is unique in its scope, and two requests that each found
-    the name free stored it twice on PostgreSQL (5 of 16 parallel creates: a trial). Taken
-    before any run lock, and never while one is held, so it joins no lock cycle. PostgreSQL: a
-    transaction-scoped advisory lock, which every server process shares; SQLite: the process
-    lock `lock_runs` takes (re-entrant)."""
+    the name free stored it twice on PostgreSQL (5 of 16 parallel creates: a trial). It also
+    waits until no run is locked (`run_lock` holds it shared), so no evaluation reads a rule
+    the change is about to alter. Taken before any run lock, and never while one is held, so it
+    joins no lock cycle. PostgreSQL: a transaction-scoped advisory lock, which every server
+    process shares; SQLite: the process lock `lock_runs` takes (re-entrant)."""
     if session.connection().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": RULE_WRITES_KEY})
         yield

@@ -4,11 +4,14 @@ met a run it did not foresee after it had written, instead of waiting in a circl
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from vantage.client.schema import RunCreate
 from vantage.server import db
-from vantage.server.locks import lock_runs, run_lock
+from vantage.server.locks import lock_runs, rule_writes_lock, run_lock
 from vantage.server.migrate import upgrade
 from vantage.server.runs import create_or_resume_run
 
@@ -50,3 +53,67 @@ def test_a_lock_held_elsewhere_is_refused_without_waiting_then_redone(postgres_u
             assert len(tries) == 3
     finally:
         engine.dispose()
+
+
+def test_rule_writes_and_run_locks_exclude_each_other_rule_lock_first(postgres_url):
+    """A rule change waits for every transaction holding a run, and a run lock waits for a
+    rule change, taking the rule lock before the run's row: an ingest that read a rule as
+    enabled could otherwise fire it after its disabling had closed its episodes and committed
+    (a disabled rule kept a firing alert: CI), and a run lock taken row first would close a
+    circle with a rule change waiting for that row."""
+    upgrade(postgres_url)
+    engine = db.make_engine(postgres_url)
+    sessions = db.session_factory(engine)
+    try:
+        with sessions() as s:
+            run, _, _ = create_or_resume_run(s, RunCreate(name="rule-lock"), None, "auto")
+            run_id = run.id
+            s.commit()
+        with sessions() as ingest, sessions() as change, sessions() as watch:
+            with run_lock(ingest, run_id):
+                done = _in_thread(lambda: _take_rule_lock(change))
+                assert not done.wait(0.5)  # the change waits for the run's holder
+                ingest.commit()
+                assert done.wait(10)
+            with sessions() as other, sessions() as row_holder:
+                row_holder.execute(text("SELECT id FROM runs WHERE id = :r FOR UPDATE"),
+                                   {"r": run_id})  # fmt: skip
+                with rule_writes_lock(change):
+                    pid = other.execute(text("SELECT pg_backend_pid()")).scalar_one()
+                    locked = _in_thread(lambda: _take_run_lock(other, run_id))
+                    assert not locked.wait(0.5)
+                    waits = (
+                        watch.execute(
+                            text("SELECT locktype FROM pg_locks WHERE pid = :pid AND NOT granted"),
+                            {"pid": pid},
+                        )
+                        .scalars()
+                        .all()
+                    )
+                    assert waits == ["advisory"]  # the rule lock, not yet the run's row
+                    change.commit()
+                row_holder.commit()
+                assert locked.wait(10)
+    finally:
+        engine.dispose()
+
+
+def _in_thread(work) -> threading.Event:  # noqa: ANN001
+    done = threading.Event()
+
+    def run() -> None:
+        work()
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return done
+
+
+def _take_rule_lock(session) -> None:  # noqa: ANN001
+    with rule_writes_lock(session):
+        session.commit()
+
+
+def _take_run_lock(session, run_id: str) -> None:  # noqa: ANN001
+    with run_lock(session, run_id):
+        session.commit()

@@ -162,20 +162,20 @@ def rules_update(
 def _update(
     rule_id: int, body: RulePatch, key: KeyInfo, session: Session, settings: Settings
 ) -> dict:
-    rule = _own_rule(session, rule_id, key)
-    changed = body.model_fields_set
-    if "project" in changed or "run_id" in changed:
-        _scoped(body, key, session)
-        # the rule's own run or project with the other one changed (a PUT of one of them
-        # made a rule of run R in another project, and a second rule of the same name: a trial)
-        run_id = body.run_id if "run_id" in changed else rule.run_id
-        project = body.project if "project" in changed else rule.project
-        _same_project(session.get(Run, run_id) if run_id else None, project)
-    with (
-        rule_writes_lock(session),  # first: then the run locks (never the other way round)
-        change_lock(session, rule, body.run_id if "run_id" in changed else None),
-    ):
-        return _written(session, lambda: update_rule(session, rule, body, settings))
+    # the lock first, then the rule: a rule read before it may miss a change committed
+    # meanwhile, and its stale metric or scope would decide which episodes the change closes
+    with rule_writes_lock(session):  # first: then the run locks (never the other way round)
+        rule = _own_rule(session, rule_id, key)
+        changed = body.model_fields_set
+        if "project" in changed or "run_id" in changed:
+            _scoped(body, key, session)
+            # the rule's own run or project with the other one changed (a PUT of one of them
+            # made a rule of run R in another project, and a second rule of the same name)
+            run_id = body.run_id if "run_id" in changed else rule.run_id
+            project = body.project if "project" in changed else rule.project
+            _same_project(session.get(Run, run_id) if run_id else None, project)
+        with change_lock(session, rule, body.run_id if "run_id" in changed else None):
+            return _written(session, lambda: update_rule(session, rule, body, settings))
 
 
 @router.delete("/alert-rules/{rule_id}", status_code=204)
@@ -185,10 +185,12 @@ def rules_delete(
     """Delete a rule and its episodes (its firing alerts that were told resolve first)."""
 
     def delete() -> None:
-        rule = _own_rule(session, rule_id, key)
-        with change_lock(session, rule):
-            delete_rule(session, rule, settings)
-            session.commit()
+        # no evaluation holds a run meanwhile (`run_lock`): none fires the rule being deleted
+        with rule_writes_lock(session):
+            rule = _own_rule(session, rule_id, key)
+            with change_lock(session, rule):
+                delete_rule(session, rule, settings)
+                session.commit()
 
     redo_on_lock_conflict(session, delete)
     return Response(status_code=204)

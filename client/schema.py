@@ -124,6 +124,23 @@ BIDI_CONTROLS = frozenset(
 BIDI_NAMED = "bidirectional control characters (U+202A-E, U+2066-9, U+200E-F, U+061C)"
 
 
+# Characters that show nothing and join nothing: "run\u200b" looked the same as "run" in every
+# list, a second run or rule no one could tell apart (a trial). The joiners U+200C-D stay, as
+# Persian words and emoji sequences need them.
+INVISIBLE = frozenset("\u200b\u2060\ufeff\u00ad\u180e\u2061\u2062\u2063\u2064")
+INVISIBLE_NAMED = "invisible characters (U+200B, U+2060-4, U+FEFF, U+00AD, U+180E)"
+
+
+def _shown(text: str) -> str:
+    """``text`` if it has no `INVISIBLE` character and a visible one when it is not empty
+    (not only blanks and format characters such as a lone joiner). Raises ValueError."""
+    if not INVISIBLE.isdisjoint(text):
+        raise ValueError(f"cannot hold {INVISIBLE_NAMED}")
+    if text and all(c.isspace() or unicodedata.category(c) == "Cf" for c in text):
+        raise ValueError("needs a visible character, not only spaces")
+    return text
+
+
 # Control characters and the Unicode line and paragraph separators: they break a name's one line
 # wherever it is shown (keys list, chat messages, the dashboard), and key names refuse them.
 _LINE_BREAKING = ("Cc", "Zl", "Zp")
@@ -136,22 +153,17 @@ def _one_line(text: str) -> str:
 
 
 def _plain_name(text: str) -> str:
-    if not text.strip():
+    if not text:
         raise ValueError("a name needs a visible character, not only spaces")
     try:
-        _no_bidi(text)
-    except ValueError as exc:
-        raise ValueError(f"a name {exc}") from None
-    try:
-        return _one_line(text)
-    except ValueError as exc:  # as key names (a trial)
+        return _plain_label(text)
+    except ValueError as exc:  # control characters as key names refuse them (a trial)
         raise ValueError(f"a name {exc}") from None
 
 
 def _plain_label(text: str) -> str:
-    if text and not text.strip():  # a severity " " was "[ ]" in chat (a trial)
-        raise ValueError("needs a visible character, not only spaces")
-    return _one_line(_no_bidi(text))
+    # a severity " " was "[ ]" in chat (a trial)
+    return _one_line(_no_bidi(_shown(text)))
 
 
 def label(max_length: int, min_length: int = 0) -> Any:

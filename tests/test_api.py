@@ -1122,6 +1122,25 @@ def test_a_blank_or_bidi_spoofed_run_name_is_refused(api):
     r = api.post("/api/v1/runs", json={"name": "rtl \u202e gnp.exe"})  # reads "rtl exe.png"
     assert r.status_code == 422 and "bidirectional control" in r.text, r.text
     assert api.post("/api/v1/runs", json={"name": "עברית run"}).status_code == 201
+    # invisible characters: "run\u200b" looked the same as "run" everywhere (a trial); the
+    # joiners that Persian words and emoji sequences need stay
+    for name in ("run\u200b", "\ufeffrun", "r\u00adun", "r\u2060un"):
+        r = api.post("/api/v1/runs", json={"name": name})
+        assert r.status_code == 422 and "invisible characters" in r.text, (name, r.text)
+    for name in ("\u200d", " \u200c "):  # nothing to see
+        r = api.post("/api/v1/runs", json={"name": name})
+        assert r.status_code == 422 and "visible character" in r.text, (name, r.text)
+    for name in (
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+        "\U0001f468\u200d\U0001f4bb run",
+    ):
+        assert api.post("/api/v1/runs", json={"name": name}).status_code == 201, name
+    for body in ({"project": "p\u200b"}, {"tags": ["\ufeff"]}):
+        r = api.post("/api/v1/runs", json={"name": "x", **body})
+        assert r.status_code == 422 and "invisible characters" in r.text, (body, r.text)
+    rule = {"name": "r\u200b", "metric": "acr", "op": ">", "threshold": 0.5}
+    r = api.post("/api/v1/alert-rules", json=rule)
+    assert r.status_code == 422 and "invisible characters" in r.text, r.text
     for name in ("a\u0007b", "two\nlines", "a\tb", "a\x85b", "a\u2028b"):  # as key names
         r = api.post("/api/v1/runs", json={"name": name})
         assert r.status_code == 422 and "control characters" in r.text, (name, r.text)

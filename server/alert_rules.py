@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
+import httpx
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -88,10 +89,24 @@ RuleName = Annotated[Name, AfterValidator(_without_edge_blanks("a rule's name"))
 Severity = Annotated[label(32, 1), AfterValidator(_without_edge_blanks("a severity"))]
 
 
+def _target(url: str) -> str:
+    """Where ``url`` sends: its scheme and host in lower case, a default port and the fragment
+    (which no request carries) left out; ``url`` itself if it does not parse."""
+    try:
+        return str(httpx.URL(url).copy_with(fragment=None))
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return url
+
+
 def _once(urls: Any) -> Any:
-    """A list of webhook URLs with each URL once, in order (anything else as it is)."""
+    """A list of webhook URLs with each target once (`_target`: "HTTP://Chat/x#a" and
+    "http://chat/x" posted every message twice, a trial), in order, as first spelled; anything
+    else as it is."""
     if isinstance(urls, list) and all(isinstance(u, str) for u in urls):
-        return list(dict.fromkeys(urls))
+        first: dict[str, str] = {}
+        for url in urls:
+            first.setdefault(_target(url), url)
+        return list(first.values())
     return urls
 
 
@@ -184,7 +199,7 @@ def rule_dict(r: AlertRule) -> dict[str, Any]:
 def check_notify(urls: list[str], allow: str | None) -> list[str]:
     """The URLs, each once, in order; raises ValueError naming a refused webhook target."""
     try:
-        return [check_target(u, allow) for u in dict.fromkeys(urls)]
+        return [check_target(u, allow) for u in _once(urls)]
     except RefusedTarget as exc:
         raise ValueError(str(exc)) from exc
 

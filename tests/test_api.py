@@ -1371,6 +1371,16 @@ def test_a_heartbeat_too_short_and_a_url_given_twice(api):
     r = api.post("/api/v1/alert-rules", json=rule)
     assert r.status_code == 201 and r.json()["notify"] == [url], r.text
     assert api.delete(f"/api/v1/alert-rules/{r.json()['id']}").status_code == 204
+    # one target spelled several ways got every message as many times (a trial); another
+    # path or port is another target
+    spellings = ["HTTP://127.0.0.1:9/hook#chat", url, "http://127.0.0.1:9/hook#ops",
+                 "http://127.0.0.1:9/Hook", "http://127.0.0.1:19/hook"]  # fmt: skip
+    r = api.post("/api/v1/alert-rules", json={**rule, "notify": spellings})
+    assert r.status_code == 201, r.text
+    assert r.json()["notify"] == [spellings[0], *spellings[3:]], r.text
+    r = api.put(f"/api/v1/alert-rules/{r.json()['id']}", json={"notify": [url, url.upper()]})
+    assert r.status_code == 200 and r.json()["notify"] == [url, url.upper()], r.text
+    assert api.delete(f"/api/v1/alert-rules/{r.json()['id']}").status_code == 204
 
 
 def test_tags_are_kept_once_and_never_empty(api):

@@ -362,6 +362,14 @@ def delete_rule(session: Session, rule: AlertRule, settings: Settings) -> None:
     session.flush()
 
 
+def rule_project(session: Session, rule: AlertRule) -> str | None:
+    """The project a rule belongs to: its own, else its run's (a rule made for a run without
+    naming the run's project), else none (a rule of every run)."""
+    if rule.project is not None or rule.run_id is None:
+        return rule.project
+    return session.scalar(select(Run.project).where(Run.id == rule.run_id))
+
+
 def visible_to(project: str | None) -> ColumnElement[bool]:
     """SQL condition on `alert_rules`: the rules a key limited to ``project`` sees (None: every
     rule): its project's, those of its project's runs, and those of every run. A rule of

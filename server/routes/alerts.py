@@ -26,6 +26,7 @@ from ..alert_rules import (
     list_rules,
     list_silences,
     rule_dict,
+    rule_project,
     update_rule,
     visible_to,
 )
@@ -68,7 +69,7 @@ def _own_rule(session: SessionDep, rule_id: int, key: KeyInfo) -> AlertRule:
     """A rule the key may change or delete: any, or, for a key limited to a project, one of
     that project's rules (403 for another it can read, such as a rule of every run)."""
     rule = _rule(session, rule_id, key)
-    if key.project is not None and rule.project != key.project:
+    if not _in_key_project(rule, key, session):
         raise HTTPException(
             403,
             f"alert rule {rule_id} is not a rule of project '{key.project}' (it applies to "
@@ -101,17 +102,24 @@ def _same_project(run: Run | None, project: str | None) -> None:
         )
 
 
-def _may_change(rule: AlertRule, key: KeyInfo) -> bool:
-    """Whether the key may change the rule: control scope, and every project or the rule's."""
-    return "control" in key.scopes and key.project in (None, rule.project)
+def _in_key_project(rule: AlertRule, key: KeyInfo, session: Session) -> bool:
+    """Whether the rule is the key's to change, scope aside: the key is of every project, or of
+    the rule's (`rule_project`: a rule an admin key made for a run of project P without naming
+    P is P's, and P's key could not change it: a trial)."""
+    return key.project is None or key.project == rule_project(session, rule)
 
 
-def _shown(rule: AlertRule, key: KeyInfo) -> dict:
+def _may_change(rule: AlertRule, key: KeyInfo, session: Session) -> bool:
+    """Whether the key may change the rule: control scope, and `_in_key_project`."""
+    return "control" in key.scopes and _in_key_project(rule, key, session)
+
+
+def _shown(rule: AlertRule, key: KeyInfo, session: Session) -> dict:
     """The rule as the key may see it: webhook URLs (which often carry a token in their path,
     as Slack's do) in full only to a key that may change the rule; to others, their scheme and
     host (a trial found every read key, the dashboard's included, reading them)."""
     out = rule_dict(rule)
-    if not _may_change(rule, key):
+    if not _may_change(rule, key, session):
         out["notify"] = [redact_url(u) for u in out["notify"]]
     return out
 
@@ -119,7 +127,7 @@ def _shown(rule: AlertRule, key: KeyInfo) -> dict:
 @router.get("/alert-rules")
 def rules_index(key: RulesReader, session: SessionDep) -> dict:
     rules = list_rules(session, project=key.project)
-    return {"rules": [_shown(r, key) for r in rules]}
+    return {"rules": [_shown(r, key, session) for r in rules]}
 
 
 @router.post("/alert-rules", status_code=201)
@@ -148,7 +156,7 @@ def _written(session: Session, write: Callable[[], dict]) -> dict:
 
 @router.get("/alert-rules/{rule_id}")
 def rules_read(rule_id: RuleId, key: RulesReader, session: SessionDep) -> dict:
-    return _shown(_rule(session, rule_id, key), key)
+    return _shown(_rule(session, rule_id, key), key, session)
 
 
 @router.put("/alert-rules/{rule_id}")
@@ -264,14 +272,19 @@ def _unknown_rule(matchers: SilenceMatchers, session: SessionDep, key: KeyInfo) 
 def _silence_visible(session: SessionDep, matchers: dict, key: KeyInfo) -> bool:
     """Whether a key sees a silence: one for its project, or one that may mute its runs'
     alerts (no project matcher, and no run matcher or one of its runs)."""
-    if key.project is None or matchers.get("project") == key.project:
+    if key.project is None:
         return True
-    if matchers.get("project") is not None:
-        return False
-    if "run_id" not in matchers:
-        return True
-    run = session.get(Run, matchers["run_id"])
-    return run is not None and run.project == key.project
+    project = _silence_project(session, matchers)
+    return project == key.project or (project is None and "run_id" not in matchers)
+
+
+def _silence_project(session: SessionDep, matchers: dict) -> str | None:
+    """The project a silence mutes alerts of only: its project matcher's, else its run
+    matcher's run's (one an admin key made for a run of project P is P's to end: a trial, as
+    for rules), else none."""
+    if matchers.get("project") is not None or "run_id" not in matchers:
+        return matchers.get("project")
+    return session.scalar(select(Run.project).where(Run.id == matchers["run_id"]))
 
 
 @router.get("/silences")
@@ -295,7 +308,7 @@ def silences_delete(silence_id: SilenceId, key: ControlKey, session: SessionDep)
     silence = session.get(Silence, silence_id)
     if silence is None or not _silence_visible(session, silence.matchers or {}, key):
         raise HTTPException(404, f"silence {silence_id} not found")
-    if key.project is not None and (silence.matchers or {}).get("project") != key.project:
+    if key.project not in (None, _silence_project(session, silence.matchers or {})):
         raise HTTPException(
             403,
             f"silence {silence_id} is not limited to project '{key.project}', which this key is",

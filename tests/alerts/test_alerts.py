@@ -892,6 +892,20 @@ def test_a_project_key_changes_and_mutes_its_projects_alerts_only(server, api):
         assert "pk-their-run" not in listed and {"pk-global", "pk-vision"} <= listed
         r = key.put(f"/api/v1/alert-rules/{vision['id']}", json={"project": None})
         assert r.status_code == 200 and r.json()["project"] == "vision"
+        # a rule of its project's run, made by a key of every project without naming the
+        # project: the project's to change (a 403 said it applied to a run of that project)
+        own_run = new_run(api, project="vision")
+        hook = "http://127.0.0.1:9/services/s3cr3t"
+        of_own = make_rule(api, name="pk-our-run", run_id=own_run["run_id"], notify=[hook], **rule)
+        assert of_own["project"] is None
+        path = f"/api/v1/alert-rules/{of_own['id']}"
+        assert key.get(path).json()["notify"] == [hook]
+        r = key.put(path, json={"threshold": 0.8})
+        assert r.status_code == 200 and r.json()["threshold"] == 0.8, r.text
+        assert key.delete(path).status_code == 204
+        body = {"matchers": {"run_id": own_run["run_id"]}, "until": until}
+        of_own = api.post("/api/v1/silences", json=body).json()  # its run's only: its own
+        assert key.delete(f"/api/v1/silences/{of_own['id']}").status_code == 204
         created = key.post("/api/v1/alert-rules", json={"name": "pk-own", **rule}).json()
         assert created["project"] == "vision"
         assert key.delete(f"/api/v1/alert-rules/{created['id']}").status_code == 204

@@ -256,10 +256,21 @@ SCALAR_SERIES: tuple[Series, ...] = (
 
 
 def series_xy(points: Iterable[Point], series: Sequence[Series]) -> list[tuple[list, list]]:
-    """Per series, the steps and values of ``points`` (None where a value is missing)."""
+    """Per series, the steps and values of ``points`` (None where a value is missing). A
+    stacked area leaves out the points it has no value at: Plotly draws a stack's leading
+    gap at its first value, and step 0 (the baseline accuracy, no groups) was shaded as
+    step 1's shares (a trial)."""
     points = points if isinstance(points, list) else list(points)
     steps = [p["step"] for p in points]
-    return [(steps, [s.value(p) for p in points]) for s in series]
+    out = []
+    for s in series:
+        values = [s.value(p) for p in points]
+        if "stackgroup" in s.style:
+            kept = [i for i, v in enumerate(values) if v is not None]
+            out.append(([steps[i] for i in kept], [values[i] for i in kept]))
+        else:
+            out.append((steps, values))
+    return out
 
 
 # Chart heights (px), which the run page also sets on each graph's element: a graph sized by

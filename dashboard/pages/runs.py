@@ -42,9 +42,11 @@ def layout(
     return html.Div(
         [
             html.H2("Runs"),
-            # a bookmarked filter that names nothing visible was dropped without a word
+            # a bookmarked filter that names nothing visible was dropped without a word; the
+            # others still apply ("showing all" read as if none did: a trial)
             html.P(
-                f"No run visible to this key has the {' or the '.join(unknown)}: showing all.",
+                f"No run visible to this key has the {' or the '.join(unknown)}: "
+                f"{'that filter is' if len(unknown) == 1 else 'those filters are'} left out.",
                 id="runs-unknown-filter",
                 className="result-error",
             )

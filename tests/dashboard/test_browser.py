@@ -299,7 +299,7 @@ def test_filters_are_kept_in_the_address(login_as, server):
 
         page.goto(f"{server.url}/dashboard/?project=nowhere")
         said = page.inner_text("#runs-unknown-filter")
-        assert "project 'nowhere'" in said and "showing all" in said
+        assert "project 'nowhere'" in said and "that filter is left out" in said
 
         first, second = server.runs["qwen-grpo"], server.runs["qwen-aapo"]
         page.goto(f"{server.url}/dashboard/compare?runs={first}")

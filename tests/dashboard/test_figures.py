@@ -62,6 +62,25 @@ def test_empty_and_missing_values_still_build():
     assert fig["data"][6]["y"] == [None, 0.5]  # a gap, never a silent 0
 
 
+def test_a_point_without_groups_is_no_part_of_the_stacked_sides():
+    """Step 0 holds the baseline accuracy only: the stacked sides were drawn from step 0 at
+    step 1's shares (Plotly draws a stack's leading gap at its first value: a trial)."""
+    shares = ("acr_all_fail", "acr_all_pass", "acr_constant")
+    baseline = point(0, None, n_valid=0, acr_constant=None, expected_acr=None)
+    fig = figures.acr_figure([baseline, point(1, 0.5), point(2, 0.25)])
+    go.Figure(fig)
+    stacked = [t for t in fig["data"] if t.get("stackgroup") == "sides"]
+    assert [t["x"] for t in stacked] == [[1, 2]] * 3
+    acr = fig["data"][[s.key for s in figures.ACR_SERIES].index("acr")]
+    assert acr["x"] == [0, 1, 2] and acr["y"][0] is None  # the line keeps its gap
+    patch = Patch()
+    figures.extend_patch(patch, [point(3, 0.5), {**baseline, "step": 4}], figures.ACR_SERIES)
+    added = [op for op in patch.to_plotly_json()["operations"] if op["operation"] == "Extend"]
+    xs = {tuple(op["location"]): op["params"]["value"] for op in added}
+    for i, key in enumerate(s.key for s in figures.ACR_SERIES):
+        assert xs[("data", i, "x")] == ([3] if key in shares else [3, 4]), key
+
+
 def test_reward_band_is_mean_plus_minus_std():
     fig = figures.reward_figure([point(0, reward_mean=0.5)])
     low, high, mean = (t["y"][0] for t in fig["data"])

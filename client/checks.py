@@ -56,7 +56,12 @@ def config_json(config: Any) -> dict[str, Any]:
         return {}
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a mapping of name to value, not {type(config).__name__}")
-    plain = orjson.loads(orjson.dumps(non_finite_as_text(dict(config)), default=str))
+    try:
+        plain = orjson.loads(orjson.dumps(non_finite_as_text(dict(config)), default=str))
+    except orjson.JSONEncodeError as exc:  # 2**64 raised out of Monitor() (a trial)
+        if "64-bit" in str(exc):
+            raise ValueError("an integer beyond 64 bits (send it as a string)") from None
+        raise ValueError(f"cannot be JSON ({exc})") from None
     return small_config(check_storable(plain))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -125,20 +126,41 @@ BIDI_NAMED = "bidirectional control characters (U+202A-E, U+2066-9, U+200E-F, U+
 
 
 # Characters that show nothing and join nothing: "run\u200b" looked the same as "run" in every
-# list, a second run or rule no one could tell apart (a trial). The joiners U+200C-D stay, as
-# Persian words and emoji sequences need them.
-INVISIBLE = frozenset("\u200b\u2060\ufeff\u00ad\u180e\u2061\u2062\u2063\u2064")
-INVISIBLE_NAMED = "invisible characters (U+200B, U+2060-4, U+FEFF, U+00AD, U+180E)"
+# list, a second run or rule no one could tell apart, and a name of Hangul fillers looked blank
+# (trials). The joiners U+200C-D stay, as Persian words and emoji sequences need them; tag
+# characters only in an emoji flag sequence (U+1F3F4, tags, U+E007F).
+INVISIBLE = frozenset(
+    "\u200b\u2060\ufeff\u00ad\u180e\u2061\u2062\u2063\u2064"
+    "\u034f\u115f\u1160\u17b4\u17b5\u3164\uffa0"
+)
+INVISIBLE_NAMED = (
+    "invisible characters (U+200B, U+2060-4, U+FEFF, U+00AD, U+180E, U+034F, Hangul fillers, "
+    "U+17B4-5, tag characters outside an emoji flag)"
+)
+_FLAG_TAGS = re.compile("\U0001f3f4[\U000e0020-\U000e007e]+\U000e007f")
+_TAGS = re.compile("[\U000e0000-\U000e007f]")
+# Marks and format characters draw nothing on their own, nor does the braille blank
+_NOT_DRAWN = ("Cf", "Mn", "Me")
 
 
 def _shown(text: str) -> str:
-    """``text`` if it has no `INVISIBLE` character and a visible one when it is not empty
-    (not only blanks and format characters such as a lone joiner). Raises ValueError."""
-    if not INVISIBLE.isdisjoint(text):
+    """``text`` if it has no `INVISIBLE` character and, when not empty, one that draws
+    something (not only blanks, format characters such as a lone joiner, or marks such as a
+    lone variation selector). Raises ValueError."""
+    if not INVISIBLE.isdisjoint(text) or _TAGS.search(_FLAG_TAGS.sub("", text)):
         raise ValueError(f"cannot hold {INVISIBLE_NAMED}")
-    if text and all(c.isspace() or unicodedata.category(c) == "Cf" for c in text):
+    if text and all(
+        c.isspace() or c == "\u2800" or unicodedata.category(c) in _NOT_DRAWN for c in text
+    ):
         raise ValueError("needs a visible character, not only spaces")
     return text
+
+
+def check_shown_text(text: str) -> str:
+    """``text`` if it can name something people tell apart on one line (a run, a project, a
+    key): no control, bidirectional or invisible characters, and a visible one unless empty.
+    Raises ValueError saying which rule it breaks."""
+    return _plain_label(text)
 
 
 # Control characters and the Unicode line and paragraph separators: they break a name's one line

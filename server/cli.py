@@ -12,7 +12,6 @@ import os
 import socket
 import sys
 import tempfile
-import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -312,21 +311,22 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
 
 def _key_text_problem(value: str | None) -> str | None:
     """Why a key's name or project cannot be stored (at most 200 characters, as the database
-    holds them; no control characters, which broke `keys list`'s tab-separated lines), or None."""
+    holds them; no control characters, which broke `keys list`'s tab-separated lines, nor
+    bidirectional or invisible ones: `client.schema.check_shown_text`), or None."""
     if value is None:
         return None
     try:
         value.encode()
     except UnicodeEncodeError:  # bytes of the command line that are no UTF-8
         return "is not valid UTF-8 text"
-    from vantage.client.schema import BIDI_CONTROLS, BIDI_NAMED
+    from vantage.client.schema import check_shown_text
 
-    if not BIDI_CONTROLS.isdisjoint(value):  # they reorder what keys list shows
-        return f"cannot hold {BIDI_NAMED}"
     if len(value) > 200:
         return f"has {len(value)} characters; at most 200"
-    if any(unicodedata.category(c) == "Cc" for c in value):
-        return "cannot hold control characters (tabs, line breaks)"
+    try:  # as a run's name or project: a key of project "P\u200b" saw none of P's runs
+        check_shown_text(value)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 

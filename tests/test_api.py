@@ -1127,12 +1127,17 @@ def test_a_blank_or_bidi_spoofed_run_name_is_refused(api):
     for name in ("run\u200b", "\ufeffrun", "r\u00adun", "r\u2060un"):
         r = api.post("/api/v1/runs", json={"name": name})
         assert r.status_code == 422 and "invisible characters" in r.text, (name, r.text)
-    for name in ("\u200d", " \u200c "):  # nothing to see
+    for name in ("\u3164", "a\U000e0041b", "\u115f\u1160", "\u034fx"):  # fillers, tags
+        r = api.post("/api/v1/runs", json={"name": name})
+        assert r.status_code == 422 and "invisible characters" in r.text, (name, r.text)
+    for name in ("\u200d", " \u200c ", "\u2800", "\ufe0f", "\u0301"):  # nothing to see
         r = api.post("/api/v1/runs", json={"name": name})
         assert r.status_code == 422 and "visible character" in r.text, (name, r.text)
     for name in (
         "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
         "\U0001f468\u200d\U0001f4bb run",
+        "\u2764\ufe0f",
+        "\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f",  # a flag
     ):
         assert api.post("/api/v1/runs", json={"name": name}).status_code == 201, name
     for body in ({"project": "p\u200b"}, {"tags": ["\ufeff"]}):

@@ -109,6 +109,9 @@ def test_keys_on_a_database_that_is_not_vantages_say_so_in_one_line(tmp_path):
                               ("--name", "tab\there", "--name cannot hold control"),
                               ("--project", "p" * 201, "--project has 201"),
                               ("--name", "a\u202eb", "--name cannot hold bidirectional"),
+                              # a key of project "P\u200b" was listed as P and saw none of P's
+                              ("--project", "P\u200b", "--project cannot hold invisible"),
+                              ("--project", "\u3164", "--project cannot hold invisible"),
                               # undecodable command-line bytes (a UnicodeEncodeError traceback)
                               ("--name", "a\udcffb", "--name is not valid UTF-8")):  # fmt: skip
         args = ["--name", "k", "--scopes", "read", flag, value, "--database-url", db]

@@ -13,6 +13,7 @@ from dash import Dash, Input, Output, dcc, html
 from fastapi import FastAPI
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.requests import Request  # at module level: FastAPI resolves annotations here
+from vantage.server.routes.metrics import PromptSide, Split
 
 from . import auth, context, data
 from .callback_requests import CallbackRequests
@@ -93,19 +94,25 @@ def _csv_routes(app: FastAPI) -> None:
         finally:
             reset_current_request(token)
 
-    def metrics_csv(request: Request, run_id: str) -> Response:
-        text = as_caller(request, lambda info: data.metrics_csv(info, run_id))
+    # the API's parameters and checks: `?split=eval` was ignored here, and a bad side or split
+    # answered an empty CSV where the API answers 422 (a trial)
+    def metrics_csv(request: Request, run_id: str, split: Split | None = None) -> Response:
+        text = as_caller(request, lambda info: data.metrics_csv(info, run_id, split))
         return csv_response(text, f"{run_id}.csv")
 
     def prompts_csv(
-        request: Request, run_id: str, side: str | None = None, split: str | None = None
+        request: Request, run_id: str, side: PromptSide | None = None, split: Split | None = None
     ) -> Response:
         text = as_caller(request, lambda info: data.prompts_csv(info, run_id, side, split))
         return csv_response(text, f"{run_id}-prompts.csv")
 
+    def no_such_export(run_id: str, name: str) -> Response:  # not the page index, as 200
+        return Response(f"no export '{name}': metrics.csv or prompts.csv", 404)
+
     base = f"{auth.PREFIX}/export/{{run_id}}"
     app.add_api_route(f"{base}/metrics.csv", metrics_csv, include_in_schema=False)
     app.add_api_route(f"{base}/prompts.csv", prompts_csv, include_in_schema=False)
+    app.add_api_route(f"{base}/{{name:path}}", no_such_export, include_in_schema=False)
 
 
 def _catchall(app: FastAPI, dash_app: Dash) -> None:

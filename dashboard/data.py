@@ -264,15 +264,16 @@ def prompts_csv(info, run_id: str, side: str | None = None, split: str | None = 
     return None if rows is None else _queries().to_csv(rows, PROMPT_COLUMNS)
 
 
-def metrics_csv(info, run_id: str) -> Iterator[str] | None:
-    """The run's export CSV in pieces (None: not found or not visible to ``info``); the pieces
-    are read on a session of their own as they are sent, so a long run is never held whole."""
+def metrics_csv(info, run_id: str, split: str | None = None) -> Iterator[str] | None:
+    """The run's export CSV in pieces, of one ``split`` or all (None: not found or not visible
+    to ``info``); the pieces are read on a session of their own as they are sent, so a long
+    run is never held whole."""
     q = _queries()
     factory = context.state().session_factory
     with factory() as s:
         if not context.can_see(info, q.get_run(s, run_id)):
             return None
-    return q.export_csv_on_own_session(factory, run_id)
+    return q.export_csv_on_own_session(factory, run_id, split)
 
 
 def run_marks(info, run_ids: list[str]) -> list[list]:

@@ -24,6 +24,7 @@ router = APIRouter(prefix="/api/v1/runs", tags=["metrics"])
 # it would refuse.
 Split = Annotated[str, Query(min_length=1, max_length=MAX_SPLIT_CHARS, pattern=SPLIT_PATTERN)]
 StepBound = Annotated[int | None, Query(ge=-MAX_STEP, le=MAX_STEP)]
+PromptSide = Literal["all_pass", "all_fail", "constant"]
 
 
 @router.get("/{run_id}/metrics")
@@ -53,7 +54,7 @@ def prompts(
     run_id: str,
     key: ReadKey,
     session: SessionDep,
-    side: Literal["all_pass", "all_fail", "constant"] | None = None,
+    side: PromptSide | None = None,
     min_steps: Annotated[int, Query(ge=1)] = 1,
     format: Literal["json", "csv"] = "json",  # noqa: A002
     split: Split | None = None,

@@ -126,6 +126,17 @@ def test_csv_downloads_use_the_login_cookie(server):
         assert r.status_code == 200
         assert r.text.startswith("prompt_id,groups,steps,collapsed,all_pass")
         assert c.get("/dashboard/export/no-such-run/metrics.csv").status_code == 404
+        # as the API: a split filters (it was ignored), a bad side or split is a 422 (an empty
+        # CSV), and another file name a 404 (the page's HTML, as 200): a trial
+        with server.api("read") as api:
+            for split in ("train", "eval"):
+                ours = c.get(f"/dashboard/export/{run_id}/metrics.csv?split={split}").text
+                theirs = api.get(f"/api/v1/runs/{run_id}/export.csv?split={split}").text
+                assert ours == theirs, split
+        assert len(ours.splitlines()) == 1  # this run has no eval steps: the header only
+        for bad in ("prompts.csv?side=bogus", "prompts.csv?split=..%2Fx", "metrics.csv?split=a b"):
+            assert c.get(f"/dashboard/export/{run_id}/{bad}").status_code == 422, bad
+        assert c.get(f"/dashboard/export/{run_id}/other.csv").status_code == 404
 
 
 def test_a_crafted_send_of_a_malformed_command_is_said_not_a_500(server):

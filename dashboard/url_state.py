@@ -55,3 +55,23 @@ def joined(value: str | list[str] | None) -> str | None:
     if isinstance(value, list):
         return ",".join(value) if value else None
     return value
+
+
+# What a callback receives is whatever the browser sent: the page's own components send these
+# types, but a hand-built request to /_dash-update-component sent a list for a dropdown's value,
+# text for a click count or objects for run ids, each a 500 with a traceback (a trial).
+
+
+def sent_text(value: object) -> str | None:
+    """A single-choice dropdown's value: text, else None (as if nothing were chosen)."""
+    return value if isinstance(value, str) else None
+
+
+def sent_count(value: object) -> int:
+    """A click count: a non-negative int, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def sent_texts(value: object) -> list[str]:
+    """A multi-choice dropdown's values: the text items of a list, else none."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []

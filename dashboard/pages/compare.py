@@ -101,7 +101,7 @@ _ADDRESS_STORE = url_state.keep_in_address("compare-address", {"runs": "compare-
 )
 @context.in_thread
 def show_comparison(run_ids, _n, marks):
-    info, run_ids = context.current_key(), list(run_ids or [])
+    info, run_ids = context.current_key(), url_state.sent_texts(run_ids)
     now = data.run_marks(info, run_ids)
     if ctx.triggered_id == "compare-interval" and now == marks:
         return no_update, no_update, no_update  # nothing new: keep the page as it is

@@ -132,7 +132,8 @@ def _filter(component_id: str, options: list[str], asked: str | None, everything
 @context.in_thread
 def refresh_runs(_n, project, tag, status, order, more):
     info = context.current_key()
-    limit = RUNS_SHOWN * (1 + max(0, int(more or 0)))
+    project, tag, status, order = map(url_state.sent_text, (project, tag, status, order))
+    limit = RUNS_SHOWN * (1 + url_state.sent_count(more))
     runs, total = data.runs_overview(info, project, tag, status, order or "newest", limit)
     projects, tags = data.filter_options(info)
     if not runs and (project or tag or status):  # "No runs yet" read as an empty server

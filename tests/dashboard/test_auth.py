@@ -181,6 +181,45 @@ def test_a_crafted_send_of_a_malformed_command_is_said_not_a_500(server):
         assert api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"] == []
 
 
+def _crafted_call(c, deps: list, output_part: str, values: dict) -> object:  # noqa: ANN001
+    """POST the callback whose output names ``output_part`` with ``values`` ({"id.prop": v})
+    for its inputs and states (None for the others), as a hand-built request would."""
+    (dep,) = [d for d in deps if output_part in d["output"]]
+    outputs = []
+    for part in dep["output"].strip(".").split("..."):
+        oid, prop = part.rsplit(".", 1)
+        outputs.append({"id": oid, "property": prop.split("@")[0]})
+
+    def given(items: list) -> list:
+        return [{**i, "value": values.get(f"{i['id']}.{i['property']}")} for i in items]
+
+    body = {
+        "output": dep["output"],
+        "outputs": outputs if len(outputs) > 1 else outputs[0],
+        "inputs": given(dep["inputs"]),
+        "state": given(dep.get("state", [])),
+        "changedPropIds": list(values)[:1],
+    }
+    return c.post("/dashboard/_dash-update-component", json=body)
+
+
+def test_crafted_values_for_the_runs_and_compare_callbacks_are_no_500(server):
+    """A list for a dropdown's value, text for a click count, objects or a number for run ids:
+    each was a 500 with a traceback (a trial); they count as nothing chosen."""
+    with logged_in(server, "read") as c:
+        deps = c.get("/dashboard/_dash-dependencies").json()
+        for values in (
+            {"runs-project.value": ["demo", "other"]},
+            {"runs-more.n_clicks": "x"},
+            {"runs-status.value": {"a": 1}, "runs-order.value": 5},
+        ):
+            r = _crafted_call(c, deps, "runs-body.children", values)
+            assert r.status_code == 200, (values, r.text[:300])
+        for runs in ([{"x": 1}], 5, [None], "abc"):
+            r = _crafted_call(c, deps, "compare-graph.figure", {"compare-runs.value": runs})
+            assert r.status_code == 200, (runs, r.text[:300])
+
+
 def test_a_callback_that_fails_is_logged_with_its_traceback(server):
     """Dash answered a failing callback with a 500 and logged nothing (a trial): the server
     log names the callback's trigger and holds the traceback."""

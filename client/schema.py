@@ -174,9 +174,7 @@ def _one_line(text: str) -> str:
     return text
 
 
-def _plain_name(text: str) -> str:
-    if not text:
-        raise ValueError("a name needs a visible character, not only spaces")
+def _plain_name(text: str) -> str:  # never empty: `Name` has a minimum length of 1
     try:
         return _plain_label(text)
     except ValueError as exc:  # control characters as key names refuse them (a trial)

@@ -293,8 +293,11 @@ def _base_layout(title: str, height: int = 380) -> dict:
 
 
 def mitigation_changes(timeline: Iterable[dict]) -> list[tuple[int, str, dict]]:
-    """(step, mode, command) of each ``set_mitigation`` the trainer applied (or that is still
-    delivered-but-unacked with a step), by step: where a run's mitigation changed."""
+    """(step, mode, command) of each ``set_mitigation`` the trainer applied, by step: where a
+    run's mitigation changed. The step is the first the new mode trained: a command acked at
+    step s (the trainer applies it at the boundary after s) changes step s + 1, a change the
+    trainer reported changes the step that first reported it (the band of a command acked at
+    step 4 began at step 4, where the summary said "in effect from step 5": a trial)."""
     changes = []
     for item in timeline:
         if item.get("type") != "set_mitigation" or item.get("status") in ("rejected", "expired"):
@@ -302,7 +305,8 @@ def mitigation_changes(timeline: Iterable[dict]) -> list[tuple[int, str, dict]]:
         step = item.get("step")
         if step is None:
             continue
-        changes.append((step, (item.get("params") or {}).get("mode", "none"), item))
+        first = step if _reported(item) else step + 1
+        changes.append((first, (item.get("params") or {}).get("mode", "none"), item))
     changes.sort(key=lambda c: c[0])
     # a mode set again (a second Enable AVSPO) changes nothing: the band and the legend date
     # from the first (they took the second's step: a trial)
@@ -312,8 +316,8 @@ def mitigation_changes(timeline: Iterable[dict]) -> list[tuple[int, str, dict]]:
 def mitigation_bands(timeline: Iterable[dict], last_step: int | None) -> list[dict]:
     """Shaded x-ranges where a mitigation was on, each named after the command that began it.
 
-    A band starts at the step where a ``set_mitigation`` command was applied (or issued, while it
-    is pending) and ends where the next one applies, or at the last step.
+    A band starts at the first step a ``set_mitigation`` changed (`mitigation_changes`) and ends
+    where the next change starts, or at the last step.
     """
     changes = mitigation_changes(timeline)
     on = [i for i, (_, mode, _) in enumerate(changes) if mode != "none"]
@@ -781,9 +785,9 @@ def current_mitigation(run: dict) -> str:
 
 def _legend_mitigation(run: dict, changes: Sequence[tuple[int, str, dict]] = ()) -> str | None:
     """What the legend says of a run's mitigation: the mode in effect (what the trainer last
-    reported, else the applied command's) and after which step it was applied, when the run
-    changed to it (a plain GRPO run that got AVSPO at step 108 read "avspo" for its whole curve:
-    a trial); a requested one that differs after an arrow (not applied yet, or applied in an
+    reported, else the applied command's) and the first step it trained, when the run changed
+    to it (a plain GRPO run that got AVSPO at step 108 read "avspo" for its whole curve: a
+    trial); a requested one that differs after an arrow (not applied yet, or applied in an
     attempt that a resume without it replaced)."""
     applied, requested = mitigation_modes(run)
     reported = (run.get("mitigation_reported") or {}).get("mode")
@@ -794,7 +798,7 @@ def _legend_mitigation(run: dict, changes: Sequence[tuple[int, str, dict]] = ())
         return None
     started = len(changes) == 1 and _reported(changes[0][2])  # by its config, say
     if changes and changes[-1][1] == current and not started:
-        return f"{current} after step {changes[-1][0]}"
+        return f"{current} from step {changes[-1][0]}"
     return current
 
 
@@ -907,7 +911,7 @@ def _effective_and_changes(
         trace.update(
             mode="markers",
             marker={"color": color, "symbol": "diamond", "size": 10, "line": {"width": 1}},
-            text=[f"{mode} applied after step {step}" for step, _, mode in marks],
+            text=[f"{mode} in effect from step {step}" for step, _, mode in marks],
             hovertemplate="%{fullData.name}<br>%{text}<extra></extra>",
         )
         out.append(trace)

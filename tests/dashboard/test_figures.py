@@ -101,7 +101,8 @@ def test_mitigation_bands_name_the_command_and_end_at_the_next_change():
         {"type": "set_mitigation", "params": {"mode": "avspo"}, "step": 45, "status": "rejected"},
     ]  # fmt: skip
     bands = figures.mitigation_bands(timeline, last_step=60)
-    assert [(b["x0"], b["x1"]) for b in bands] == [(10, 30), (40, 60)]
+    # a command acked at step s changes step s + 1 (the trainer applies it after step s)
+    assert [(b["x0"], b["x1"]) for b in bands] == [(11, 31), (41, 60)]
     assert "AVSPO" in bands[0]["label"]["text"] and "c0ffee12" in bands[0]["label"]["text"]
     assert "dashboard:lead" in bands[0]["label"]["text"]
     assert "AAPO" in bands[1]["label"]["text"]
@@ -196,15 +197,17 @@ def test_compare_says_when_a_mitigation_applied_and_draws_the_effective_acr():
     fig = figures.compare_figure([run], {run["run_id"]: pts}, {run["run_id"]: timeline})
     go.Figure(fig)
     acr, reward, effective, marks = fig["data"]
-    assert acr["name"] == "mine (avspo after step 2)" == effective["name"] == marks["name"]
+    # acked at step 2, so in effect from step 3 (the legend said "after step 2", the run
+    # page's band began at 2: one run, two readings)
+    assert acr["name"] == "mine (avspo from step 3)" == effective["name"] == marks["name"]
     assert effective["line"]["dash"] == "dot" and effective["y"] == [0.75] * 3 + [0.0] * 3
     assert not effective["showlegend"] and effective["yaxis"] == "y"
-    assert marks["x"] == [2] and marks["y"] == [0.75] and marks["mode"] == "markers"
-    assert marks["text"] == ["avspo applied after step 2"]
+    assert marks["x"] == [3] and marks["y"] == [0.75] and marks["mode"] == "markers"
+    assert marks["text"] == ["avspo in effect from step 3"]
     # without effective ACR from the trainer nor a change, nothing is added
     plain = figures.compare_figure([run], {run["run_id"]: [point(0), point(1)]}, {})
     assert len(plain["data"]) == 2 and plain["data"][0]["name"] == "mine (avspo)"
-    # a mitigation the config started is on from the first step: no "after step 0"
+    # a mitigation the config started is on from the first step: no "from step 0"
     by_config = [
         {"type": "set_mitigation", "status": "applied", "step": 0, "params": {"mode": "avspo"}}
     ]
@@ -504,8 +507,15 @@ def test_mitigation_labels_of_narrow_bands_do_not_pile_up():
     bands = figures.mitigation_bands(timeline, last_step=100)
     labels = [b["label"]["text"] for b in bands]
     assert labels[:-1] == [""] * 10 and labels[-1] == "AAPO · applied · cmd c0ffee12 by ?"
-    young = figures.mitigation_bands(timeline, last_step=40)  # the latest band just began
-    assert [b["label"]["text"] for b in young][-2:] == ["AVSPO", "AAPO"]
+    # acked at the last step: the latest band begins at the next one, and names its mode
+    young = figures.mitigation_bands(timeline, last_step=40)
+    assert (young[-1]["x0"], young[-1]["x1"], young[-1]["label"]["text"]) == (41, 41, "AAPO")
+    # a band of a twentieth of the run names its mode
+    wide = figures.mitigation_bands(timeline[:4], last_step=40)
+    assert [(b["x0"], b["x1"], b["label"]["text"]) for b in wide] == [
+        (1, 3, "AVSPO"),
+        (5, 7, "AVSPO"),
+    ]
 
 
 def test_the_evaluation_figure_draws_acr_by_side_and_reward():
@@ -669,10 +679,10 @@ def test_a_mode_set_again_is_no_change():
     item = {"type": "set_mitigation", "status": "applied", "params": {"mode": "avspo"}}
     timeline = [{**item, "step": 22, "command_id": "a"}, {**item, "step": 24, "command_id": "b"}]
     assert [(s, c["command_id"]) for s, _m, c in figures.mitigation_changes(timeline)] == [
-        (22, "a")
+        (23, "a")
     ]
     [band] = figures.mitigation_bands(timeline, last_step=40)
-    assert band["x0"] == 22 and band["x1"] == 40
+    assert band["x0"] == 23 and band["x1"] == 40
 
 
 def test_a_compare_link_takes_the_short_id_the_pages_show():

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import math
+import re
+import string
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -90,12 +92,31 @@ Severity = Annotated[label(32, 1), AfterValidator(_without_edge_blanks("a severi
 
 
 def _target(url: str) -> str:
-    """Where ``url`` sends: its scheme and host in lower case, a default port and the fragment
-    (which no request carries) left out; ``url`` itself if it does not parse."""
+    """Where ``url`` sends, spelled one way (RFC 3986 §6.2.2): scheme and host in lower case,
+    without the host's trailing dot, a default port, an empty query's ``?`` and the fragment
+    (which no request carries); unreserved characters percent-encoded in the path or query
+    decoded, other encodings' hex digits in upper case (`/%68ook` is `/hook`, `%2f` is `%2F`,
+    never `/`). ``url`` itself if it does not parse."""
     try:
-        return str(httpx.URL(url).copy_with(fragment=None))
+        u = httpx.URL(url)
+        host = u.host.rstrip(".")
     except (httpx.InvalidURL, TypeError, ValueError):
         return url
+    host = f"[{host}]" if ":" in host else host  # IPv6
+    port = "" if u.port in (None, _DEFAULT_PORTS.get(u.scheme)) else f":{u.port}"
+    user = f"{u.userinfo.decode()}@" if u.userinfo else ""
+    rest = _PERCENT.sub(_percent_normal, u.raw_path.decode("ascii").removesuffix("?"))
+    return f"{u.scheme}://{user}{host}{port}{rest}"
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+_UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
+
+
+def _percent_normal(match: re.Match[str]) -> str:
+    char = chr(int(match[1], 16))
+    return char if char in _UNRESERVED else f"%{match[1].upper()}"
 
 
 def _once(urls: Any) -> Any:

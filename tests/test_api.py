@@ -1385,6 +1385,13 @@ def test_a_heartbeat_too_short_and_a_url_given_twice(api):
     assert r.json()["notify"] == [spellings[0], *spellings[3:]], r.text
     r = api.put(f"/api/v1/alert-rules/{r.json()['id']}", json={"notify": [url, url.upper()]})
     assert r.status_code == 200 and r.json()["notify"] == [url, url.upper()], r.text
+    # so do a percent-encoded letter, an empty query and the host's trailing dot (a trial); an
+    # encoded slash is no slash
+    more = ["http://127.0.0.1:9/%68ook", "http://127.0.0.1:9/hook?", "http://127.0.0.1.:9/hook",
+            "HTTP://127.0.0.1:9/ho%6Fk#x", "http://127.0.0.1:9/a%2fb", "http://127.0.0.1:9/a/b",
+            "http://127.0.0.1:9/a%2Fb"]  # fmt: skip
+    r = api.put(f"/api/v1/alert-rules/{r.json()['id']}", json={"notify": [url, *more]})
+    assert r.status_code == 200 and r.json()["notify"] == [url, more[4], more[5]], r.text
     assert api.delete(f"/api/v1/alert-rules/{r.json()['id']}").status_code == 204
 
 
@@ -1396,3 +1403,4 @@ def test_tags_are_kept_once_and_never_empty(api):
     assert r.status_code == 200 and r.json()["tags"] == ["c"], r.text
     r = api.post("/api/v1/runs", json={"name": "tagged", "tags": [""]})
     assert r.status_code == 422 and "at least 1 character" in r.text, r.text
+

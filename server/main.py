@@ -7,7 +7,7 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -20,7 +20,17 @@ from vantage.client.schema import MAX_REQUEST_BYTES
 from . import alerts
 from .alert_worker import AlertWorker
 from .db import UNAVAILABLE, UNAVAILABLE_RETRY_AFTER_S, first_line, make_engine, session_factory
-from .routes import EXTRA_SCHEMAS, acr, commands, health, ingest, metrics, plain_body_errors, runs
+from .routes import (
+    EXTRA_SCHEMAS,
+    acr,
+    commands,
+    health,
+    ingest,
+    known_query_only,
+    metrics,
+    plain_body_errors,
+    runs,
+)
 from .routes import alerts as alert_routes
 from .settings import Settings
 
@@ -272,8 +282,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for unavailable in UNAVAILABLE:
         app.add_exception_handler(unavailable, _database_unavailable)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    for module in (health, runs, ingest, metrics, commands, acr, alert_routes):
-        app.include_router(module.router)
+    app.include_router(health.router)  # a probe or a scraper may add parameters of its own
+    for module in (runs, ingest, metrics, commands, acr, alert_routes):
+        app.include_router(module.router, dependencies=[Depends(known_query_only)])
     app.add_api_route("/api/{path:path}", _no_route, methods=_METHODS, include_in_schema=False)
     _mount_dashboard(app, settings)
     # Last of ours, so before the catch-all that Dash appends at startup, which would answer

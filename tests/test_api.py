@@ -1404,3 +1404,34 @@ def test_tags_are_kept_once_and_never_empty(api):
     r = api.post("/api/v1/runs", json={"name": "tagged", "tags": [""]})
     assert r.status_code == 422 and "at least 1 character" in r.text, r.text
 
+
+def test_every_api_read_refuses_a_parameter_it_does_not_take(server, api):
+    """`prompts?sid=all_pass` listed every side and `export.csv?splt=eval` every split: only the
+    runs list and alerts refused an unknown parameter (a trial). Every GET under /api/v1/ now
+    answers 422 naming each unknown one, and still takes its own; the health routes, which
+    probes and scrapers call with parameters of their own, are left alone."""
+    run = new_run(api)
+    rid = run["run_id"]
+    steps = {"attempt": 1, "records": [{"step": 1, "groups": [[1, 0], [1, 1]]}]}
+    assert api.post(f"/api/v1/runs/{rid}/steps", json=steps).status_code == 200
+    reads = {
+        "/api/v1/runs": {"tag": "x"},
+        f"/api/v1/runs/{rid}": {},
+        f"/api/v1/runs/{rid}/metrics": {"split": "train", "max_points": 5},
+        f"/api/v1/runs/{rid}/summary": {},
+        f"/api/v1/runs/{rid}/prompts": {"side": "all_pass", "format": "csv"},
+        f"/api/v1/runs/{rid}/export.csv": {"split": "train"},
+        f"/api/v1/runs/{rid}/commands": {},
+        "/api/v1/alert-rules": {},
+        "/api/v1/alerts": {"run_id": rid},
+        "/api/v1/silences": {"active": "true"},
+    }
+    for path, own in reads.items():
+        assert api.get(path, params=own).status_code == 200, path
+        r = api.get(path, params=[*own.items(), ("sid", "1"), ("splt", "a"), ("sid", "2")])
+        assert r.status_code == 422, (path, r.text)
+        assert [e["loc"] for e in r.json()["detail"]] == [["query", "sid"], ["query", "splt"]]
+    csv = api.get(f"/api/v1/runs/{rid}/export.csv", params={"split": "eval"})
+    assert csv.status_code == 200 and csv.text.count("\n") == 1  # the header: no eval steps
+    assert api.get("/healthz", params={"probe": "1"}).status_code == 200
+    assert api.get("/readyz", params={"probe": "1"}).status_code == 200

@@ -6,6 +6,7 @@ from typing import Any, TypeVar
 
 import orjson
 from fastapi import HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
@@ -70,3 +71,29 @@ def raw_body_openapi(model: Any) -> dict[str, Any]:
     EXTRA_SCHEMAS[model.__name__] = schema
     ref = {"$ref": f"#/components/schemas/{model.__name__}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+async def known_query_only(request: Request) -> None:
+    """Refuse a GET whose query names a parameter its route does not take (422, each unknown
+    name as pydantic's ``extra_forbidden`` at ``["query", name]``), as ``GET /runs`` and
+    ``GET /alerts`` do with their filter models: ``prompts?sid=all_pass`` listed every side,
+    ``export.csv?splt=eval`` every split (a trial). A route's parameters are those its OpenAPI
+    operation lists; a route outside the schema is left alone. Async: no thread hop."""
+    if request.method != "GET" or not request.query_params:
+        return
+    path = getattr(request.scope.get("route"), "path_format", None)
+    operation = request.app.openapi()["paths"].get(path, {}).get("get")
+    if operation is None:
+        return
+    known = {p["name"] for p in operation.get("parameters", ()) if p["in"] == "query"}
+    unknown = [name for name in dict.fromkeys(request.query_params) if name not in known]
+    if unknown:
+        raise RequestValidationError(
+            [
+                {"type": "extra_forbidden", "loc": ("query", name), "msg": _EXTRA_MSG}
+                for name in unknown
+            ]
+        )
+
+
+_EXTRA_MSG = "Extra inputs are not permitted"

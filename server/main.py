@@ -282,8 +282,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for unavailable in UNAVAILABLE:
         app.add_exception_handler(unavailable, _database_unavailable)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.include_router(health.router)  # a probe or a scraper may add parameters of its own
-    for module in (runs, ingest, metrics, commands, acr, alert_routes):
+    # a probe or a scraper may add parameters of its own; ingest and /acr take no GET (and
+    # ingest no dependency it does not need)
+    for module in (health, ingest, acr):
+        app.include_router(module.router)
+    for module in (runs, metrics, commands, alert_routes):
         app.include_router(module.router, dependencies=[Depends(known_query_only)])
     app.add_api_route("/api/{path:path}", _no_route, methods=_METHODS, include_in_schema=False)
     _mount_dashboard(app, settings)

@@ -51,6 +51,7 @@ from .inputs import (
 )
 from .launch import derive_launch_id, torch_distributed
 from .schema import (
+    BIDI_CONTROLS,
     MAX_COUNT,
     MAX_GROUP_SIZE,
     MAX_GROUPS_PER_REQUEST,
@@ -78,6 +79,7 @@ __all__ = ["Command", "Monitor", "derive_launch_id"]
 
 log = logging.getLogger("vantage.client")
 _DIGITS = re.compile(r"\d+")
+_UNSENDABLE = BIDI_CONTROLS | {"\x00"}  # characters an ack's detail may not carry
 
 BATCH_GROUPS = 1_000
 # While closing, retries come at least this often (seconds): a server back 5 s into a close
@@ -569,8 +571,8 @@ class Monitor:
         except (TypeError, ValueError) as exc:
             return self._reject(what, exc)
         body: dict[str, Any] = {"status": status, "step": step}
-        if detail is not None:
-            body["detail"] = str(detail)[:2000]
+        if detail is not None:  # the server refuses NUL and bidi controls: the ack would be lost
+            body["detail"] = "".join(c for c in str(detail) if c not in _UNSENDABLE)[:2000]
         self._pending_acks.append((str(command_id), body))
         self._wake.set()
 

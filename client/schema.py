@@ -825,5 +825,5 @@ class CommandAck(_Strict):
     """Whether the trainer applied the command."""
     step: Annotated[int, Strict(), Field(ge=0, le=MAX_STEP)] | None = None
     """The step after which it was applied."""
-    detail: text(2000) | None = None
-    """Why it was rejected, or what was applied."""
+    detail: prose(2000) | None = None
+    """Why it was rejected, or what was applied (shown in the command log: no bidi controls)."""

@@ -511,7 +511,10 @@ def _update_run_state(run: RunState, rows: list[Any], batch: StepsBatch) -> None
         newest = max(train, key=lambda r: r.step)
         if run.last_step is None or newest.step >= run.last_step:
             run.last_step = newest.step
-            run.latest_acr = newest.acr
+            # a step with no valid group yet (scalars only, or every group invalid) keeps the
+            # ACR last known: the runs list showed none while the run was collapsing (a trial)
+            if newest.acr is not None:
+                run.latest_acr = newest.acr
     for rec in batch.records:
         if rec.mitigation is not None:
             run.mitigation_reported = rec.mitigation

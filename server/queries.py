@@ -646,7 +646,8 @@ def _streamed(session: Session, query: Any) -> Iterator[Any]:
 def prometheus_text(session: Session) -> str:
     """Prometheus exposition of each run's latest ACR (the ingest counters are
     `vantage.server.telemetry`'s)."""
-    lines = ["# HELP vantage_run_latest_acr The ACR of the run's latest training step."]
+    help_ = "The ACR of the run's latest training step that has one (a valid group)."
+    lines = [f"# HELP vantage_run_latest_acr {help_}"]
     lines.append("# TYPE vantage_run_latest_acr gauge")
     for rid, name, acr in session.execute(select(Run.id, Run.name, Run.latest_acr)):
         if acr is not None and math.isfinite(acr):

@@ -922,6 +922,11 @@ def test_unstorable_values_in_records_heartbeats_and_acks_are_422(api):
     ack = {"status": "applied", "step": huge}
     r = api.post(f"/api/v1/runs/{rid}/commands/{cmd['command_id']}/ack", json=ack)
     assert r.status_code == 422 and "database" not in r.text
+    # the detail is shown in the command log: "a\u202eb" was stored as given (a trial)
+    ack = {"status": "rejected", "step": 1, "detail": "no \u202edetaerc"}
+    r = api.post(f"/api/v1/runs/{rid}/commands/{cmd['command_id']}/ack", json=ack)
+    assert r.status_code == 422 and "bidirectional control" in r.text, r.text
+    assert api.get(f"/api/v1/runs/{rid}/commands").json()["commands"][0]["status"] == "pending"
     rule = {"name": "flappy", "metric": "acr", "op": ">", "threshold": 0.5, "clear_threshold": 0.9}
     r = api.post("/api/v1/alert-rules", json=rule)
     assert r.status_code == 422 and "clear_threshold" in r.text
@@ -1435,3 +1440,39 @@ def test_every_api_read_refuses_a_parameter_it_does_not_take(server, api):
     assert csv.status_code == 200 and csv.text.count("\n") == 1  # the header: no eval steps
     assert api.get("/healthz", params={"probe": "1"}).status_code == 200
     assert api.get("/readyz", params={"probe": "1"}).status_code == 200
+
+
+def test_an_empty_filter_value_is_refused_not_matched(api):
+    """`GET /runs?project=` listed no run and `/alerts?run_id=` said "run  not found" (a
+    trial): an empty filter is a 422 naming it; leaving the parameter out lists everything."""
+    new_run(api)
+    for path, name in (
+        ("/api/v1/runs", "project"),
+        ("/api/v1/runs", "tag"),
+        ("/api/v1/alerts", "run_id"),
+        ("/api/v1/alerts", "rule"),
+    ):
+        r = api.get(path, params={name: ""})
+        assert r.status_code == 422, (path, name, r.text)
+        assert r.json()["detail"][0]["loc"] == ["query", name], r.text
+        assert "at least 1 character" in r.text
+    assert api.get("/api/v1/runs").json()["runs"]
+
+
+def test_latest_acr_is_that_of_the_newest_step_that_has_one(api):
+    """A step of scalars only (or of invalid groups only) made the run's latest ACR null: the
+    runs list showed none while the run was collapsing (a trial)."""
+    rid = new_run(api)["run_id"]
+    records = [
+        {"step": 1, "groups": [[1, 1], [0, 1]]},
+        {"step": 2, "scalars": {"loss": 0.5}},
+        {"step": 3, "groups": [[1, None]]},
+    ]
+    for record in records:
+        r = api.post(f"/api/v1/runs/{rid}/steps", json={"attempt": 1, "records": [record]})
+        assert r.status_code == 200, r.text
+        run = api.get(f"/api/v1/runs/{rid}").json()
+        assert run["last_step"] == record["step"] and run["latest_acr"] == 0.5, run
+    steps = {"attempt": 1, "records": [{"step": 4, "groups": [[0, 0], [0, 0], [1, 0], [1, 1]]}]}
+    assert api.post(f"/api/v1/runs/{rid}/steps", json=steps).status_code == 200
+    assert api.get(f"/api/v1/runs/{rid}").json()["latest_acr"] == 0.75

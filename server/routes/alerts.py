@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -208,8 +208,9 @@ class AlertFilters(BaseModel):
     """`GET /alerts`'s query: an unknown parameter is a 422, not a filter silently dropped."""
 
     model_config = ConfigDict(extra="forbid")
-    run_id: str | None = None
-    rule: str | None = None
+    # an empty value is refused, not looked up (`?run_id=` answered "run  not found")
+    run_id: Annotated[str, Field(min_length=1)] | None = None
+    rule: Annotated[str, Field(min_length=1)] | None = None
     state: Literal["pending", "firing", "resolved"] | None = None
     since: datetime | None = None
 

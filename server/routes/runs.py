@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import IntegrityError
 from vantage.client.schema import Finish, Heartbeat, RunCreate, RunPatch
 
@@ -72,8 +72,9 @@ class RunFilters(BaseModel):
     (`?projct=vision` listed every run: a trial)."""
 
     model_config = ConfigDict(extra="forbid")
-    project: str | None = None
-    tag: str | None = None
+    # an empty value is refused, not a filter that matches nothing (`?project=` listed no run)
+    project: Annotated[str, Field(min_length=1)] | None = None
+    tag: Annotated[str, Field(min_length=1)] | None = None
 
 
 @router.get("")
@@ -167,6 +168,3 @@ def finish(
         end_run_episodes(session, run, settings, f"its run {body.status}")
         session.commit()
     return get_run(session, run_id) or {}
-
-
-ListQuery = Annotated[str | None, Query(max_length=200)]

@@ -72,11 +72,42 @@ class CallbackRequests:
         callback = self.dash_app.callback_map.get(request.output)
         if callback is None:
             return f"no callback has the output {request.output[:200]!r}"
+        if "callback" not in callback:  # a clientside callback: Dash has nothing to call
+            return f"the output {request.output[:200]!r} is computed in the browser"
         declared = len(callback["inputs"]) + len(callback["state"])
         sent = len(request.inputs) + len(request.state)
         if sent != declared:
             return f"the callback takes {declared} inputs and states; {sent} were sent"
+        return self._value_problem([*request.inputs, *request.state])
+
+    def _value_problem(self, props: list[_Prop | list[_Prop]]) -> str | None:
+        """What is wrong with a value that the browser always sends as text (a number for a run
+        id, or an address outside the dashboard for Dash Pages' router, was a 500: a trial)."""
+        prefix = self.dash_app.config.requests_pathname_prefix.rstrip("/")
+        for prop in _flat(props):
+            if not isinstance(prop.id, str) or (prop.id, prop.property) not in _TEXT:
+                continue
+            value, name = (prop.model_extra or {}).get("value"), f"{prop.id}.{prop.property}"
+            if not isinstance(value, str) and not (value is None and _TEXT[prop.id, prop.property]):
+                return f"{name} must be text, not {type(value).__name__}"
+            if name == "_pages_location.pathname" and not value.startswith(prefix):
+                return f"{name} must be an address under {prefix}/"
         return None
+
+
+# Values sent as text, and whether null is one of them: the run page's run id, the id a page
+# of a run not yet registered waits for, and the address Dash Pages routes.
+_TEXT = {
+    ("run-id", "data"): False,
+    ("run-wait-id", "data"): False,
+    ("_pages_location", "pathname"): False,
+    ("_pages_location", "search"): True,
+}
+
+
+def _flat(props: list[_Prop | list[_Prop]]) -> list[_Prop]:
+    """The props of a request, pattern-matching ones (a list per id pattern) included."""
+    return [p for item in props for p in (item if isinstance(item, list) else [item])]
 
 
 async def _read(receive: Receive) -> bytes:

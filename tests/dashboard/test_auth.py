@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from contextlib import contextmanager
 
 import httpx
@@ -220,10 +221,35 @@ def test_crafted_values_for_the_runs_and_compare_callbacks_are_no_500(server):
             assert r.status_code == 200, (runs, r.text[:300])
 
 
+def test_values_a_browser_sends_as_text_and_browser_side_callbacks_are_400s(server):
+    """A number, a list or null for the run page's run id, an address outside the dashboard
+    for Dash Pages' router, and a call of a callback that runs in the browser were 500s with a
+    traceback (a trial): each is a 400 saying what is wrong; the real values still work."""
+    run_id = next(iter(server.runs.values()))
+    with logged_in(server, "read") as c:
+        deps = c.get("/dashboard/_dash-dependencies").json()
+        for value in (None, 5, [], {"a": 1}):
+            r = _crafted_call(c, deps, "cmd-log.children", {"run-id.data": value})
+            assert r.status_code == 400, (value, r.text[:300])
+            assert f"run-id.data must be text, not {type(value).__name__}" in r.text, r.text
+        assert _crafted_call(c, deps, "cmd-log.children", {"run-id.data": run_id}).is_success
+        page = "_pages_content.children"
+        for path, says in ((None, "must be text"), ("/elsewhere", "an address under /dashboard/")):
+            r = _crafted_call(c, deps, page, {"_pages_location.pathname": path})
+            assert r.status_code == 400 and says in r.text, (path, r.text[:300])
+        r = _crafted_call(c, deps, page, {"_pages_location.pathname": f"/dashboard/runs/{run_id}"})
+        assert r.status_code == 200 and "run-id" in r.text, r.text[:300]
+        r = _crafted_call(c, deps, "runs-address.data", {"runs-project.value": "x"})
+        assert r.status_code == 400 and "is computed in the browser" in r.text, r.text[:300]
+
+
 def test_a_callback_that_fails_is_logged_with_its_traceback(server):
     """Dash answered a failing callback with a 500 and logged nothing (a trial): the server
-    log names the callback's trigger and holds the traceback."""
-    with logged_in(server, "read") as c:
+    log names the callback's trigger and holds the traceback. The failure: the groups the
+    prompts tab reads are unreadable (cut short for the request, then restored)."""
+    database = sqlite3.connect(server.db_url.removeprefix("sqlite:///"))
+    run_id = next(iter(server.runs.values()))
+    with logged_in(server, "read") as c, _corrupted(database):
         deps = c.get("/dashboard/_dash-dependencies").json()
         (prompts,) = [d for d in deps if d["output"].startswith("..prompts-body.children")]
         outputs = []
@@ -238,8 +264,7 @@ def test_a_callback_that_fails_is_logged_with_its_traceback(server):
                 {"id": i["id"], "property": i["property"], "value": values[i["id"]]}
                 for i in prompts["inputs"]
             ],  # fmt: skip
-            # a run id of another type than the page's store holds: the callback fails
-            "state": [{"id": "run-id", "property": "data", "value": {"not": "an id"}}],
+            "state": [{"id": "run-id", "property": "data", "value": run_id}],
             "changedPropIds": ["run-tabs.value"],
         }
         r = c.post("/dashboard/_dash-update-component", json=body)
@@ -247,3 +272,19 @@ def test_a_callback_that_fails_is_logged_with_its_traceback(server):
     logged = server.log_path.read_text()
     assert "dashboard callback failed (triggered by run-tabs)" in logged, logged[-2000:]
     assert "Traceback (most recent call last)" in logged
+
+
+@contextmanager
+def _corrupted(database: sqlite3.Connection):
+    """Every stored block of groups cut to one byte while the block runs (data the server
+    cannot read: a fault of the database's content), then restored."""
+    kept = database.execute("SELECT rowid, data FROM group_blocks").fetchall()
+    database.execute("UPDATE group_blocks SET data = x'00'")
+    database.commit()
+    try:
+        yield
+    finally:
+        database.executemany("UPDATE group_blocks SET data = ? WHERE rowid = ?",
+                             [(data, rowid) for rowid, data in kept])  # fmt: skip
+        database.commit()
+        database.close()

@@ -2,8 +2,8 @@
 names runs by their new integer key; 0005 (group blocks) packs the groups of each (step, split,
 rank) into a block that ingest and the prompts view read as before; 0006 changes one built-in
 rule; 0007 stops SQLite reusing the ids of deleted rules, alerts and silences; 0008 adds when
-each launch began; 0009 widens a command's issued_by. All downgrade back; the newest builds the
-schema the models describe."""
+each launch began; 0009 widens a command's issued_by; 0010 has PostgreSQL compress group blocks
+with lz4. All downgrade back; the newest builds the schema the models describe."""
 
 from __future__ import annotations
 
@@ -158,6 +158,28 @@ def test_non_finite_rule_migration_changes_only_the_default(empty_database: str)
     command.upgrade(cfg, "head")
     with engine.connect() as conn:
         assert conn.execute(read).scalar() == 3
+    engine.dispose()
+
+
+def test_group_blocks_are_compressed_with_lz4_on_postgresql(empty_database: str) -> None:
+    """0010 sets lz4 on the packed columns of group blocks (PostgreSQL: "l" in attcompression,
+    "" the default pglz), and downgrades back; SQLite has no such setting and is untouched."""
+    cfg = alembic_config(empty_database)
+    command.upgrade(cfg, "head")
+    if not empty_database.startswith("postgresql"):
+        command.downgrade(cfg, "0009")
+        return
+    engine = create_engine(normalize_url(empty_database))
+    read = text(
+        "SELECT attname, attcompression FROM pg_attribute WHERE attrelid = 'group_blocks'::regclass"
+        " AND attname IN ('data', 'hashes', 'group_ids', 'prompt_ids', 'split')"
+    )
+    with engine.connect() as conn:
+        methods = dict(conn.execute(read).all())
+    assert methods == {"data": "l", "hashes": "l", "group_ids": "l", "prompt_ids": "l", "split": ""}
+    command.downgrade(cfg, "0009")
+    with engine.connect() as conn:
+        assert set(dict(conn.execute(read).all()).values()) == {""}
     engine.dispose()
 
 

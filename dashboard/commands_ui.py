@@ -94,7 +94,7 @@ def confirm_box() -> html.Div:
 def describe(kind: str, params: dict[str, Any], run_name: str = "") -> str:
     """One sentence for the confirmation, naming the run (with several run pages open, a
     confirmation that did not was easy to give on the wrong one: a trial)."""
-    shown = ", ".join(f"{k}={v}" for k, v in params.items()) or "no parameters"
+    shown = ", ".join(explain.settings_text(params)) or "no parameters"
     what = {
         "set_mitigation": "switch the advantage estimator",
         "set_sampling": "change the sampling temperature",
@@ -332,7 +332,7 @@ def log_table(commands: list[dict]) -> Any:
             "trainer's detail"]  # fmt: skip
     rows = []
     for c in commands:
-        params = ", ".join(f"{k}={v}" for k, v in (c.get("params") or {}).items())
+        params = ", ".join(explain.settings_text(c.get("params") or {}))
         rows.append(
             html.Tr(
                 [

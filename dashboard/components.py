@@ -87,7 +87,7 @@ def mitigation_text(run: dict) -> tuple[str, str]:
     said = run.get("mitigation_reported") or {}
     reported = said.get("mode")
     current = current_mitigation(run)
-    settings = ", ".join(f"{k}={v}" for k, v in said.items() if k != "mode")
+    settings = ", ".join(explain.settings_text(said, skip=("mode",)))
     state = f"{current} ({settings})" if reported and settings else current
     if req and req != current:
         state = f"{state} → {req} ({requested.get('status', 'pending')})"

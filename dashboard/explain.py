@@ -7,6 +7,7 @@ is never shown as a prediction for other runs (DESIGN.md §1).
 
 from __future__ import annotations
 
+import json
 import math
 from decimal import ROUND_HALF_UP, Decimal, localcontext
 
@@ -166,3 +167,14 @@ PRIMER = (
         "benchmark. That finding does not transfer to your run: nothing here predicts accuracy.",
     ),
 )
+
+
+def settings_text(params: dict, skip: tuple[str, ...] = ()) -> list[str]:
+    """``key=value`` for each of a command's or mitigation's settings but those in ``skip``; a
+    value that is not text as JSON (a nested setting the trainer reported read as a Python
+    dict, ``{'a': 1}``, in the run's header: a trial)."""
+    return [
+        f"{k}={v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)}"
+        for k, v in params.items()
+        if k not in skip
+    ]

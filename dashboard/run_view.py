@@ -140,9 +140,9 @@ def banner(
         # what it would do: the mode, or the command and its values (set_sampling temperature=1.3)
         what = mode.upper()
         if "mode" not in params:
-            what = " ".join([s["type"], *(f"{k}={v}" for k, v in params.items())])
+            what = " ".join([s["type"], *explain.settings_text(params)])
         said = f"{s['type']} {what}" if "mode" in params else what
-        extra = [f"{k}={v}" for k, v in params.items() if k != "mode"]
+        extra = explain.settings_text(params, skip=("mode",))
         if "mode" in params and extra:  # the values the rule set (they were not said)
             said += f" ({', '.join(extra)})"
         parts.append(

@@ -418,6 +418,11 @@ def test_the_mitigation_shown_is_what_the_trainer_reports_in_effect():
     assert "last reported: avspo; last acked: aapo" in help_text
     run["mitigation_requested"] = {"mode": "none", "status": "pending"}
     assert components.mitigation_text(run)[0] == "avspo (alpha=0.5) → none (pending) · alerts act"
+    # a setting of the trainer's own that is not a number or text reads as JSON, not Python
+    reported = {"mode": "clip", "band": {"a": [1, None]}, "on": True}
+    run = {"mitigation_mode": "off", "mitigation_reported": reported}
+    text = components.mitigation_text(run)[0]
+    assert text == 'clip (band={"a": [1, null]}, on=true) · alerts notify only', text
 
 
 def test_a_run_without_scalars_gets_a_note_not_four_empty_charts():

@@ -97,8 +97,9 @@ def mitigation_text(run: dict) -> tuple[str, str]:
         f"reported: {reported or 'not reported'}; last acked: {app or 'none'}; last requested: "
         f"{req or 'none'}."
     )
-    # "· auto" read as nothing to a CTO (a trial): what the alerts do in this mode
-    return f"{state} · {ALERTS_DO.get(mode, mode)}", help_text
+    # "· auto" read as nothing to a CTO (a trial): what the alerts do in this mode; the modes
+    # are the trainer's own names, which may hold bidi controls (shown, not obeyed)
+    return explain.visible(f"{state} · {ALERTS_DO.get(mode, mode)}"), explain.visible(help_text)
 
 
 current_mitigation = figures.current_mitigation

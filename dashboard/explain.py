@@ -172,9 +172,10 @@ PRIMER = (
 def settings_text(params: dict, skip: tuple[str, ...] = ()) -> list[str]:
     """``key=value`` for each of a command's or mitigation's settings but those in ``skip``; a
     value that is not text as JSON (a nested setting the trainer reported read as a Python
-    dict, ``{'a': 1}``, in the run's header: a trial)."""
-    return [
-        f"{k}={v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)}"
-        for k, v in params.items()
-        if k not in skip
-    ]
+    dict, ``{'a': 1}``, in the run's header: a trial); bidirectional controls shown (`visible`:
+    the trainer's own names and values are not checked for them)."""
+
+    def shown(v: object) -> str:
+        return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
+
+    return [visible(f"{k}={shown(v)}") for k, v in params.items() if k not in skip]

@@ -708,8 +708,9 @@ def scalar_series(names: Sequence[str]) -> tuple[Series, ...]:
 
 def _text(name: str) -> str:
     """A logged name as Plotly shows text: its HTML escaped (a scalar named `<a href=…>` was a
-    link in the chart: a trial) and `%` kept from starting a hover template's `%{...}`."""
-    return html.escape(name, quote=False).replace("%", "&#37;")
+    link in the chart: a trial), `%` kept from starting a hover template's `%{...}`, and its
+    bidirectional controls shown, not obeyed (`explain.visible`)."""
+    return explain.visible(html.escape(name, quote=False).replace("%", "&#37;"))
 
 
 def scalars_figure(points: Sequence[Point]) -> Figure:

@@ -10,7 +10,16 @@ import dash
 from dash import ALL, Input, Output, State, callback, ctx, dash_table, dcc, html, no_update
 from pydantic import ValidationError
 from vantage.client.schema import errors_in_one_line
-from vantage.dashboard import commands_ui, components, context, data, explain, figures, run_view
+from vantage.dashboard import (
+    commands_ui,
+    components,
+    context,
+    data,
+    explain,
+    figures,
+    run_view,
+    url_state,
+)
 
 dash.register_page(
     __name__, path_template="/runs/<run_id>", name="Run", title="Vantage · run", order=1
@@ -421,6 +430,8 @@ def refresh_command_log(run_id, _n, _sent):
 )
 @context.in_thread
 def show_prompts(tab, side, split, run_id):
+    # a hand-built request's list or number for a dropdown counts as nothing chosen (a 500)
+    side, split = url_state.sent_text(side), url_state.sent_text(split)
     query = urlencode({k: v for k, v in (("side", side), ("split", split)) if v})
     href = f"/dashboard/export/{run_id}/prompts.csv" + (f"?{query}" if query else "")
     if tab != "prompts":

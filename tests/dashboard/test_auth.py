@@ -205,8 +205,9 @@ def _crafted_call(c, deps: list, output_part: str, values: dict) -> object:  # n
 
 
 def test_crafted_values_for_the_runs_and_compare_callbacks_are_no_500(server):
-    """A list for a dropdown's value, text for a click count, objects or a number for run ids:
-    each was a 500 with a traceback (a trial); they count as nothing chosen."""
+    """A list for a dropdown's value, text for a click count, objects or a number for run ids
+    (and, for the prompts tab, a list or a number for its side or split): each was a 500 with
+    a traceback (trials); they count as nothing chosen."""
     with logged_in(server, "read") as c:
         deps = c.get("/dashboard/_dash-dependencies").json()
         for values in (
@@ -219,6 +220,13 @@ def test_crafted_values_for_the_runs_and_compare_callbacks_are_no_500(server):
         for runs in ([{"x": 1}], 5, [None], "abc"):
             r = _crafted_call(c, deps, "compare-graph.figure", {"compare-runs.value": runs})
             assert r.status_code == 200, (runs, r.text[:300])
+        # the prompts tab's dropdowns: a list, an object or a number was bound into its query
+        run_id = next(iter(server.runs.values()))
+        for side, split in ((["a"], "train"), ({"a": 1}, ["x"]), (None, 1e30), ("all_pass", {})):
+            values = {"run-tabs.value": "prompts", "prompts-side.value": side,
+                      "prompts-split.value": split, "run-id.data": run_id}  # fmt: skip
+            r = _crafted_call(c, deps, "prompts-body.children", values)
+            assert r.status_code == 200, (side, split, r.text[:300])
 
 
 def test_values_a_browser_sends_as_text_and_browser_side_callbacks_are_400s(server):

@@ -423,6 +423,14 @@ def test_the_mitigation_shown_is_what_the_trainer_reports_in_effect():
     run = {"mitigation_mode": "off", "mitigation_reported": reported}
     text = components.mitigation_text(run)[0]
     assert text == 'clip (band={"a": [1, null]}, on=true) · alerts notify only', text
+    # the trainer's own names are not checked for bidi controls: shown, not obeyed (a trial)
+    run["mitigation_reported"] = {"mode": "a\u202eb", "ev\u202eil": "x\u202ey"}
+    text, help_text = components.mitigation_text(run)
+    assert text == "a<U+202E>b (ev<U+202E>il=x<U+202E>y) · alerts notify only", text
+    assert "\u202e" not in help_text and "a<U+202E>b" in help_text
+    fig = figures.scalars_figure([point(1, scalars={"lo\u202ess": 1.0})])
+    assert "\u202e" not in json.dumps(fig, ensure_ascii=False)
+    assert "lo<U+202E>ss" in fig["layout"]["annotations"][0]["text"]
 
 
 def test_a_run_without_scalars_gets_a_note_not_four_empty_charts():

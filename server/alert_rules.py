@@ -226,6 +226,14 @@ def check_notify(urls: list[str], allow: str | None) -> list[str]:
         raise ValueError(str(exc)) from exc
 
 
+class RuleFieldError(ValueError):
+    """A rule body's value refused for one ``field`` (a 422 whose `loc` names it)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class RuleExists(Exception):
     """Another rule has this rule's name in the same scope (run_id and project): a 409."""
 
@@ -278,9 +286,10 @@ def _check_clear_side(rule: AlertRule) -> None:
         rule.op in ("<", "<=") and clear < rule.threshold
     ):
         side = "at or below" if rule.op in (">", ">=") else "at or above"
-        raise ValueError(
+        raise RuleFieldError(
+            "clear_threshold",
             f"clear_threshold {clear:g} must be {side} the threshold {rule.threshold:g} for "
-            f"op '{rule.op}': the alert resolves once the value is past it"
+            f"op '{rule.op}': the alert resolves once the value is past it",
         )
 
 
@@ -335,7 +344,7 @@ def update_rule(
         "enabled",
     ):
         if required in fields and fields[required] is None:
-            raise ValueError(f"'{required}' cannot be null")
+            raise RuleFieldError(required, f"'{required}' cannot be null")
     _apply(session, rule, fields, settings.webhook_allow)
     session.flush()
     end_what_it_left(session, before, rule, settings)

@@ -930,6 +930,14 @@ def test_unstorable_values_in_records_heartbeats_and_acks_are_422(api):
     rule = {"name": "flappy", "metric": "acr", "op": ">", "threshold": 0.5, "clear_threshold": 0.9}
     r = api.post("/api/v1/alert-rules", json=rule)
     assert r.status_code == 422 and "clear_threshold" in r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "clear_threshold"]  # it was [] (a trial)
+    rule = api.post("/api/v1/alert-rules", json={**rule, "clear_threshold": 0.4}).json()
+    for field in ("threshold", "name", "metric"):
+        r = api.put(f"/api/v1/alert-rules/{rule['id']}", json={field: None})
+        assert r.status_code == 422 and r.json()["detail"] == [
+            {"type": "value_error", "loc": ["body", field], "msg": f"'{field}' cannot be null"}
+        ], r.text
+    api.delete(f"/api/v1/alert-rules/{rule['id']}").raise_for_status()
     acr = {"groups": [[1, 0]], "reward_min": 1, "reward_max": 0}
     assert api.post("/api/v1/acr", json=acr).status_code == 422
 

@@ -16,6 +16,7 @@ from ..alert_models import AlertRule, Silence
 from ..alert_rules import (
     RuleCreate,
     RuleExists,
+    RuleFieldError,
     RulePatch,
     SilenceCreate,
     SilenceMatchers,
@@ -145,6 +146,9 @@ def _written(session: Session, write: Callable[[], dict]) -> dict:
     decides its condition (`condition_warning`). A refused value is a 422, a taken name 409."""
     try:
         rule = write()
+    except RuleFieldError as exc:
+        error = {"type": "value_error", "loc": ["body", exc.field], "msg": str(exc)}
+        raise HTTPException(422, [error]) from exc
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from exc
     except RuleExists as exc:

@@ -91,6 +91,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
         # without a word of why, where ingest's parser answered a 422 json_invalid (a trial)
         cause = exc.__cause__
         why = "nested too deeply" if isinstance(cause, RecursionError) else first_line(cause or exc)
+        if isinstance(cause, UnicodeDecodeError):  # "'utf-16-le' codec can't decode…" (a trial)
+            why = "the body is not UTF-8 text"
         return JSONResponse(
             {"detail": [_error(f"Invalid JSON: {why}", ["body"], "json_invalid")]}, status_code=422
         )

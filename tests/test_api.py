@@ -1203,7 +1203,7 @@ def test_a_blank_or_bidi_spoofed_run_name_is_refused(api):
 
 def test_a_body_nested_too_deeply_is_a_422_on_every_route(api):
     """FastAPI's parser answered a bare 400 "There was an error parsing the body" where ingest's
-    answered a 422 json_invalid (a trial)."""
+    answered a 422 json_invalid (a trial); a body that is not UTF-8 is said to be so."""
     run = new_run(api)
     deep = "[" * 3000 + "]" * 3000
     for path, body in (
@@ -1216,6 +1216,12 @@ def test_a_body_nested_too_deeply_is_a_422_on_every_route(api):
         (error,) = r.json()["detail"]
         assert error["type"] == "json_invalid" and error["loc"] == ["body"], (path, error)
         assert "Invalid JSON" in error["msg"], (path, error)
+    # a UTF-16 byte-order mark made the parser try UTF-16: "'utf-16-le' codec can't decode
+    # byte 0x7b in position 2: truncated data" (a trial)
+    for path in ("/api/v1/runs", "/api/v1/alert-rules"):
+        r = api.post(path, content=b"\xff\xfe{", headers={"content-type": "application/json"})
+        assert r.status_code == 422, (path, r.text)
+        assert r.json()["detail"][0]["msg"] == "Invalid JSON: the body is not UTF-8 text"
 
 
 def test_bodies_are_json_whatever_their_content_type_and_body_errors_say_so(api):

@@ -507,14 +507,17 @@ def _window_inputs(row: Any) -> tuple:
 def _update_run_state(run: RunState, rows: list[Any], batch: StepsBatch) -> None:
     run.last_seen_at = utcnow()
     train = [r for r in rows if r.split == "train"]
-    if train:
-        newest = max(train, key=lambda r: r.step)
-        if run.last_step is None or newest.step >= run.last_step:
-            run.last_step = newest.step
-            # a step with no valid group yet (scalars only, or every group invalid) keeps the
-            # ACR last known: the runs list showed none while the run was collapsing (a trial)
-            if newest.acr is not None:
-                run.latest_acr = newest.acr
+    before = run.last_step
+    if train and (before is None or max(r.step for r in train) >= before):
+        run.last_step = max(r.step for r in train)
+    # The ACR of the batch's newest step that has one: a step with no valid group (scalars
+    # only, or every group invalid) keeps the ACR last known, also when it comes in one batch
+    # with the step before it (the runs list showed none, or an older step's: trials).
+    measured = [r for r in train if r.acr is not None]
+    if measured:
+        newest = max(measured, key=lambda r: r.step)
+        if before is None or newest.step >= before:
+            run.latest_acr = newest.acr
     for rec in batch.records:
         if rec.mitigation is not None:
             run.mitigation_reported = rec.mitigation

@@ -1490,3 +1490,15 @@ def test_latest_acr_is_that_of_the_newest_step_that_has_one(api):
     steps = {"attempt": 1, "records": [{"step": 4, "groups": [[0, 0], [0, 0], [1, 0], [1, 1]]}]}
     assert api.post(f"/api/v1/runs/{rid}/steps", json=steps).status_code == 200
     assert api.get(f"/api/v1/runs/{rid}").json()["latest_acr"] == 0.75
+    # several steps in one batch, as the Monitor sends them: the newest that has an ACR counts
+    # (step 5's, not step 4's nor none: a trial)
+    records = [{"step": 5, "groups": [[1, 1, 1, 1]]}, {"step": 6, "scalars": {"x": 1}}]
+    assert api.post(f"/api/v1/runs/{rid}/steps", json={"attempt": 1, "records": records}).is_success
+    run = api.get(f"/api/v1/runs/{rid}").json()
+    assert (run["last_step"], run["latest_acr"]) == (6, 1.0), run
+    fresh = new_run(api)["run_id"]
+    records = [{"step": 1, "groups": [[0, 1], [1, 1]]}, {"step": 2, "groups": [[None, 1]]}]
+    batch = {"attempt": 1, "records": records}
+    assert api.post(f"/api/v1/runs/{fresh}/steps", json=batch).is_success
+    run = api.get(f"/api/v1/runs/{fresh}").json()
+    assert (run["last_step"], run["latest_acr"]) == (2, 0.5), run

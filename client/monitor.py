@@ -81,6 +81,12 @@ log = logging.getLogger("vantage.client")
 _DIGITS = re.compile(r"\d+")
 _UNSENDABLE = BIDI_CONTROLS | {"\x00"}  # characters an ack's detail may not carry
 
+
+def _sendable(c: str) -> bool:
+    """Whether an ack's detail may carry ``c``: not NUL, a bidi control or a lone surrogate."""
+    return c not in _UNSENDABLE and not "\ud800" <= c <= "\udfff"
+
+
 BATCH_GROUPS = 1_000
 # While closing, retries come at least this often (seconds): a server back 5 s into a close
 # was found only by the next retry of the backoff, 16 s later (a trial).
@@ -571,8 +577,8 @@ class Monitor:
         except (TypeError, ValueError) as exc:
             return self._reject(what, exc)
         body: dict[str, Any] = {"status": status, "step": step}
-        if detail is not None:  # the server refuses NUL and bidi controls: the ack would be lost
-            body["detail"] = "".join(c for c in str(detail) if c not in _UNSENDABLE)[:2000]
+        if detail is not None:  # what the server refuses, or JSON cannot carry, lost the ack
+            body["detail"] = "".join(c for c in str(detail) if _sendable(c))[:2000]
         self._pending_acks.append((str(command_id), body))
         self._wake.set()
 

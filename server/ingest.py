@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 from sqlalchemy import bindparam, false, insert, select, tuple_, union_all, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from vantage.client.acr import (
@@ -250,9 +251,12 @@ def store_groups(
     Under the run's lock, ``stored_steps`` names the (split, step)s that have a step row, and
     earlier blocks are read only for those: a step without a row has no groups in any attempt,
     since groups are only stored with their step's row. Without the lock (``stored_steps``
-    None, PostgreSQL), every key's earlier blocks are read, and the primary key arbitrates:
-    two transactions that both add a key's next block collide, and the later one raises
-    GroupsExist when the first commits."""
+    None, PostgreSQL), each key's first block is inserted unless the key has one
+    (`_insert_first_blocks`), and only the keys that had one read their earlier blocks; the
+    primary key arbitrates: two transactions that both add a key's next block collide, and the
+    later one raises GroupsExist when the first commits."""
+    if stored_steps is None:
+        classified = _insert_first_blocks(session, run_key, attempt, classified, result)
     heads = {(c.record.step, c.record.split, c.record.rank) for c in classified if c.owned}
     known = heads if stored_steps is None else [h for h in heads if (h[1], h[0]) in stored_steps]
     earlier = _earlier_blocks(session, run_key, attempt, sorted(known)) if known else {}
@@ -279,6 +283,51 @@ def store_groups(
         session.connection().execute(_INSERT_BLOCK, rows)
     except IntegrityError as exc:
         raise GroupsExist(str(exc.orig)) from exc
+
+
+# A key's first block, unless the key has one (committed, or committed meanwhile by a
+# transaction this one waited for); answers the keys it stored.
+_INSERT_FIRST_BLOCK = (
+    pg_insert(BLOCKS)
+    .on_conflict_do_nothing()
+    .returning(BLOCKS.c.step, BLOCKS.c.split, BLOCKS.c.rank)
+)
+
+
+def _insert_first_blocks(
+    session: Session,
+    run_key: int,
+    attempt: int,
+    classified: list[Classified],
+    result: IngestResult,
+) -> list[Classified]:
+    """PostgreSQL, before the run's lock: store each record's owned groups as its key's block 0
+    in one statement, when that key has no block yet (nearly always: a rank sends a step's
+    groups once), which saves reading the keys' earlier blocks first. Returns the records left
+    to `store_groups`' general path: those of keys that had blocks, and every record of a key
+    that several records of the batch share (their blocks are numbered in turn there)."""
+    by_head: dict[tuple[int, str, int], list[Classified]] = {}
+    for item in classified:
+        if item.owned:
+            by_head.setdefault(_head(item), []).append(item)
+    alone = {head: items[0] for head, items in by_head.items() if len(items) == 1}
+    rows = []
+    for (step, split, rank), item in sorted(alone.items()):  # key order, as `store_groups`
+        block = {"run_key": run_key, "attempt": attempt, "step": step, "split": split}
+        block |= {"rank": rank, "block": 0}
+        rows.append(block | _encode(item.columns, item.owned))
+    stored = set()
+    if rows:
+        stored = {tuple(r) for r in session.connection().execute(_INSERT_FIRST_BLOCK, rows)}
+    for head in stored:
+        item = alone[head]
+        item.stored = item.owned
+        result.accepted += len(item.owned)
+    return [item for head, items in by_head.items() if head not in stored for item in items]
+
+
+def _head(item: Classified) -> tuple[int, str, int]:
+    return item.record.step, item.record.split, item.record.rank
 
 
 _BLOCK_FIELDS = ("group_ids", "prompt_ids", "cls", "side", "n", "mean", "std", "min", "max")
@@ -508,8 +557,9 @@ def _update_run_state(run: RunState, rows: list[Any], batch: StepsBatch) -> None
     run.last_seen_at = utcnow()
     train = [r for r in rows if r.split == "train"]
     before = run.last_step
-    if train and (before is None or max(r.step for r in train) >= before):
-        run.last_step = max(r.step for r in train)
+    newest_step = max((r.step for r in train), default=None)
+    if newest_step is not None and (before is None or newest_step >= before):
+        run.last_step = newest_step
     # The ACR of the batch's newest step that has one: a step with no valid group (scalars
     # only, or every group invalid) keeps the ACR last known, also when it comes in one batch
     # with the step before it (the runs list showed none, or an older step's: trials).

@@ -556,18 +556,18 @@ def _window_inputs(row: Any) -> tuple:
 def _update_run_state(run: RunState, rows: list[Any], batch: StepsBatch) -> None:
     run.last_seen_at = utcnow()
     train = [r for r in rows if r.split == "train"]
-    before = run.last_step
     newest_step = max((r.step for r in train), default=None)
-    if newest_step is not None and (before is None or newest_step >= before):
+    if newest_step is not None and (run.last_step is None or newest_step >= run.last_step):
         run.last_step = newest_step
-    # The ACR of the batch's newest step that has one: a step with no valid group (scalars
+    # The ACR of the run's newest step that has one: a step with no valid group (scalars
     # only, or every group invalid) keeps the ACR last known, also when it comes in one batch
-    # with the step before it (the runs list showed none, or an older step's: trials).
+    # with the step before it, and a late rank's groups for that step still update it (the
+    # runs list showed none, or an older step's: trials).
     measured = [r for r in train if r.acr is not None]
     if measured:
         newest = max(measured, key=lambda r: r.step)
-        if before is None or newest.step >= before:
-            run.latest_acr = newest.acr
+        if run.latest_acr_step is None or newest.step >= run.latest_acr_step:
+            run.latest_acr, run.latest_acr_step = newest.acr, newest.step
     for rec in batch.records:
         if rec.mitigation is not None:
             run.mitigation_reported = rec.mitigation

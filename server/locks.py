@@ -44,6 +44,7 @@ STATE_COLUMNS = (
     "last_seen_at",
     "last_step",
     "latest_acr",
+    "latest_acr_step",
     "mitigation_reported",
     "eval_progress",
 )
@@ -52,6 +53,7 @@ CHANGED_COLUMNS = (
     "last_seen_at",
     "last_step",
     "latest_acr",
+    "latest_acr_step",
     "mitigation_reported",
     "eval_progress",
 )

@@ -107,6 +107,8 @@ class Run(Base):
     finished_at: Mapped[datetime | None]
     last_step: Mapped[int | None] = mapped_column(BigInteger)
     latest_acr: Mapped[float | None] = mapped_column(Float)
+    # The training step latest_acr is from: the newest step that has an ACR.
+    latest_acr_step: Mapped[int | None] = mapped_column(BigInteger)
     # Client health, per rank: {"0": {"spooled_groups": .., "dropped_groups": .., ...}}
     client_health: Mapped[dict[str, Any]] = mapped_column(default=dict)
     # The mitigation the trainer reported in its latest record (`mitigation` field).
@@ -138,7 +140,9 @@ class GroupBlock(Base):
     (`vantage.server.group_blocks` says how and why); append-only. A group's key
     ``(run, attempt, step, split, rank, group_id)`` is immutable within an attempt: ingest
     reads the ids and hashes of a key's earlier blocks before it adds one (under the run's
-    lock), and ``block`` numbers the blocks of a key from 0.
+    lock; on PostgreSQL, before the lock, a key's first block is inserted unless the key has
+    one, and earlier blocks are read only for a key that has them), and ``block`` numbers the
+    blocks of a key from 0, the primary key arbitrating between concurrent writers of a key.
 
     The run is named by `runs.key`, with no foreign key; deleting or pruning a run deletes its
     blocks."""

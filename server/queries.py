@@ -77,6 +77,7 @@ def run_dict(run: Run, mitigation: dict[str, Any] | None = None) -> dict[str, An
         "mitigation_reported": run.mitigation_reported,
         "last_step": run.last_step,
         "latest_acr": run.latest_acr,
+        "latest_acr_step": run.latest_acr_step,
         "created_at": iso(run.created_at),
         "last_seen_at": iso(run.last_seen_at),
         "finished_at": iso(run.finished_at),

@@ -1502,3 +1502,17 @@ def test_latest_acr_is_that_of_the_newest_step_that_has_one(api):
     assert api.post(f"/api/v1/runs/{fresh}/steps", json=batch).is_success
     run = api.get(f"/api/v1/runs/{fresh}").json()
     assert (run["last_step"], run["latest_acr"]) == (2, 0.5), run
+    assert run["latest_acr_step"] == 1
+    # a late rank's groups for the step the ACR is from update it, though a newer step (of
+    # scalars only) came in between; an older step's do not (a trial)
+    ranks = new_run(api, world_size=2)["run_id"]
+    for records in (
+        [{"step": 5, "rank": 0, "groups": [[1, 1], [0, 1]]}],
+        [{"step": 6, "rank": 0, "scalars": {"loss": 1.0}}],
+        [{"step": 5, "rank": 1, "groups": [[0, 0], [0, 0]]}],
+        [{"step": 4, "rank": 1, "groups": [[0, 1]]}],
+    ):
+        batch = {"attempt": 1, "records": records}
+        assert api.post(f"/api/v1/runs/{ranks}/steps", json=batch).is_success
+    run = api.get(f"/api/v1/runs/{ranks}").json()
+    assert (run["last_step"], run["latest_acr"], run["latest_acr_step"]) == (6, 0.75, 5), run

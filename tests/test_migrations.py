@@ -3,7 +3,8 @@ names runs by their new integer key; 0005 (group blocks) packs the groups of eac
 rank) into a block that ingest and the prompts view read as before; 0006 changes one built-in
 rule; 0007 stops SQLite reusing the ids of deleted rules, alerts and silences; 0008 adds when
 each launch began; 0009 widens a command's issued_by; 0010 has PostgreSQL compress group blocks
-with lz4. All downgrade back; the newest builds the schema the models describe."""
+with lz4; 0011 records the step of a run's latest ACR. All downgrade back; the newest builds
+the schema the models describe."""
 
 from __future__ import annotations
 
@@ -180,6 +181,28 @@ def test_group_blocks_are_compressed_with_lz4_on_postgresql(empty_database: str)
     command.downgrade(cfg, "0009")
     with engine.connect() as conn:
         assert set(dict(conn.execute(read).all()).values()) == {""}
+    engine.dispose()
+
+
+def test_the_step_of_a_latest_acr_is_the_runs_last_step(empty_database: str) -> None:
+    """0011 gives a run that has a latest ACR its last step as the ACR's step (what ingest
+    compared with before), and none to a run without one."""
+    cfg = alembic_config(empty_database)
+    command.upgrade(cfg, "0010")
+    engine = create_engine(normalize_url(empty_database))
+    with engine.begin() as conn:
+        for key, run in enumerate(("measured", "unmeasured"), 1):
+            keyed = KEYED_RUN.replace("VALUES (1,", f"VALUES ({key},")
+            conn.execute(text(keyed), {"id": run, "at": "2026-01-01 00:00:00+00:00"})
+        conn.execute(text("UPDATE runs SET last_step = 7"))
+        conn.execute(text("UPDATE runs SET latest_acr = 0.5 WHERE id = 'measured'"))
+    command.upgrade(cfg, "head")
+    read = text("SELECT id, latest_acr_step FROM runs")
+    with engine.connect() as conn:
+        assert dict(conn.execute(read).all()) == {"measured": 7, "unmeasured": None}
+    command.downgrade(cfg, "0010")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM runs")).scalar() == 2
     engine.dispose()
 
 

@@ -1427,8 +1427,9 @@ def test_tags_are_kept_once_and_never_empty(api):
 def test_every_api_read_refuses_a_parameter_it_does_not_take(server, api):
     """`prompts?sid=all_pass` listed every side and `export.csv?splt=eval` every split: only the
     runs list and alerts refused an unknown parameter (a trial). Every GET under /api/v1/ now
-    answers 422 naming each unknown one, and still takes its own; the health routes, which
-    probes and scrapers call with parameters of their own, are left alone."""
+    answers 422 naming each unknown one, and one of its own given twice (`?project=a&project=b`
+    took b), and still takes its own; the health routes, which probes and scrapers call with
+    parameters of their own, are left alone."""
     run = new_run(api)
     rid = run["run_id"]
     steps = {"attempt": 1, "records": [{"step": 1, "groups": [[1, 0], [1, 1]]}]}
@@ -1450,6 +1451,11 @@ def test_every_api_read_refuses_a_parameter_it_does_not_take(server, api):
         r = api.get(path, params=[*own.items(), ("sid", "1"), ("splt", "a"), ("sid", "2")])
         assert r.status_code == 422, (path, r.text)
         assert [e["loc"] for e in r.json()["detail"]] == [["query", "sid"], ["query", "splt"]]
+        for name, value in own.items():  # a one-value parameter given twice: which one?
+            r = api.get(path, params=[(name, value), (name, value)])
+            assert r.status_code == 422, (path, r.text)
+            assert r.json()["detail"][0]["loc"] == ["query", name], r.text
+            assert "given 2 times" in r.json()["detail"][0]["msg"]
     csv = api.get(f"/api/v1/runs/{rid}/export.csv", params={"split": "eval"})
     assert csv.status_code == 200 and csv.text.count("\n") == 1  # the header: no eval steps
     assert api.get("/healthz", params={"probe": "1"}).status_code == 200

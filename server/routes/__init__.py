@@ -77,23 +77,32 @@ async def known_query_only(request: Request) -> None:
     """Refuse a GET whose query names a parameter its route does not take (422, each unknown
     name as pydantic's ``extra_forbidden`` at ``["query", name]``), as ``GET /runs`` and
     ``GET /alerts`` do with their filter models: ``prompts?sid=all_pass`` listed every side,
-    ``export.csv?splt=eval`` every split (a trial). A route's parameters are those its OpenAPI
-    operation lists; a route outside the schema is left alone. Async: no thread hop."""
+    ``export.csv?splt=eval`` every split (a trial). A parameter that takes one value and is
+    given several times is refused too (``?project=a&project=b`` answered project b's runs).
+    A route's parameters are those its OpenAPI operation lists; a route outside the schema is
+    left alone. Async: no thread hop."""
     if request.method != "GET" or not request.query_params:
         return
     path = getattr(request.scope.get("route"), "path_format", None)
     operation = request.app.openapi()["paths"].get(path, {}).get("get")
     if operation is None:
         return
-    known = {p["name"] for p in operation.get("parameters", ()) if p["in"] == "query"}
-    unknown = [name for name in dict.fromkeys(request.query_params) if name not in known]
-    if unknown:
-        raise RequestValidationError(
-            [
-                {"type": "extra_forbidden", "loc": ("query", name), "msg": _EXTRA_MSG}
-                for name in unknown
-            ]
-        )
+    known = {p["name"]: p for p in operation.get("parameters", ()) if p["in"] == "query"}
+    errors = []
+    for name in dict.fromkeys(request.query_params):
+        if name not in known:
+            errors.append({"type": "extra_forbidden", "loc": ("query", name), "msg": _EXTRA_MSG})
+        elif len(values := request.query_params.getlist(name)) > 1 and not _many(known[name]):
+            msg = f"given {len(values)} times; {name} takes one value"
+            errors.append({"type": "repeated_parameter", "loc": ("query", name), "msg": msg})
+    if errors:
+        raise RequestValidationError(errors)
 
 
 _EXTRA_MSG = "Extra inputs are not permitted"
+
+
+def _many(parameter: dict[str, Any]) -> bool:
+    """Whether an OpenAPI query parameter takes a list (may be given several times)."""
+    schema = parameter.get("schema", {})
+    return any(s.get("type") == "array" for s in (schema, *schema.get("anyOf", ())))

@@ -21,8 +21,8 @@ from pydantic import (
     Strict,
     StrictBool,
     StrictInt,
+    ValidationInfo,
     field_validator,
-    model_validator,
 )
 from sqlalchemy import ColumnElement, and_, or_, select, true
 from sqlalchemy.orm import Session
@@ -65,13 +65,17 @@ class Mitigation(BaseModel):
 
     type: Literal["set_mitigation", "set_sampling", "checkpoint", "stop"]
     """The command type, as in POST /runs/{run_id}/commands."""
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
     """The command's params, checked as a command's are."""
 
-    @model_validator(mode="after")
-    def _params(self) -> Mitigation:
-        validate_command_params(self.type, self.params)
-        return self
+    @field_validator("params")
+    @classmethod
+    def _params(cls, params: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Checked against the type (when it is valid), so that an error's loc ends in
+        ``params``, not at the mitigation as a whole (a trial)."""
+        if "type" in info.data:
+            validate_command_params(info.data["type"], params)
+        return params
 
 
 def _without_edge_blanks(what: str) -> Callable[[str], str]:

@@ -142,6 +142,16 @@ def test_rule_crud_defaults_and_scopes(server, api):
         body = {"name": "nul", "metric": "acr", "op": ">", "threshold": 1, field: value}
         r = api.post("/api/v1/alert-rules", json=body)
         assert r.status_code == 422 and r.json()["detail"][0]["loc"][:2] == ["body", field], r.text
+    # a mitigation's bad params are named as such, not the mitigation as a whole (a trial)
+    for mitigation in (
+        {"type": "set_mitigation", "params": {"mode": "x"}},
+        {"type": "set_mitigation"},
+    ):
+        body = {"name": "m", "metric": "acr", "op": ">", "threshold": 1, "mitigation": mitigation}
+        r = api.post("/api/v1/alert-rules", json=body)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", "mitigation", "params"], r.text
+        assert "params.mode" in r.json()["detail"][0]["msg"]
     r = api.post("/api/v1/silences", json={"until": "2100-01-01T00:00:00Z", "reason": "\u0000"})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "reason"], r.text
     past = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()  # it would mute nothing

@@ -242,7 +242,7 @@ def _classify_size(
     for k in scalar:
         i, g = indices[k], groups[indices[k]]
         _put(cols, i, summarize_rewards(rows[k], g.mask, settings))
-        if g.mask is not None:
+        if g.mask is not None and not all(g.mask):  # a mask of ones drops nothing
             cols.hash[i] = _combine(cols.hash[i], b"m" + bytes(g.mask))
 
 
@@ -365,7 +365,8 @@ def _hash_words(words: np.ndarray) -> list[int]:
 
 
 def _reward_hashes(x: np.ndarray, rows: list[list[float | None]]) -> list[int]:
-    words = np.ascontiguousarray(x, dtype="<f8").view("<u8").astype(np.uint64)
+    # + 0.0 makes -0.0 +0.0: the same reward, so a re-send is a duplicate, not a conflict
+    words = np.ascontiguousarray(x + 0.0, dtype="<f8").view("<u8").astype(np.uint64)
     for k in np.flatnonzero(np.isnan(x).any(axis=1)).tolist():  # tell null from NaN
         words[k] = [_word(v) for v in rows[k]]
     return _hash_words(words)
@@ -374,7 +375,7 @@ def _reward_hashes(x: np.ndarray, rows: list[list[float | None]]) -> list[int]:
 def _word(value: float | None) -> int:
     if value is None:
         return _NULL_WORD
-    return struct.unpack("<Q", struct.pack("<d", value))[0]
+    return struct.unpack("<Q", struct.pack("<d", value + 0.0))[0]  # -0.0 as 0.0
 
 
 def reward_hash(rewards: list[float | None]) -> int:

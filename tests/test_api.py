@@ -256,6 +256,16 @@ def test_duplicates_and_conflicts(api):
         ],
     )
     assert (within["accepted"], within["duplicates"], within["conflicts"]) == (1, 1, 1)
+    # the same rewards written otherwise are the same group: -0.0 is 0, and a mask of ones
+    # drops nothing (both counted as conflicts: a trial)
+    first = [{"group_id": "z", "rewards": [-0.0, 1]}, {"group_id": "m", "rewards": [0, 1]}]
+    assert post_steps(api, run, [{"step": 3, "groups": first}])["accepted"] == 2
+    again = [
+        {"group_id": "z", "rewards": [0, 1]},
+        {"group_id": "m", "rewards": [0, 1], "mask": [1, 1]},
+    ]
+    resent = post_steps(api, run, [{"step": 3, "groups": again}])
+    assert (resent["accepted"], resent["duplicates"], resent["conflicts"]) == (0, 2, 0)
 
 
 def test_groups_of_one_key_sent_in_pieces_are_deduplicated_across_them(api):

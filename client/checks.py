@@ -49,20 +49,19 @@ def count(name: str, value: Any, top: int = MAX_STEP, low: int = 0) -> int:
 
 def config_json(config: Any) -> dict[str, Any]:
     """A run's config as plain JSON: a mapping, whose values that are not JSON become their
-    text and whose non-finite numbers their strings ("NaN"); keys become text. TypeError when
-    it is no mapping; ValueError when the server would refuse it (over 64 KiB as JSON, nested
-    over 32 levels, an integer beyond 64 bits)."""
+    text, as do integers beyond 64 bits (the server stores none: one such value replaced the
+    whole config, a trial), and whose non-finite numbers their strings ("NaN"); keys become
+    text. TypeError when it is no mapping; ValueError when the server would refuse it (over 64
+    KiB as JSON, nested over 32 levels)."""
     if config is None:
         return {}
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a mapping of name to value, not {type(config).__name__}")
     try:
-        plain = orjson.loads(orjson.dumps(non_finite_as_text(dict(config)), default=str))
-    except orjson.JSONEncodeError as exc:  # 2**64 raised out of Monitor() (a trial)
-        if "64-bit" in str(exc):
-            raise ValueError("an integer beyond 64 bits (send it as a string)") from None
+        text = orjson.dumps(non_finite_as_text(dict(config), wide_ints=True), default=str)
+    except orjson.JSONEncodeError as exc:
         raise ValueError(f"cannot be JSON ({exc})") from None
-    return small_config(check_storable(plain))
+    return small_config(check_storable(orjson.loads(text)))
 
 
 def rank_in(value: Any, world_size: int) -> int:
@@ -147,15 +146,15 @@ def scalars_map(scalars: Any) -> dict[Any, Any]:
 
 def mitigation_json(mitigation: Mapping[str, Any]) -> dict[str, Any]:
     """The mitigation in effect as the server stores it: plain JSON (other values become
-    their text; non-finite numbers their strings), integers within 64 bits, at most 32 levels,
-    no NUL, at most 4 KiB as JSON. TypeError when it is no mapping, ValueError naming the
+    their text, as do integers beyond 64 bits; non-finite numbers their strings), at most 32
+    levels, no NUL, at most 4 KiB as JSON. TypeError when it is no mapping, ValueError naming the
     problem (both begin "mitigation")."""
     if not isinstance(mitigation, Mapping):  # dict("avspo") said "dictionary update sequence…"
         raise TypeError(
             f"mitigation must be a mapping such as {{'mode': 'avspo'}}, not {mitigation!r:.80}"
         )
-    plain = orjson.loads(orjson.dumps(non_finite_as_text(dict(mitigation)), default=str))
     try:
-        return small_mitigation(check_storable(plain))
+        text = orjson.dumps(non_finite_as_text(dict(mitigation), wide_ints=True), default=str)
+        return small_mitigation(check_storable(orjson.loads(text)))
     except ValueError as exc:  # "is 5,023 bytes as JSON" said nothing of what: a trial
         raise ValueError(f"mitigation {exc}") from None

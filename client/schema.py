@@ -656,24 +656,28 @@ def check_storable(value: Any, depth: int = 0) -> Any:
     return value
 
 
-def non_finite_as_text(value: Any, depth: int = 0) -> Any:
+def non_finite_as_text(value: Any, depth: int = 0, wide_ints: bool = False) -> Any:
     """Free-form JSON with each non-finite float as its string ("NaN", "Infinity",
     "-Infinity"), as `storable_scalar` keeps scalars: JSON, and so the database, has no such
     numbers, and null would lose which it was. Dicts, lists and tuples are walked (a tuple
     becomes a list, a key that is not a string its ``str``, as JSON keys are text); anything
-    else is returned as it is. Raises ValueError past MAX_JSON_DEPTH levels (a deeper walk
-    would reach Python's recursion limit)."""
+    else is returned as it is. ``wide_ints``: an integer beyond 64 bits becomes its text too,
+    as `check_storable` asks (the client does this for the config and mitigation it sends).
+    Raises ValueError past MAX_JSON_DEPTH levels (a deeper walk would reach Python's
+    recursion limit)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else storable_scalar(value)
+    if wide_ints and type(value) is int and not -(2**63) <= value < 2**63:
+        return str(value)
     if isinstance(value, dict | list | tuple) and depth > MAX_JSON_DEPTH:
         raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     if isinstance(value, dict):
         return {
-            k if isinstance(k, str) else str(k): non_finite_as_text(v, depth + 1)
+            k if isinstance(k, str) else str(k): non_finite_as_text(v, depth + 1, wide_ints)
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):
-        return [non_finite_as_text(v, depth + 1) for v in value]
+        return [non_finite_as_text(v, depth + 1, wide_ints) for v in value]
     return value
 
 

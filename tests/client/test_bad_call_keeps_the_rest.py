@@ -63,7 +63,10 @@ def _bad_calls(mon: Monitor) -> None:
     mon.log_groups(5, [[1, 0]], rank=3)  # world_size is 1
     mon.log_effective(5, n_valid=1, n_zero_advantage=2)
     mon.log_effective(5, n_valid=2**40, n_zero_advantage=0)
-    mon.log_effective(5, n_valid=1, n_zero_advantage=0, mitigation={"mode": "avspo", "k": 2**70})
+    deep: list = []
+    for _ in range(40):
+        deep = [deep]
+    mon.log_effective(5, n_valid=1, n_zero_advantage=0, mitigation={"mode": "avspo", "k": deep})
     mon.log_effective(5, n_valid=1, n_zero_advantage=0, mitigation={"mode": "x" * 5000})
     mon.log_effective(5, n_valid=1, n_zero_advantage=0, mitigation={"threshold": "fixed"})
 
@@ -166,12 +169,15 @@ def test_a_config_nan_reaches_the_server_as_its_string(tmp_path):
     for wrong in ([1, 2], "lr=1"):
         with pytest.raises(TypeError, match="config must be a mapping"):
             Monitor(None, config=wrong, spool_dir=str(tmp_path / "spool2"))
-    # an integer beyond orjson's range raised its TypeError out of Monitor() (a trial); like
-    # one within it but beyond int64, the config is left out with a warning
+    # an integer beyond orjson's range raised its TypeError out of Monitor() (a trial); one
+    # within it but beyond int64 left the whole config out (a trial): each is sent as its text,
+    # as the server asks, and so is one in a mitigation
     for seed in (2**63, 2**64, -(2**70)):
-        with pytest.raises(ValueError, match="an integer beyond 64 bits"):
-            checks.config_json({"seed": seed})
+        assert checks.config_json({"seed": seed, "lr": 0.1}) == {"seed": str(seed), "lr": 0.1}
+        wide = checks.mitigation_json({"mode": "avspo", "k": [seed]})
+        assert wide == {"mode": "avspo", "k": [str(seed)]}
         Monitor(None, config={"seed": seed}, spool_dir=str(tmp_path / "spool4")).close()
+    assert checks.config_json({"seed": 2**63 - 1, "f": True}) == {"seed": 2**63 - 1, "f": True}
 
 
 def test_a_scalar_float_cannot_read_costs_only_itself(tmp_path):

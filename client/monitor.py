@@ -936,7 +936,12 @@ class Monitor:
             if prompts is not None and prompts[i] is not None:
                 g["prompt_id"] = prompts[i]
             groups.append(g)
-        return encode_groups(groups)
+        try:
+            return encode_groups(groups)
+        except TypeError:  # an integer beyond 64 bits, which orjson cannot write (a trial):
+            for g in groups:  # as the float the server would read it as
+                g["rewards"] = [None if v is None else float(v) for v in g["rewards"]]
+            return encode_groups(groups)
 
     def _take_commands(self, data: dict[str, Any]) -> None:
         if self.rank != 0:  # commands go to rank 0, which shares them with the others (§7)

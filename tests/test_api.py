@@ -289,6 +289,27 @@ def test_groups_of_one_key_sent_in_pieces_are_deduplicated_across_them(api):
     assert step_of(late, 1)["n_groups"] == 1  # the newer attempt owns step 1
 
 
+@pytest.mark.parametrize("n_steps", [3, 40])
+def test_a_batch_of_many_steps_splits_and_ranks_resent_is_all_duplicates(api, n_steps):
+    """Earlier blocks and step rows are read per (split, rank) and split: a batch of many
+    keys, re-sent with one group changed, counts each key once (the batch of 40 steps is
+    past the records for which ingest tries first blocks before reading)."""
+    run = new_run(api, world_size=2)
+    records = [
+        {"step": step, "split": split, "rank": rank, "groups": [[1, 1], [step % 2, 1]]}
+        for step in range(n_steps)
+        for split in ("train", "eval")
+        for rank in (0, 1)
+    ]
+    first = post_steps(api, run, records)
+    assert (first["accepted"], first["duplicates"]) == (8 * n_steps, 0)
+    records[-1] = {**records[-1], "groups": [[0, 0], [1, 0]]}
+    again = post_steps(api, run, records)
+    assert (again["accepted"], again["duplicates"], again["conflicts"]) == (0, 8 * n_steps - 2, 2)
+    evals = api.get(f"/api/v1/runs/{run['run_id']}/metrics", params={"split": "eval"}).json()
+    assert [p["n_groups"] for p in evals["points"]] == [4] * n_steps
+
+
 def test_default_group_ids_do_not_collide_across_ranks(api):
     run = new_run(api, world_size=2)
     post_steps(api, run, [{"step": 5, "rank": 0, "groups": [[1, 1], [0, 1], [1, 0]]}])

@@ -609,14 +609,21 @@ COMMAND_TYPES = ("set_mitigation", "set_sampling", "checkpoint", "stop")
 MITIGATION_MODES = ("none", "avspo", "aapo")
 
 
+def no_params_as_empty(params: Any) -> Any:
+    """A command's params of null are none: ``{}`` (checkpoint and stop take none)."""
+    return {} if params is None else params
+
+
 class CommandCreate(_Strict):
     """Body of ``POST /api/v1/runs/{run_id}/commands`` (DESIGN.md §4 'Commands')."""
 
     type: Literal["set_mitigation", "set_sampling", "checkpoint", "stop"]
     """What the trainer is asked to do at its next step boundary."""
-    params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+    params: Annotated[dict[str, Any], BeforeValidator(no_params_as_empty)] = Field(
+        default_factory=dict, validate_default=True
+    )
     """set_mitigation: {mode: none|avspo|aapo, threshold?, variant?, alpha?, eta?, tau?,
-    delta_low?, delta_high?}; set_sampling: {temperature}; checkpoint and stop: {}."""
+    delta_low?, delta_high?}; set_sampling: {temperature}; checkpoint and stop: {} (or null)."""
     reason: prose(1000) | None = None
     """Why, shown in the command log."""
 
@@ -753,10 +760,9 @@ def temperature_problem(t: Any) -> str | None:
 
 
 def validate_command_params(kind: str, params: dict[str, Any]) -> None:
-    """Raise ValueError when a command's params cannot be applied by the trainer."""
-    check_storable(params)
-    if len(json.dumps(params)) > 16_384:
-        raise ValueError("command params take at most 16 KiB of JSON")
+    """Raise ValueError when a command's params cannot be applied by the trainer. The checks
+    of each type come first, so that a value out of range is named with its range (an integer
+    beyond 64 bits was told to be sent as a string, which no number param takes: a trial)."""
     if kind == "set_mitigation":
         mode = params.get("mode")
         if mode not in MITIGATION_MODES:
@@ -768,6 +774,9 @@ def validate_command_params(kind: str, params: dict[str, Any]) -> None:
         _only(kind, params, ("temperature",))
     elif params:  # checkpoint, stop
         raise ValueError(f"{kind} takes no params; got {sorted(params)}")
+    check_storable(params)
+    if len(json.dumps(params)) > 16_384:
+        raise ValueError("command params take at most 16 KiB of JSON")
 
 
 # set_mitigation's numbers besides mode (DESIGN.md §7; the trainer's Mitigation): name →

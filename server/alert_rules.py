@@ -16,6 +16,7 @@ import httpx
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
@@ -26,7 +27,15 @@ from pydantic import (
 )
 from sqlalchemy import ColumnElement, and_, or_, select, true
 from sqlalchemy.orm import Session
-from vantage.client.schema import Name, Split, label, prose, text, validate_command_params
+from vantage.client.schema import (
+    Name,
+    Split,
+    label,
+    no_params_as_empty,
+    prose,
+    text,
+    validate_command_params,
+)
 
 from .alert_metrics import check_metric
 from .alert_models import AlertRule, AlertState, Silence
@@ -65,8 +74,10 @@ class Mitigation(BaseModel):
 
     type: Literal["set_mitigation", "set_sampling", "checkpoint", "stop"]
     """The command type, as in POST /runs/{run_id}/commands."""
-    params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
-    """The command's params, checked as a command's are."""
+    params: Annotated[dict[str, Any], BeforeValidator(no_params_as_empty)] = Field(
+        default_factory=dict, validate_default=True
+    )
+    """The command's params, checked as a command's are (null: none)."""
 
     @field_validator("params")
     @classmethod

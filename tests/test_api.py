@@ -598,7 +598,7 @@ def test_the_same_command_sent_twice_at_once_is_one_command(api, server):
         answers = list(pool.map(send, range(6)))
     assert {r.status_code for r in answers} == {201}
     (cid,) = {r.json()["command_id"] for r in answers}
-    checkpoint = api.post(path, json={"type": "checkpoint", "params": {}}).json()["command_id"]
+    checkpoint = api.post(path, json={"type": "checkpoint", "params": None}).json()["command_id"]
     assert checkpoint != cid
     api.post(f"{path}/{cid}/ack", json={"status": "applied", "step": 1}).raise_for_status()
     assert api.post(path, json=stop).json()["command_id"] != cid  # the first was applied
@@ -1011,7 +1011,10 @@ def test_command_params_are_bounded(api):
     run = new_run(api)
     big = {"type": "stop", "params": {"note": list(range(100_000))}}
     r = api.post(f"/api/v1/runs/{run['run_id']}/commands", json=big)
-    assert r.status_code == 422 and "16 KiB" in r.text
+    assert r.status_code == 422 and "stop takes no params" in r.text
+    big = {"type": "set_mitigation", "params": {"mode": "avspo", "note": list(range(100_000))}}
+    r = api.post(f"/api/v1/runs/{run['run_id']}/commands", json=big)
+    assert r.status_code == 422 and "note" in r.text
 
 
 def test_a_run_deleted_and_created_again_is_scored_with_its_new_bounds(api):

@@ -152,6 +152,16 @@ def test_rule_crud_defaults_and_scopes(server, api):
         assert r.status_code == 422, r.text
         assert r.json()["detail"][0]["loc"] == ["body", "mitigation", "params"], r.text
         assert "params.mode" in r.json()["detail"][0]["msg"]
+    # a number param far out of range is told its range, not to be sent as a string, which it
+    # cannot be; null params are none (both trials)
+    tau = {"type": "set_mitigation", "params": {"mode": "avspo", "tau": 2**70}}
+    body = {"name": "t", "metric": "acr", "op": ">", "threshold": 1, "mitigation": tau}
+    r = api.post("/api/v1/alert-rules", json=body)
+    assert r.status_code == 422 and "tau must be a number from 0 to 1" in r.text, r.text
+    body["mitigation"] = {"type": "checkpoint", "params": None}
+    r = api.post("/api/v1/alert-rules", json=body)
+    assert r.status_code == 201 and r.json()["mitigation"]["params"] == {}, r.text
+    assert api.delete(f"/api/v1/alert-rules/{r.json()['id']}").status_code == 204
     r = api.post("/api/v1/silences", json={"until": "2100-01-01T00:00:00Z", "reason": "\u0000"})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "reason"], r.text
     past = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()  # it would mute nothing

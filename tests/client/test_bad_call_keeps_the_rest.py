@@ -191,15 +191,17 @@ def test_a_scalar_float_cannot_read_costs_only_itself(tmp_path):
         mon.log_scalars(1, {"big": 10**400})
         mon.log_groups(2, [[0, 1, 0, 1]])
         mon.log_scalars(2, {"eval_acc": None})  # null, as the API takes it (it was skipped)
-        # a reward beyond 64 bits is sent as a float, as the server reads it (the call's
-        # groups were dropped: a trial); one beyond float64 costs its call only
+        # a reward beyond 64 bits is sent as a float, as the server reads it, and one beyond
+        # float64 as Infinity, an invalid group, as the server takes 1e400 (the call's groups
+        # were dropped: trials)
         mon.log_groups(3, [[2**80, 2**80], [0, 1]], group_ids=["wide", "narrow"])
-        mon.log_groups(3, [[10**400, 1]], group_ids=["past float64"])
+        mon.log_groups(3, [[2**63, 2**63], [10**400, 0]], group_ids=["int64", "past float64"])
         assert mon.flush(20)
         mon.close(timeout=20)
         points = httpx.get(f"{srv.url}/api/v1/runs/{mon.run_id}/metrics").json()["points"]
-        assert [(p["step"], p["n_groups"]) for p in points] == [(1, 3), (2, 1), (3, 2)]
-        assert points[2]["acr"] == 0.5 and mon.dropped_groups == 1
+        assert [(p["step"], p["n_groups"]) for p in points] == [(1, 3), (2, 1), (3, 4)]
+        assert (points[2]["n_invalid"], points[2]["n_collapsed"], points[2]["n_valid"]) == (1, 2, 3)
+        assert mon.dropped_groups == 0
         assert points[0]["scalars"] == {"loss": 0.5}
         assert points[1]["scalars"] == {"eval_acc": None}
     finally:

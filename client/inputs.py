@@ -6,9 +6,10 @@ Neither torch nor numpy is imported: inputs are recognised by their attributes.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-__all__ = ["capture", "grouped", "mask_row", "materialize", "plain_rewards"]
+__all__ = ["capture", "float_rewards", "grouped", "mask_row", "materialize", "plain_rewards"]
 
 
 def grouped(value: Any, group_size: int | None, what: str) -> Any:
@@ -141,6 +142,14 @@ def plain_rewards(row: list[Any]) -> list[Any]:
             break
     else:
         return row
+    return float_rewards(row)
+
+
+def float_rewards(row: list[Any]) -> list[float | None]:
+    """A row's rewards as floats or None: an integer beyond 64 bits as the float the server
+    would read it as, and one past float64 as ±Infinity, which the server classes non-finite,
+    as it does the JSON number 1e400 (orjson writes neither: they cost the call, trials).
+    TypeError for a string."""
     return [_reward(v) for v in row]
 
 
@@ -149,7 +158,10 @@ def _reward(value: Any) -> float | None:
         return None
     if isinstance(value, str | bytes):
         raise TypeError(f"rewards are numbers or None, not the string {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer past float64
+        return math.inf if value > 0 else -math.inf
 
 
 def mask_row(row: list[Any]) -> list[int]:

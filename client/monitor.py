@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import inspect
 import logging
-import math
 import os
 import re
 import reprlib
@@ -45,6 +44,7 @@ from .inputs import (
     capture,
     check_mask_width,
     check_width,
+    float_rewards,
     grouped,
     mask_row,
     materialize,
@@ -81,17 +81,6 @@ __all__ = ["Command", "Monitor", "derive_launch_id"]
 log = logging.getLogger("vantage.client")
 _DIGITS = re.compile(r"\d+")
 _UNSENDABLE = BIDI_CONTROLS | {"\x00"}  # characters an ack's detail may not carry
-
-
-def _as_float(value: Any) -> float | None:
-    """A reward as a float; an integer past float64 as ±Infinity, which the server classes
-    non-finite, as it does the JSON number 1e400 (it cost the call's other groups: a trial)."""
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except OverflowError:
-        return math.inf if value > 0 else -math.inf
 
 
 def _sendable(c: str) -> bool:
@@ -950,9 +939,9 @@ class Monitor:
             groups.append(g)
         try:
             return encode_groups(groups)
-        except TypeError:  # an integer beyond 64 bits, which orjson cannot write (a trial):
-            for g in groups:  # as the float the server would read it as
-                g["rewards"] = [_as_float(v) for v in g["rewards"]]
+        except TypeError:  # an integer beyond 64 bits, which orjson cannot write (a trial)
+            for g in groups:
+                g["rewards"] = float_rewards(g["rewards"])
             return encode_groups(groups)
 
     def _take_commands(self, data: dict[str, Any]) -> None:

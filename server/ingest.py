@@ -268,21 +268,19 @@ def store_groups(
     later one raises GroupsExist when the first commits."""
     if stored_steps is None and len(classified) <= FIRST_BLOCKS_MAX:
         classified = _insert_first_blocks(session, run_key, attempt, classified, result)
-    heads = {(c.record.step, c.record.split, c.record.rank) for c in classified if c.owned}
+    heads = {_head(c) for c in classified if c.owned}
     known = heads if stored_steps is None else [h for h in heads if (h[1], h[0]) in stored_steps]
     earlier = _earlier_blocks(session, run_key, attempt, sorted(known)) if known else {}
     rows = []
     for item in classified:
-        rec, cols = item.record, item.columns
-        head = (rec.step, rec.split, rec.rank)
-        before = earlier.setdefault(head, _Earlier())
+        before = earlier.setdefault(_head(item), _Earlier())
         item.stored = (
-            _new_keys(before.hashes, cols, item.owned, result) if before.hashes else item.owned
+            _new_keys(before.hashes, item.columns, item.owned, result)
+            if before.hashes
+            else item.owned
         )
         if item.stored:
-            block = {"run_key": run_key, "attempt": attempt, "step": rec.step}
-            block |= {"split": rec.split, "rank": rec.rank, "block": before.next_block}
-            rows.append(block | _encode(cols, item.stored))
+            rows.append(_block_row(run_key, attempt, item, before.next_block))
             before.next_block += 1
         result.accepted += len(item.stored)
     if not rows:
@@ -326,23 +324,27 @@ def _insert_first_blocks(
         if item.owned:
             by_head.setdefault(_head(item), []).append(item)
     alone = {head: items[0] for head, items in by_head.items() if len(items) == 1}
-    rows = []
-    for (step, split, rank), item in sorted(alone.items()):  # key order, as `store_groups`
-        block = {"run_key": run_key, "attempt": attempt, "step": step, "split": split}
-        block |= {"rank": rank, "block": 0}
-        rows.append(block | _encode(item.columns, item.owned))
+    for item in alone.values():
+        item.stored = item.owned
+    # in key order, as `store_groups`
+    rows = [_block_row(run_key, attempt, item, 0) for _, item in sorted(alone.items())]
     stored = set()
     if rows:
         stored = {tuple(r) for r in session.connection().execute(_INSERT_FIRST_BLOCK, rows)}
-    for head in stored:
-        item = alone[head]
-        item.stored = item.owned
-        result.accepted += len(item.owned)
+    result.accepted += sum(len(alone[head].owned) for head in stored)
     return [item for head, items in by_head.items() if head not in stored for item in items]
 
 
 def _head(item: Classified) -> tuple[int, str, int]:
+    """A record's key without the run and attempt: (step, split, rank)."""
     return item.record.step, item.record.split, item.record.rank
+
+
+def _block_row(run_key: int, attempt: int, item: Classified, number: int) -> dict[str, Any]:
+    """The row of `group_blocks` that holds ``item.stored`` as block ``number`` of its key."""
+    step, split, rank = _head(item)
+    row = {"run_key": run_key, "attempt": attempt, "step": step, "split": split, "rank": rank}
+    return row | {"block": number} | _encode(item.columns, item.stored)
 
 
 _BLOCK_FIELDS = ("group_ids", "prompt_ids", "cls", "side", "n", "mean", "std", "min", "max")

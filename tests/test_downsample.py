@@ -7,10 +7,13 @@ on the newest step is kept on top."""
 from __future__ import annotations
 
 import math
+import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from vantage.server.queries import _downsample
+
+from tests.conftest import new_run, post_steps
 
 
 def reference(steps: list[int], acrs: list[float | None], max_points: int) -> list[int]:
@@ -69,3 +72,44 @@ def test_a_long_run_keeps_each_buckets_spikes():
     # a flat ACR still gets the points asked for: each bucket's two ends (it got half: a trial)
     flat = _downsample(steps, [0.5] * 20_000, 5000)
     assert len(flat) == 4999 and flat[:4] == [0, 7, 8, 15]
+
+
+def _groups(rng: random.Random) -> list[list[float]]:
+    return [[float(rng.random() < p) for _ in range(4)] for p in (rng.random() for _ in range(6))]
+
+
+def test_the_served_downsampling_follows_the_stored_steps(api) -> None:  # noqa: ANN001
+    """End to end, both databases: `GET /metrics` chooses its points from the acr of the steps
+    as stored (on PostgreSQL read from `step_series`, packed 64 steps a row by a trigger), over
+    gaps, far steps, windows from negative steps, steps without an acr, an eval split, and
+    steps a resumed attempt took over with other groups; compared with the plain statement
+    over the full answer."""
+    rng = random.Random(7)
+    run = new_run(api, launch_id="first")
+    steps = sorted(rng.sample(range(550), 220)) + [10**12, 10**12 + 64]
+    records = [{"step": s, "groups": [] if s % 9 == 0 else _groups(rng)} for s in steps]
+    records.append({"step": 5, "split": "eval", "groups": _groups(rng)})
+    post_steps(api, run, records)
+    resumed = new_run(api, run_id=run["run_id"], launch_id="second")
+    taken = [{"step": s, "groups": _groups(rng)} for s in steps[100:160]]
+    post_steps(api, resumed, taken)
+    url = f"/api/v1/runs/{run['run_id']}/metrics"
+    for window in (
+        {},
+        {"from_step": -64, "to_step": 127},
+        {"from_step": 65, "to_step": 300},
+        {"from_step": -1, "to_step": 10**12},
+    ):
+        full = api.get(url, params={**window, "max_points": 10**6}).json()["points"]
+        full_steps, full_acrs = [p["step"] for p in full], [p["acr"] for p in full]
+        assert full_steps == [s for s in steps if _within(s, window)]
+        for max_points in (1, 2, 7, 40, 101):
+            got = api.get(url, params={**window, "max_points": max_points}).json()["points"]
+            want = reference(full_steps, full_acrs, max_points)
+            assert [p["step"] for p in got] == want, (window, max_points)
+    evaluation = api.get(url, params={"split": "eval", "max_points": 1}).json()["points"]
+    assert [p["step"] for p in evaluation] == [5]
+
+
+def _within(step: int, window: dict) -> bool:
+    return window.get("from_step", -(10**18)) <= step <= window.get("to_step", 10**18)

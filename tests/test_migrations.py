@@ -3,11 +3,12 @@ names runs by their new integer key; 0005 (group blocks) packs the groups of eac
 rank) into a block that ingest and the prompts view read as before; 0006 changes one built-in
 rule; 0007 stops SQLite reusing the ids of deleted rules, alerts and silences; 0008 adds when
 each launch began; 0009 widens a command's issued_by; 0010 has PostgreSQL compress group blocks
-with lz4; 0011 records the step of a run's latest ACR. All downgrade back; the newest builds
-the schema the models describe."""
+with lz4; 0011 records the step of a run's latest ACR; 0012 packs the ACR series on PostgreSQL.
+All downgrade back; the newest builds the schema the models describe."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 
 import pytest
@@ -258,4 +259,69 @@ def test_the_migrations_build_the_schema_the_models_describe(empty_database: str
     engine = create_engine(normalize_url(empty_database))
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+    engine.dispose()
+
+
+ACR_STEP_ROW = (
+    "INSERT INTO steps (run_id, split, step, attempt, first_seen_at, updated_at, world_size, "
+    "ranks, acc, effective_by_rank, scalars, n_groups, n_valid, n_collapsed, n_near_collapsed, "
+    "n_invalid, n_degenerate, wasted_rollouts, evaluated, acr) VALUES (:run, :split, :step, 1, "
+    "'2026-01-01 00:00:00+00:00', '2026-01-01 00:00:00+00:00', 1, '[]', '{}', '{}', '{}', "
+    "0, 0, 0, 0, 0, 0, 0, false, :acr)"
+)
+
+
+def _series(conn) -> dict:  # noqa: ANN001
+    """step_series decoded: {(run, split): {step: acr or None}} (absent slots left out)."""
+    from vantage.server.models import ACR_ABSENT, ACR_NULL, SERIES_SLOTS
+
+    out: dict = {}
+    for run, split, chunk, acrs in conn.execute(text("SELECT * FROM step_series")):
+        acrs = bytes(acrs)
+        for slot in range(SERIES_SLOTS):
+            value = acrs[8 * slot : 8 * slot + 8]
+            if value != ACR_ABSENT:
+                step = chunk * SERIES_SLOTS + slot
+                out.setdefault((run, split), {})[step] = (
+                    None if value == ACR_NULL else struct.unpack(">d", value)[0]
+                )
+    return out
+
+
+def test_step_series_packs_existing_steps_and_follows_new_ones(empty_database: str) -> None:
+    """0012 packs the (step, acr) of existing steps 64 to a row (PostgreSQL; SQLite gets the
+    table, empty); its trigger writes the slot of every step row inserted, or updated with
+    another acr, including negative steps, null acrs, and steps far apart."""
+    cfg = alembic_config(empty_database)
+    command.upgrade(cfg, "0011")
+    engine = create_engine(normalize_url(empty_database))
+    old = {-65: 0.25, -1: None, 0: 0.5, 63: 1.0, 64: 0.0, 130: 1 / 3, 2**40 + 5: 0.75}
+    with engine.begin() as conn:
+        conn.execute(text(KEYED_RUN), {"id": "r", "at": "2026-01-01 00:00:00+00:00"})
+        for step, acr in old.items():
+            conn.execute(
+                text(ACR_STEP_ROW), {"run": "r", "split": "train", "step": step, "acr": acr}
+            )
+        conn.execute(text(ACR_STEP_ROW), {"run": "r", "split": "eval", "step": 3, "acr": 0.125})
+    command.upgrade(cfg, "head")
+    postgres = engine.dialect.name == "postgresql"
+    with engine.begin() as conn:
+        if not postgres:
+            assert _series(conn) == {}
+        else:
+            assert _series(conn) == {("r", "train"): old, ("r", "eval"): {3: 0.125}}
+            conn.execute(
+                text(ACR_STEP_ROW), {"run": "r", "split": "train", "step": 66, "acr": None}
+            )
+            conn.execute(text("UPDATE steps SET acr = 0.875 WHERE step = 0"))
+            conn.execute(text("UPDATE steps SET acr = NULL WHERE step = 63"))
+            conn.execute(text("UPDATE steps SET attempt = 2 WHERE step = 64"))  # acr unchanged
+            want = old | {66: None, 0: 0.875, 63: None}
+            assert _series(conn) == {("r", "train"): want, ("r", "eval"): {3: 0.125}}
+            conn.execute(text("DELETE FROM runs"))
+            assert _series(conn) == {}
+    command.downgrade(cfg, "0011")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM steps")).scalar() == (0 if postgres else 8)
+    command.upgrade(cfg, "head")
     engine.dispose()

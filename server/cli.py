@@ -253,7 +253,25 @@ def _schema_or_explain(url: str) -> bool:
             "serve without --no-upgrade",
             file=sys.stderr,
         )
-    return present
+        return False
+    return _schema_current_or_explain(url)
+
+
+def _schema_current_or_explain(url: str) -> bool:
+    """`serve --no-upgrade` on a schema of another revision: refused, as this code's queries
+    need its own (on an older schema a read or write that needs a newer table or column would
+    fail with a 500, for every request of its kind)."""
+    from .db import safe_url
+    from .migrate import revisions
+
+    current, head = revisions(url)
+    if current != head:
+        print(
+            f"error: the schema at {safe_url(url)} is at revision {current}, this server needs "
+            f"{head}; run `vantage db upgrade` first, or serve without --no-upgrade",
+            file=sys.stderr,
+        )
+    return current == head
 
 
 def _has_schema(url: str) -> bool:

@@ -8,6 +8,7 @@ import vantage.migrations
 from alembic import command
 from alembic.config import Config
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 
 from .db import make_engine, normalize_url, wait_for_database
 
@@ -35,3 +36,14 @@ def upgrade(database_url: str) -> tuple[str | None, str | None]:
 def _revision(engine) -> str | None:  # noqa: ANN001
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+def revisions(database_url: str) -> tuple[str | None, str | None]:
+    """The database's schema revision (None without Vantage's schema) and the newest one this
+    code has; the database must exist."""
+    head = ScriptDirectory.from_config(alembic_config(database_url)).get_current_head()
+    engine = make_engine(database_url)
+    try:
+        return _revision(engine), head
+    finally:
+        engine.dispose()

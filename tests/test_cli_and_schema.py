@@ -222,6 +222,19 @@ def test_serve_no_upgrade_on_an_empty_database_says_so(tmp_path):
     assert not (tmp_path / "empty.db").exists()
 
 
+def test_serve_no_upgrade_on_an_older_schema_says_so(tmp_path):
+    """An older schema lacks what this code reads and writes (0012's `step_series`, say)."""
+    from alembic import command
+    from vantage.server.migrate import alembic_config, revisions
+
+    url = f"sqlite:///{tmp_path}/old.db"
+    command.upgrade(alembic_config(url), "0011")
+    proc = run_cli("serve", "--no-upgrade", "--port", "0", "--database-url", url, check=False)
+    assert proc.returncode == 1, proc.stderr
+    head = revisions(url)[1]
+    assert f"is at revision 0011, this server needs {head}; run `vantage db upgrade`" in proc.stderr
+
+
 def test_serve_stops_on_sigterm_within_10s(tmp_path):
     srv = start_server(f"sqlite:///{tmp_path}/s.db", tmp_path, "--insecure-no-auth")
     t0 = time.monotonic()

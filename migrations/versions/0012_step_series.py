@@ -68,9 +68,9 @@ def upgrade() -> None:
         return
     op.execute(PUT_SLOT)
     op.execute(TRIGGER)
-    rows = bind.execute(
-        sa.text("SELECT run_id, split, step, acr FROM steps ORDER BY run_id, split, step")
-    )
+    read = sa.text("SELECT run_id, split, step, acr FROM steps ORDER BY run_id, split, step")
+    # a server-side cursor: a database of millions of steps is not held in memory at once
+    rows = bind.execute(read.execution_options(stream_results=True, max_row_buffer=10_000))
     columns = ("run_id", "split", "chunk", "acrs")
     insert = sa.table("step_series", *map(sa.column, columns)).insert()
     batch = []

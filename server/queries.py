@@ -147,8 +147,8 @@ def _extremes(steps: np.ndarray, acrs: np.ndarray, max_points: int) -> list[int]
     buckets = max_points // 2  # n > max_points, so no bucket is empty
     starts = np.arange(buckets) * n // buckets
     bucket = np.repeat(np.arange(buckets), np.diff(starts, append=n))
-    lo = _first_hits(low == np.minimum.reduceat(low, starts)[bucket], bucket)
-    hi = _last_hits(high == np.maximum.reduceat(high, starts)[bucket], bucket)
+    lo = _hits(low == np.minimum.reduceat(low, starts)[bucket], bucket)
+    hi = _hits(high == np.maximum.reduceat(high, starts)[bucket], bucket, last=True)
     first, last = np.minimum(lo, hi), np.maximum(lo, hi)
     kept = np.stack([first, last], axis=1).ravel()
     keep = np.ones(kept.size, dtype=bool)
@@ -156,15 +156,12 @@ def _extremes(steps: np.ndarray, acrs: np.ndarray, max_points: int) -> list[int]
     return steps[kept[keep]].tolist()
 
 
-def _first_hits(hit: np.ndarray, bucket: np.ndarray) -> np.ndarray:
-    """The first position of each bucket where ``hit`` holds (every bucket has one)."""
+def _hits(hit: np.ndarray, bucket: np.ndarray, last: bool = False) -> np.ndarray:
+    """The first (``last``: the last) position of each bucket where ``hit`` holds (every bucket
+    has one)."""
     positions = np.flatnonzero(hit)
-    return positions[np.unique(bucket[positions], return_index=True)[1]]
-
-
-def _last_hits(hit: np.ndarray, bucket: np.ndarray) -> np.ndarray:
-    """The last position of each bucket where ``hit`` holds (every bucket has one)."""
-    positions = np.flatnonzero(hit)[::-1]
+    if last:
+        positions = positions[::-1]
     return positions[np.unique(bucket[positions], return_index=True)[1]]
 
 

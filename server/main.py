@@ -20,6 +20,7 @@ from vantage.client.schema import MAX_REQUEST_BYTES
 from . import alerts
 from .alert_worker import AlertWorker
 from .db import UNAVAILABLE, UNAVAILABLE_RETRY_AFTER_S, first_line, make_engine, session_factory
+from .models import run_not_found
 from .routes import (
     EXTRA_SCHEMAS,
     acr,
@@ -46,6 +47,9 @@ async def _data_error(request: Request, exc: DataError) -> JSONResponse:
     # The database refused a value the schema let through (e.g. a NUL byte in a JSON string on
     # PostgreSQL): the transaction was rolled back, so answer 422 rather than 500. An id in the
     # path that PostgreSQL cannot even compare names nothing that exists: 404, as on SQLite.
+    run_id = str(request.path_params.get("run_id", ""))
+    if "\x00" in run_id:  # the message SQLite's lookup gives
+        return JSONResponse({"detail": run_not_found(run_id)}, status_code=404)
     if any("\x00" in str(v) for v in request.path_params.values()):
         return JSONResponse({"detail": "not found (an id never contains NUL)"}, status_code=404)
     bad = [k for k, v in request.query_params.multi_items() if "\x00" in v]

@@ -26,7 +26,9 @@ depends_on: str | Sequence[str] | None = None
 SLOTS = 64
 NULL_HEX, ABSENT_HEX = "7ff8000000000000", "7ff0000000000001"  # as vantage.server.models
 
-# Sets the slot of NEW.step to its acr; a row's key (run, split, step) never changes.
+# Sets the slot of NEW.step to its acr (chunk step >> 6: 64 = 2**6); a row's key (run, split,
+# step) never changes, and step rows are deleted only with their run (the foreign key's cascade
+# deletes its series rows).
 PUT_SLOT = rf"""
 CREATE FUNCTION step_series_put() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE

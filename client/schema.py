@@ -474,6 +474,8 @@ class StepRecord(GroupsForm):
                 f"time must be a unix timestamp in seconds, from 0 to {MAX_TIME_S:g}; got "
                 f"{self.time!r}{hint}"
             )
+        if self.time == 0:
+            self.time = 0.0  # -0.0 read back as -0.0 (a trial)
         if self.world_size is not None and self.rank >= self.world_size:
             raise ValueError(
                 f"rank {self.rank} is outside world_size {self.world_size}; ranks are 0 to "

@@ -3,6 +3,7 @@ wire schema's group forms."""
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 import subprocess
@@ -489,3 +490,9 @@ def test_server_commands_name_the_missing_extra_on_a_client_only_install(argv):
         "error: this command needs the 'server' extra (missing: sqlalchemy); install it with: "
         "pip install 'vantage-rl[server]'"
     ), proc.stderr
+
+
+def test_a_record_time_of_minus_zero_is_zero():
+    """-0.0 is 0 seconds, and reads back as 0.0 (it read back as -0.0)."""
+    record = StepRecord(step=1, time=-0.0)
+    assert record.time == 0 and math.copysign(1.0, record.time) == 1.0

@@ -18,7 +18,9 @@ machine is quiet, and the ratio of their steady-state rates is printed. MLflow's
 count is checked in its database. Also measured, beside the ratio: the same points sent through
 MLflow's own client (``MlflowClient.log_batch`` with ``Metric`` entities, as a training script
 sends them; its overhead and connection pool are MLflow's), and for Vantage the latency of
-1,000-group batches from one sender and the read time of the metrics of a 20,000-step run.
+1,000-group batches from one sender and the read time of the metrics of a 20,000-step run;
+for both servers, the CPU time each round costs per group: this process, the server's processes
+and PostgreSQL's (`CpuMeter`).
 
     python benchmarks/ingest.py --quick      # under 5 minutes
 
@@ -305,6 +307,46 @@ def timed_round(
     return n / (time.perf_counter() - t0)
 
 
+def _cpu_seconds(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:  # exited meanwhile
+            continue
+        total += times.user + times.system
+    return total
+
+
+class CpuMeter:
+    """CPU time (user + system, µs per group) that a round costs each part of the machine: this
+    sending process, the server's process tree (its workers), and PostgreSQL's processes (the
+    server's backends and the database's background writers; one server runs at a time). On
+    two cores a server that spends less CPU per group is not always faster (a lock or a round
+    trip can leave a core idle), so both numbers are shown; the goal is the rate."""
+
+    PARTS = ("client", "server", "database")
+
+    def __init__(self, server: subprocess.Popen) -> None:
+        self.server = psutil.Process(server.pid)
+        self.client = psutil.Process()
+
+    def _now(self) -> tuple[float, float, float]:
+        server = [self.server, *self.server.children(recursive=True)]
+        database = [p for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres"]
+        return _cpu_seconds([self.client]), _cpu_seconds(server), _cpu_seconds(database)
+
+    def round(self, sender: _Sender, batches: list, concurrency: int, lockstep: bool) -> tuple:
+        """`timed_round`'s rate, and the CPU µs per group of each part."""
+        used = batches[: len(batches) - len(batches) % concurrency] if lockstep else batches
+        groups = sum(len(b) for b in used)
+        before = self._now()
+        rate = timed_round(sender, batches, concurrency, lockstep)
+        after = self._now()
+        parts = zip(self.PARTS, before, after, strict=True)
+        return rate, {k: 1e6 * (b - a) / groups for k, a, b in parts}
+
+
 def seed_run(url: str, steps: int) -> str:
     """A run of ``steps`` steps of 4 groups each; returns its id."""
     with httpx.Client(base_url=url, timeout=120) as client:
@@ -429,20 +471,26 @@ def main() -> None:
                 mlflow_.send(b, i)
                 stock.send(b, i)
         rates: dict[tuple[str, int], list[float]] = {}
+        cpu: dict[tuple[str, int], list[dict[str, float]]] = {}
+        meters = {"vantage": CpuMeter(procs[0]), "mlflow": CpuMeter(procs[1])}
         levels = sorted({args.concurrency, 1}, reverse=True)
         for r in range(rounds):  # alternating rounds, same batches for both
             vb = [make_groups(rng, args.batch, args.group_size) for _ in range(v_batches)]
             line = []
             for level in levels:
-                v = timed_round(vantage, vb, level, args.lockstep)
-                m = timed_round(mlflow_, vb[:m_batches], level, args.lockstep)
+                v, v_cpu = meters["vantage"].round(vantage, vb, level, args.lockstep)
+                m, m_cpu = meters["mlflow"].round(mlflow_, vb[:m_batches], level, args.lockstep)
                 k = timed_round(stock, vb[:m_batches], level, args.lockstep)
+                cpu.setdefault(("vantage", level), []).append(v_cpu)
+                cpu.setdefault(("mlflow", level), []).append(m_cpu)
                 rates.setdefault(("vantage", level), []).append(v)
                 rates.setdefault(("mlflow", level), []).append(m)
                 rates.setdefault(("stock", level), []).append(k)
                 line.append(
                     f"{level} sender{'s' if level > 1 else ''}: vantage {v:,.0f}, mlflow {m:,.0f} "
                     f"groups/s, ratio {v / m:.1f} (MLflow's own client {k:,.0f}, ratio {v / k:.1f})"
+                    f"; CPU µs/group vantage {sum(v_cpu.values()):.1f}, "
+                    f"mlflow {sum(m_cpu.values()):.0f}"
                 )
             print(f"round {r + 1}/{rounds}: " + "; ".join(line), flush=True)
 
@@ -484,6 +532,15 @@ def main() -> None:
         )
 
         median = {k: statistics.median(v) for k, v in rates.items()}
+        cpu_use = {
+            server: {
+                part: round(statistics.median(c[part] for c in cpu[(server, args.concurrency)]), 2)
+                for part in CpuMeter.PARTS
+            }
+            for server in ("vantage", "mlflow")
+        }
+        totals = {server: sum(cpu_use[server].values()) for server in ("vantage", "mlflow")}
+        cpu_use["ratio"] = round(totals["mlflow"] / totals["vantage"], 1)
         v, m = median[("vantage", args.concurrency)], median[("mlflow", args.concurrency)]
         v1, m1 = median[("vantage", 1)], median[("mlflow", 1)]
         k, k1 = median[("stock", args.concurrency)], median[("stock", 1)]
@@ -511,6 +568,7 @@ def main() -> None:
                     "batch_1000_p99_ms": round(p99, 1),
                     "metrics_20k_p50_ms": round(read["p50_ms"], 1),
                     "metrics_20k_vacuumed_p50_ms": round(vacuumed["p50_ms"], 1),
+                    "cpu_us_per_group": cpu_use,
                 }
             )
         )

@@ -150,7 +150,10 @@ class _PlacedSender(_Sender):
     land on one worker about half the time; that worker then runs both (about the one-sender
     rate, measured here for both servers) while the other idles. Many ranks spread evenly, as a
     load balancer would spread two; here each sender reconnects until its worker is one the
-    others use least. Both servers' senders are placed the same way."""
+    others use least. Both servers' senders are placed the same way, and placed again before
+    each round when the server closed a connection meanwhile: uvicorn closes a connection idle
+    for 5 s, as one server's are while the other's rounds run, and httpx's new connection went
+    to either worker (a third of one run's two-sender rounds ran at the one-sender rate)."""
 
     health = "/health"
 
@@ -160,18 +163,21 @@ class _PlacedSender(_Sender):
         self.port = int(url.rsplit(":", 1)[1])
         self.clients: list[httpx.Client] = []
         self.placement: list[int] = []  # the worker of each client
+        self.replaced = 0  # connections placed again (`prepare`)
 
     def client(self, sender: int) -> httpx.Client:
         while len(self.clients) <= sender:
-            self.clients.append(self._spread_client())
+            self.clients.append(self._spread_client(self.placement))
         return self.clients[sender]
 
-    def _spread_client(self) -> httpx.Client:
-        fair = -(-(len(self.clients) + 1) // self.workers)  # ceil: senders per worker
+    def _spread_client(self, others: list[int]) -> httpx.Client:
+        """A client whose connection is on a worker that ``others`` (the workers of the other
+        senders) use least; its worker is appended to `placement`."""
+        fair = -(-(len(others) + 1) // self.workers)  # ceil: senders per worker
         for _ in range(100):
             client = httpx.Client(base_url=self.url, timeout=60)
             worker = server_worker(client.get(self.health), self.port)
-            if self.placement.count(worker) < fair:
+            if others.count(worker) < fair:
                 self.placement.append(worker)
                 return client
             client.close()
@@ -179,7 +185,13 @@ class _PlacedSender(_Sender):
 
     def prepare(self, senders: int) -> None:
         for i in range(senders):
-            self.client(i)
+            worker = server_worker(self.client(i).get(self.health), self.port)
+            if worker != self.placement[i]:  # a new connection: the server closed the old one
+                self.clients[i].close()
+                others = self.placement[:i] + self.placement[i + 1 :]
+                self.clients[i] = self._spread_client(others)
+                self.placement[i] = self.placement.pop()
+                self.replaced += 1
 
     def post(self, sender: int, path: str, body: dict) -> httpx.Response:
         headers = {"content-type": "application/json"}
@@ -502,6 +514,11 @@ def main() -> None:
                 assert stored == sent.sent_points, f"mlflow stored {stored} of {sent.sent_points}"
                 print(f"mlflow stored all {stored} points sent to run {sent.run_id}", flush=True)
 
+        print(
+            "connections the servers closed between rounds, placed again: "
+            f"vantage {vantage.replaced}, mlflow {mlflow_.replaced}",
+            flush=True,
+        )
         # 1,000-group batch latency (Vantage), steady state
         lat = VantageSender(vurl, args.group_size)
         # p99 needs about 100 samples to be more than the maximum of a few (the quick run's is)

@@ -53,12 +53,18 @@ def initial_state(
     }
 
 
-def _latest(points: Sequence[dict]) -> dict | None:
-    if not points:
-        return None
-    p = points[-1]
+def _latest(points: Sequence[dict], previous: dict | None = None) -> dict | None:
+    """The latest values the cards show: those of the newest of ``points`` that has an ACR,
+    else ``previous`` (the cards' latest so far) if it has one, else the newest point. A step
+    of scalars only, or of invalid groups only, keeps the ACR last known, as the runs list and
+    the API's ``latest_acr`` do: the card read "—" at such a step (helper 67)."""
     keys = ("step", "acr", "acr_effective", "reward_mean", "pass_rate", "excess_acr")
-    return {k: p.get(k) for k in keys}
+    scored = next((p for p in reversed(points) if p.get("acr") is not None), None)
+    if scored is None:
+        if not points or (previous is not None and previous.get("acr") is not None):
+            return previous
+        scored = points[-1]
+    return {k: scored.get(k) for k in keys}
 
 
 def advance(state: dict[str, Any], points: Sequence[dict]) -> dict[str, Any]:
@@ -85,7 +91,7 @@ def advance(state: dict[str, Any], points: Sequence[dict]) -> dict[str, Any]:
     if len(acrs) == TAIL:
         s["volatility"] = sample_std(acrs)
     s["last_step"] = points[-1]["step"]
-    s["latest"] = _latest(points)
+    s["latest"] = _latest(points, s.get("latest"))
     return s
 
 

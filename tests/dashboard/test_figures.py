@@ -771,3 +771,22 @@ def test_a_command_acked_past_the_last_step_is_not_marked_yet():
     assert [(m["x0"], m["label"]["text"]) for m in marks] == [(5, "checkpoint")]
     later = figures.command_marks(timeline, last_step=1_000_000)
     assert [m["label"]["text"] for m in later] == ["temperature 3", "checkpoint"]
+
+
+def test_the_latest_acr_card_keeps_the_acr_of_the_newest_step_that_has_one():
+    """A step of scalars only (acr null) after step 10's 0.5: the card shows 0.50 at step 10,
+    as the API's latest_acr and latest_acr_step do, on the first load and on a live update."""
+    scalars_only = point(11, None, reward_mean=None)
+    first = kpis.initial_state({}, [point(9, 0.25), point(10, 0.5), scalars_only], False, 1)
+    card = {c["id"]: c for c in kpis.cards(first, {"group_size": 8})}["acr"]
+    assert (card["value"], card["sub"]) == ("0.50", "step 10")
+    live = kpis.advance(kpis.initial_state({}, [point(10, 0.5)], False, 1), [scalars_only])
+    card = {c["id"]: c for c in kpis.cards(live, {"group_size": 8})}["acr"]
+    assert (card["value"], card["sub"]) == ("0.50", "step 10")
+    newer = kpis.advance(live, [point(12, 0.75), point(13, None)])
+    card = {c["id"]: c for c in kpis.cards(newer, {"group_size": 8})}["acr"]
+    assert (card["value"], card["sub"]) == ("0.75", "step 12")
+    # no ACR at any step (every group invalid): the newest step, with no value
+    none = kpis.initial_state({}, [point(1, None), point(2, None)], False, 1)
+    card = {c["id"]: c for c in kpis.cards(none, {"group_size": 8})}["acr"]
+    assert (card["value"], card["sub"]) == ("—", "step 2")

@@ -201,6 +201,9 @@ def test_insecure_no_auth_refuses_public_host():
         ("VANTAGE_WEBHOOK_ALLOW", ",,,", "names no target"),
         ("VANTAGE_PUBLIC_URL", "notaurl", "must be an http:// or https:// URL"),
         ("VANTAGE_WEBHOOK_ALLOW", "10.0.0.0/33", "'10.0.0.0/33' is not a URL"),
+        # no request could carry it, so every scrape was a 401
+        ("VANTAGE_METRICS_TOKEN", " ", "a bearer token cannot be blank"),
+        ("VANTAGE_METRICS_TOKEN", "token ", "a bearer token cannot be blank or start or end"),
     ],
 )
 def test_a_bad_setting_is_one_line_naming_the_variable(tmp_path, variable, value, says):
@@ -210,7 +213,8 @@ def test_a_bad_setting_is_one_line_naming_the_variable(tmp_path, variable, value
     for command in (["serve", "--port", "0"], ["db", "upgrade"]):
         proc = run_cli(*command, "--database-url", url, env={variable: value}, check=False)
         assert proc.returncode == 2, proc.stderr
-        shown = "***" if variable == "VANTAGE_WEBHOOK_SECRET" else value  # a secret is not echoed
+        secret = variable in ("VANTAGE_WEBHOOK_SECRET", "VANTAGE_METRICS_TOKEN")
+        shown = "***" if secret else value  # a secret is not echoed
         assert proc.stderr.strip().startswith(f"error: {variable}='{shown}': {says}")
         assert len(proc.stderr.strip().splitlines()) == 1
 

@@ -1492,6 +1492,13 @@ def test_every_api_read_refuses_a_parameter_it_does_not_take(server, api):
             assert r.status_code == 422, (path, r.text)
             assert r.json()["detail"][0]["loc"] == ["query", name], r.text
             assert "given 2 times" in r.json()["detail"][0]["msg"]
+            # a NUL: PostgreSQL refused it (422) where SQLite matched nothing (200): helper 67
+            r = api.get(path, params={**own, name: f"{value}\x00"})
+            assert r.status_code == 422, (path, r.text)
+            assert r.json()["detail"][0]["loc"] == ["query", name], r.text
+            assert r.json()["detail"][0]["msg"] == "cannot contain NUL characters", r.text
+    r = api.get("/api/v1/runs", params={"project": "a\x00"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "project"], r.text
     csv = api.get(f"/api/v1/runs/{rid}/export.csv", params={"split": "eval"})
     assert csv.status_code == 200 and csv.text.count("\n") == 1  # the header: no eval steps
     assert api.get("/healthz", params={"probe": "1"}).status_code == 200

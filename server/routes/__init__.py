@@ -78,7 +78,8 @@ async def known_query_only(request: Request) -> None:
     name as pydantic's ``extra_forbidden`` at ``["query", name]``), as ``GET /runs`` and
     ``GET /alerts`` do with their filter models: ``prompts?sid=all_pass`` listed every side,
     ``export.csv?splt=eval`` every split (a trial). A parameter that takes one value and is
-    given several times is refused too (``?project=a&project=b`` answered project b's runs).
+    given several times is refused too (``?project=a&project=b`` answered project b's runs),
+    and so is a value with a NUL character, on every database.
     A route's parameters are those its OpenAPI operation lists; a route outside the schema is
     left alone. Async: no thread hop."""
     if request.method != "GET" or not request.query_params:
@@ -95,6 +96,10 @@ async def known_query_only(request: Request) -> None:
         elif len(values := request.query_params.getlist(name)) > 1 and not _many(known[name]):
             msg = f"given {len(values)} times; {name} takes one value"
             errors.append({"type": "repeated_parameter", "loc": ("query", name), "msg": msg})
+        elif any("\x00" in value for value in request.query_params.getlist(name)):
+            # PostgreSQL refused it (422) where SQLite matched nothing (200): helper 67
+            msg = "cannot contain NUL characters"
+            errors.append({"type": "value_error", "loc": ("query", name), "msg": msg})
     if errors:
         raise RequestValidationError(errors)
 

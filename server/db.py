@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import orjson
 from sqlalchemy import Engine, create_engine, event, text
@@ -61,9 +62,17 @@ def check_url(url: str) -> str:
     URL that does not parse or names another database (Vantage's queries and migrations are for
     those two)."""
     try:
+        urlsplit(url).port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        # SQLAlchemy said "invalid literal for int() with base 10: 'x'" (helper 67)
+        raise ValueError(
+            "has a port that is not a number from 0 to 65535: give "
+            "postgresql://USER@HOST:PORT/DATABASE"
+        ) from None
+    try:
         parsed = make_url(normalize_url(url))
         backend = parsed.get_backend_name()
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         raise ValueError(
             "is not a database URL: give sqlite:///PATH or postgresql://USER@HOST/DATABASE"
         ) from None

@@ -96,7 +96,10 @@ def test_keys_on_a_database_that_is_not_vantages_say_so_in_one_line(tmp_path):
                           # libpq took the user's database: the schema went into `postgres`
                           ("postgresql://u:pw@127.0.0.1:5432", "names no database"),
                           # a password in the query was echoed in clear (a trial)
-                          ("postgresql://u@h:5432?password=pw", "names no database")):  # fmt: skip
+                          ("postgresql://u@h:5432?password=pw", "names no database"),
+                          # "invalid literal for int() with base 10: 'x'" (helper 67)
+                          ("postgresql://u:pw@h:x/v", "a port that is not a number"),
+                          ("postgresql://u:pw@h:99999/v", "a port that is not")):  # fmt: skip
             out = run_cli(*command, "--database-url", url, check=False)
             assert out.returncode == 2 and says in out.stderr, out
             assert out.stderr.startswith("error: --database-url "), out.stderr

@@ -1099,7 +1099,7 @@ def test_an_id_with_nul_in_the_path_is_not_found(api, method):
     assert r.status_code == 404, r.text
 
 
-def test_unknown_api_routes_are_json_404_and_every_422_lists_its_errors(server, api):
+def test_unknown_api_routes_are_json_404_and_every_422_lists_its_errors(api):
     """Not the dashboard's HTML with 200 (a client's typo must not look like success)."""
     for method, path in [("GET", "/api/v1/nonexistent"), ("POST", "/api/v2/runs")]:
         r = api.request(method, path)

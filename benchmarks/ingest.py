@@ -167,19 +167,20 @@ class _PlacedSender(_Sender):
 
     def client(self, sender: int) -> httpx.Client:
         while len(self.clients) <= sender:
-            self.clients.append(self._spread_client(self.placement))
+            client, worker = self._spread_client(self.placement)
+            self.clients.append(client)
+            self.placement.append(worker)
         return self.clients[sender]
 
-    def _spread_client(self, others: list[int]) -> httpx.Client:
+    def _spread_client(self, others: list[int]) -> tuple[httpx.Client, int]:
         """A client whose connection is on a worker that ``others`` (the workers of the other
-        senders) use least; its worker is appended to `placement`."""
+        senders) use least, and that worker."""
         fair = -(-(len(others) + 1) // self.workers)  # ceil: senders per worker
         for _ in range(100):
             client = httpx.Client(base_url=self.url, timeout=60)
             worker = server_worker(client.get(self.health), self.port)
             if others.count(worker) < fair:
-                self.placement.append(worker)
-                return client
+                return client, worker
             client.close()
         raise RuntimeError(f"could not place a connection on a free worker of {self.url}")
 
@@ -189,8 +190,7 @@ class _PlacedSender(_Sender):
             if worker != self.placement[i]:  # a new connection: the server closed the old one
                 self.clients[i].close()
                 others = self.placement[:i] + self.placement[i + 1 :]
-                self.clients[i] = self._spread_client(others)
-                self.placement[i] = self.placement.pop()
+                self.clients[i], self.placement[i] = self._spread_client(others)
                 self.replaced += 1
 
     def post(self, sender: int, path: str, body: dict) -> httpx.Response:
@@ -291,6 +291,12 @@ class StockMlflowSender(MlflowSender):
         self.stock.log_batch(self.run_id, metrics=[Metric(*p) for p in points])
 
 
+def round_batches(batches: list, concurrency: int, lockstep: bool) -> list:
+    """The batches a round sends: in ``lockstep`` a whole number of steps (one batch per sender
+    each), so the last incomplete step is left out."""
+    return batches[: len(batches) - len(batches) % concurrency] if lockstep else batches
+
+
 def timed_round(
     sender: _Sender, batches: list[list[list[float]]], concurrency: int, lockstep: bool = False
 ) -> float:
@@ -298,8 +304,8 @@ def timed_round(
     its own client and an equal share of the batches. ``lockstep``: sender i sends its k-th
     batch as rank i of step k (of fresh steps), after every sender sent its batch of step k−1
     (ranks meet at each step's gradient all-reduce)."""
+    batches = round_batches(batches, concurrency, lockstep)
     if lockstep:
-        batches = batches[: len(batches) - len(batches) % concurrency]
         first = sender.reserve_steps(len(batches) // concurrency)
         barrier = threading.Barrier(concurrency)
 
@@ -350,8 +356,7 @@ class CpuMeter:
 
     def round(self, sender: _Sender, batches: list, concurrency: int, lockstep: bool) -> tuple:
         """`timed_round`'s rate, and the CPU µs per group of each part."""
-        used = batches[: len(batches) - len(batches) % concurrency] if lockstep else batches
-        groups = sum(len(b) for b in used)
+        groups = sum(len(b) for b in round_batches(batches, concurrency, lockstep))
         before = self._now()
         rate = timed_round(sender, batches, concurrency, lockstep)
         after = self._now()

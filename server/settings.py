@@ -110,7 +110,7 @@ class Settings(BaseSettings):
     def _metrics_token(cls, value: str | None) -> str | None:
         # `/metrics` strips the bearer token it is sent: a blank one, or one with blanks at
         # either end, matched no request, and every scrape was a 401 (helper 67)
-        if value is not None and (not value.strip() or value != value.strip()):
+        if value is not None and value != value.strip():
             raise ValueError(
                 "a bearer token cannot be blank or start or end with blanks (leave it unset for "
                 "an open /metrics)"

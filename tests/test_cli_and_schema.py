@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 from vantage.client.schema import RawGroup, StatsGroup, StepRecord
+from vantage.server.settings import SECRET_SETTINGS
 
 from .conftest import VANTAGE, create_key, new_run, post_steps, run_cli, start_server
 
@@ -216,7 +217,7 @@ def test_a_bad_setting_is_one_line_naming_the_variable(tmp_path, variable, value
     for command in (["serve", "--port", "0"], ["db", "upgrade"]):
         proc = run_cli(*command, "--database-url", url, env={variable: value}, check=False)
         assert proc.returncode == 2, proc.stderr
-        secret = variable in ("VANTAGE_WEBHOOK_SECRET", "VANTAGE_METRICS_TOKEN")
+        secret = variable.removeprefix("VANTAGE_").lower() in SECRET_SETTINGS
         shown = "***" if secret else value  # a secret is not echoed
         assert proc.stderr.strip().startswith(f"error: {variable}='{shown}': {says}")
         assert len(proc.stderr.strip().splitlines()) == 1

@@ -84,6 +84,8 @@ class IngestResult:
     step_rows: list[Any] = field(default_factory=list)
     older_unevaluated: list[Any] = field(default_factory=list)
     candidates: list[Any] = field(default_factory=list)
+    # step_rows and older_unevaluated hold every unevaluated step row of the run
+    knows_unevaluated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -549,7 +551,13 @@ def store_batch(
     if not batch.records:
         return
     keys = sorted({(rec.split, rec.step) for rec in batch.records})
-    step_rows, unevaluated = _step_rows(session, run, batch.attempt, keys)
+    if _all_new(run, keys):
+        now = utcnow()
+        step_rows = {k: _new_step_row(run, *k, batch.attempt, now) for k in keys}
+        unevaluated: list[SimpleNamespace] = []
+    else:
+        step_rows, unevaluated = _step_rows(session, run, batch.attempt, keys)
+    result.knows_unevaluated = True
     if not groups_stored:
         stored_steps = {k for k, row in step_rows.items() if row.id is not None}
         store_groups(session, run.key, batch.attempt, classified, result, stored_steps)
@@ -566,11 +574,42 @@ def store_batch(
         result.steps.append(step_answer(row))
         result.touched.append(key)
     _update_run_state(run, touched_rows, batch)
+    run.newest_steps = _newest_steps(run.newest_steps, keys)
     run.eval_progress = drop_stale_windows(run.eval_progress, moved)
     result.step_rows = list(step_rows.values())
     result.older_unevaluated = [r for r in unevaluated if (r.split, r.step) not in step_rows]
     result.candidates = [r for r in result.step_rows if not r.evaluated]
     result.candidates += result.older_unevaluated
+
+
+def _all_new(run: RunState, keys: list[tuple[str, int]]) -> bool:
+    """Whether the run has no step row of any of ``keys`` (split, step), nor an unevaluated
+    one: then `_step_rows` would read nothing, and is skipped. The run's `newest_steps` and
+    `has_unevaluated`, read under its lock, tell; ingest is the only writer of step rows, and
+    keeps them (`_newest_steps`, `note_unevaluated`)."""
+    newest = run.newest_steps
+    if run.has_unevaluated or newest is None:
+        return False
+    return all(split not in newest or step > newest[split] for split, step in keys)
+
+
+def _newest_steps(newest: dict[str, int] | None, keys: list[tuple[str, int]]) -> dict | None:
+    """The run's `newest_steps` once rows of ``keys`` exist (None stays: not known)."""
+    if newest is None:
+        return None
+    out = dict(newest)
+    for split, step in keys:
+        out[split] = max(step, out.get(split, step))
+    return out
+
+
+def note_unevaluated(run: RunState, result: IngestResult) -> None:
+    """Set the run's `has_unevaluated` from what the batch's transaction left unevaluated: the
+    batch's step rows and the run's other unevaluated ones, which `store_batch` read (or knew
+    there were none). Call after alert evaluation flagged the rows it took."""
+    if result.knows_unevaluated:
+        rows = (*result.step_rows, *result.older_unevaluated)
+        run.has_unevaluated = any(not r.evaluated for r in rows)
 
 
 def _window_inputs(row: Any) -> tuple:

@@ -47,6 +47,9 @@ STATE_COLUMNS = (
     "latest_acr_step",
     "mitigation_reported",
     "eval_progress",
+    "newest_steps",
+    "has_unevaluated",
+    "alert_epoch",
 )
 # The columns of those that ingest and alert evaluation change (`save_run_state`).
 CHANGED_COLUMNS = (
@@ -56,6 +59,8 @@ CHANGED_COLUMNS = (
     "latest_acr_step",
     "mitigation_reported",
     "eval_progress",
+    "newest_steps",
+    "has_unevaluated",
 )
 
 
@@ -93,6 +98,7 @@ _SAVE = (
     update(RUNS)
     .where(RUNS.c.id == bindparam("run_id"))
     .values({c: bindparam(c, type_=_null_as_null(RUNS.c[c].type)) for c in CHANGED_COLUMNS})
+    .returning(RUNS.c.alert_epoch)
 )
 
 
@@ -164,6 +170,9 @@ def _locked(row: Row | None) -> LockedRun:
 
 
 def save_run_state(session: Session, run: RunState) -> None:
-    """Write the `CHANGED_COLUMNS` of a run read by `run_lock` (the caller holds the lock)."""
+    """Write the `CHANGED_COLUMNS` of a run read by `run_lock` (the caller holds the lock),
+    and read back its `alert_epoch`, which the transaction's writes of alert states moved on."""
     params = {c: getattr(run, c) for c in CHANGED_COLUMNS}
-    session.connection().execute(_SAVE, {"run_id": run.id, **params})
+    epoch = session.connection().execute(_SAVE, {"run_id": run.id, **params}).scalar()
+    if epoch is not None:
+        run.alert_epoch = epoch

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     text,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -116,6 +117,16 @@ class Run(Base):
     # Per split, [step, attempt] of the step alert rules last took (server/alerts.py): a step
     # at or before it from the same or an older attempt is a straggler.
     eval_progress: Mapped[dict[str, Any] | None]
+    # What ingest knows of the run's step rows, so that a batch of steps the run has no row for
+    # skips reading them (`vantage.server.ingest.store_batch`): per split, the highest step that
+    # has a row (None: not known, so every batch reads, as for a run made without
+    # `create_or_resume_run`); and whether any step row may be unevaluated.
+    newest_steps: Mapped[dict[str, Any] | None]
+    has_unevaluated: Mapped[bool] = mapped_column(default=True, server_default=true())
+    # Moved on by triggers (migration 0013) whenever a rule that may apply to the run changes,
+    # or one of the run's alert states: evaluation keeps a run's rules and states in the process
+    # while its epoch stays (`vantage.server.alerts.ALERT_CONFIG`).
+    alert_epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class Launch(Base):

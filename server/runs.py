@@ -119,6 +119,8 @@ def create_or_resume_run(
             heartbeat_s=body.heartbeat_s,
             mitigation_mode=default_mode,
             attempt=1,
+            newest_steps={},  # no step rows yet, and so none unevaluated
+            has_unevaluated=False,
         )
         session.add(run)
         session.flush()  # the run row first: launches reference it

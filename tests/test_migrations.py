@@ -3,7 +3,8 @@ names runs by their new integer key; 0005 (group blocks) packs the groups of eac
 rank) into a block that ingest and the prompts view read as before; 0006 changes one built-in
 rule; 0007 stops SQLite reusing the ids of deleted rules, alerts and silences; 0008 adds when
 each launch began; 0009 widens a command's issued_by; 0010 has PostgreSQL compress group blocks
-with lz4; 0011 records the step of a run's latest ACR; 0012 packs the ACR series on PostgreSQL.
+with lz4; 0011 records the step of a run's latest ACR; 0012 packs the ACR series on PostgreSQL;
+0013 records each run's newest steps and adds the triggers that move its alert epoch.
 All downgrade back; the newest builds the schema the models describe."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
+import orjson
 import pytest
 from alembic import command
 from sqlalchemy import create_engine, text
@@ -324,4 +326,42 @@ def test_step_series_packs_existing_steps_and_follows_new_ones(empty_database: s
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM steps")).scalar() == (0 if postgres else 8)
     command.upgrade(cfg, "head")
+    engine.dispose()
+
+
+def test_runs_learn_their_newest_steps_and_follow_rule_and_state_changes(empty_database) -> None:
+    """0013 gives each run the highest step of each split that has a row (an empty object to a
+    run without steps), marks every run as maybe holding unevaluated steps, and installs the
+    triggers that move a run's alert epoch when a rule that may apply to it, or one of its
+    states, changes."""
+    cfg = alembic_config(empty_database)
+    command.upgrade(cfg, "0012")
+    engine = create_engine(normalize_url(empty_database))
+    with engine.begin() as conn:
+        for key, run in enumerate(("stepped", "empty"), 1):
+            keyed = KEYED_RUN.replace("VALUES (1,", f"VALUES ({key},")
+            conn.execute(text(keyed), {"id": run, "at": "2026-01-01 00:00:00+00:00"})
+        for split, step in (("train", 3), ("train", 9), ("eval", -2)):
+            conn.execute(
+                text(ACR_STEP_ROW), {"run": "stepped", "split": split, "step": step, "acr": 0.5}
+            )
+    command.upgrade(cfg, "head")
+    epochs = text("SELECT id, alert_epoch FROM runs ORDER BY id")
+    with engine.begin() as conn:
+        rows = conn.execute(text("SELECT id, newest_steps, has_unevaluated FROM runs")).all()
+        newest = {run: orjson.loads(n) if isinstance(n, str) else n for run, n, _ in rows}
+        assert newest == {"stepped": {"train": 9, "eval": -2}, "empty": {}}
+        assert all(bool(flag) for *_, flag in rows)
+        before = dict(conn.execute(epochs).all())
+        conn.execute(text("UPDATE alert_rules SET threshold = threshold WHERE name = 'acr_stall'"))
+        after = dict(conn.execute(epochs).all())
+        assert all(after[run] > before[run] for run in before)
+        rule = conn.execute(text("SELECT id FROM alert_rules WHERE name = 'acr_stall'")).scalar()
+        state = "INSERT INTO alert_states (rule_id, run_id, streak, clear_streak) VALUES "
+        conn.execute(text(state + "(:r, 'empty', 1, 0)"), {"r": rule})
+        moved = dict(conn.execute(epochs).all())
+        assert moved == {"stepped": after["stepped"], "empty": after["empty"] + 1}
+    command.downgrade(cfg, "0012")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM runs")).scalar() == 2
     engine.dispose()

@@ -15,7 +15,7 @@ from vantage.client.schema import (
     StepsBatch,
 )
 
-from ..alerts import EvaluationFailed, Outcome
+from ..alerts import EvaluationFailed, Outcome, remember_config
 from ..commands import deliver_commands
 from ..deps import IngestKey, authorized
 from ..ingest import (
@@ -26,6 +26,7 @@ from ..ingest import (
     UnknownAttemptError,
     classify_batch,
     forget_run,
+    note_unevaluated,
     run_info,
     store_batch,
     store_groups,
@@ -163,8 +164,10 @@ def _ingest_once(state, run_id, batch, key, evaluate: bool) -> dict:  # noqa: AN
                     and (locked.has_open_commands or outcome.issued)
                 ):
                     commands = deliver_commands(session, run_id)
+                note_unevaluated(run, result)
                 save_run_state(session, run)
                 session.commit()
+                remember_config(session)
         except IngestError as exc:
             raise HTTPException(422, exc.detail) from exc
         except UnknownAttemptError as exc:

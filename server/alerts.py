@@ -267,11 +267,11 @@ class Evaluator:
     ) -> Outcome:
         """Evaluate the steps of ``run`` that the batch made evaluable, inside the ingest
         transaction (the caller holds the run's lock and commits). ``write`` stores ingest's
-        step rows; it is called once their evaluated flags are set, before anything is read.
-        Raises EvaluationFailed when evaluation fails: the caller then stores the batch alone
-        (it is never lost to an alert error) and the periodic pass evaluates later."""
+        step rows; it is called, once their evaluated flags are set, before evaluation reads
+        steps, if it does (else the caller writes them after). Raises EvaluationFailed when
+        evaluation fails: the caller then stores the batch alone (it is never lost to an
+        alert error) and the periodic pass evaluates later."""
         if not result.touched:
-            write()
             return Outcome()
         try:
             outcome = evaluate_locked(
@@ -406,18 +406,19 @@ def evaluate_locked(
     before_reads: Callable[[], None] | None = None,
 ) -> Outcome:
     """Evaluate, in step order, every evaluable step among ``candidates`` (the run's unevaluated
-    steps, of some splits at least: ORM rows, or ingest's plain rows that ``before_reads``
-    writes once their evaluated flags are set), and the run's `stale` rules (all of them when
-    ``stale``, else only open episodes, which fresh data resolves). The caller holds the run's
-    lock and commits."""
+    steps, of some splits at least: ORM rows, or ingest's plain rows), and the run's `stale`
+    rules (all of them when ``stale``, else only open episodes, which fresh data resolves). The
+    caller holds the run's lock and commits. ``before_reads`` writes ingest's rows, whose
+    evaluated flags are set by then: it is called before evaluation reads any step from the
+    database, if it does (in the steady state it reads none, and ingest writes the rows with
+    the run's state, in one statement: `vantage.server.ingest.save_steps_and_run`)."""
     now = utcnow()
     with session.no_autoflush:  # the evaluated flags go out with ingest's own writes
         rows = evaluable_steps(session, run, candidates, now, settings.step_complete_after_s)
         mark_evaluated(rows)
         progress = dict(run.eval_progress or {})
         rows, replays = _in_order(progress, rows)
-    if before_reads is not None:
-        before_reads()
+    before_reads = before_reads or _nothing
     if not rows and not stale and not _open_stale_episode(session, run.id):
         return Outcome()  # e.g. one rank of several: nothing to evaluate yet
     ctx = _Context(session, run, settings, now)
@@ -431,9 +432,12 @@ def evaluate_locked(
     for split in sorted({r.split for r in rows}):
         needs = {r.metric for r in step_rules if r.split == split}
         split_rows = [r for r in rows if r.split == split]
-        series[split], progress[split] = _walk(session, run, split_rows, needs, progress.get(split))
+        last = progress.get(split)
+        series[split], progress[split] = _walk(session, run, split_rows, needs, last, before_reads)
     if rows:
         run.eval_progress = progress
+    if replays:
+        before_reads()
     with session.no_autoflush:  # one flush at commit, not one per query
         rewinds = {i: _steps_between(session, run.id, rows[i], s) for i, s in replays.items()}
         for i, row in enumerate(rows):
@@ -537,8 +541,17 @@ def _steps_between(session: Session, run_id: str, row: Step, last: int) -> int:
     return int(session.scalar(q) or 0)
 
 
+def _nothing() -> None:
+    pass
+
+
 def _walk(
-    session: Session, run: RunState, rows: list[Step], needs: set[str], last: list[Any] | None
+    session: Session,
+    run: RunState,
+    rows: list[Step],
+    needs: set[str],
+    last: list[Any] | None,
+    before_reads: Callable[[], None],
 ) -> tuple[dict[int, dict[str, float | None]], list[Any]]:
     """Window values at a split's taken ``rows`` (in step order), and the split's new progress
     entry ``[step, attempt, frontier, window]``: the step the rules took last and its attempt,
@@ -548,7 +561,7 @@ def _walk(
     frontier: a resumed run replaying earlier steps moves the step back, leaving the old
     attempt's later rows in the view) and the rows follow it; every step row between them is
     then among ``rows``, as steps are evaluated in step order. Otherwise the window is read
-    again from the database, if a rule needs it."""
+    again from the database, if a rule needs it (after ``before_reads``)."""
     start = None
     if last is not None and len(last) > 3 and last[0] == last[2] and rows[0].step > last[0]:
         start = Window.load(last[3])
@@ -556,6 +569,7 @@ def _walk(
     if start is not None:
         values = start.walk(rows, needs & SERIES_METRICS, (run.reward_min, run.reward_max))
         return values, [step, attempt, step, start.dump()]
+    before_reads()
     frontier = max(step, evaluated_frontier(session, run.id, rows[0].split))
     if not needs & SERIES_METRICS:
         return {}, [step, attempt, frontier]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import JSON, Row, bindparam, exists, func, select, text, true, update
+from sqlalchemy import JSON, Executable, Row, bindparam, exists, func, select, text, true, update
 from sqlalchemy.orm import Session
 
 from .commands import OPEN_STATES
@@ -94,7 +94,7 @@ _READ_PG = _READ.select_from(RUNS.join(_RULES_READ, true()))
 _READ_FOR_UPDATE = _READ_PG.with_for_update(of=RUNS)
 _READ_FOR_UPDATE_NOWAIT = _READ_PG.with_for_update(of=RUNS, nowait=True)
 _TOUCH = update(RUNS).where(RUNS.c.id == bindparam("run_id")).values(attempt=RUNS.c.attempt)
-_SAVE = (
+SAVE_RUN_STATE = (
     update(RUNS)
     .where(RUNS.c.id == bindparam("run_id"))
     .values({c: bindparam(c, type_=_null_as_null(RUNS.c[c].type)) for c in CHANGED_COLUMNS})
@@ -169,10 +169,16 @@ def _locked(row: Row | None) -> LockedRun:
     return LockedRun(SimpleNamespace(**fields), has_open)
 
 
-def save_run_state(session: Session, run: RunState) -> None:
+def save_run_state(
+    session: Session,
+    run: RunState,
+    statement: Executable = SAVE_RUN_STATE,
+    params: dict[str, Any] | None = None,
+) -> None:
     """Write the `CHANGED_COLUMNS` of a run read by `run_lock` (the caller holds the lock),
-    and read back its `alert_epoch`, which the transaction's writes of alert states moved on."""
-    params = {c: getattr(run, c) for c in CHANGED_COLUMNS}
-    epoch = session.connection().execute(_SAVE, {"run_id": run.id, **params}).scalar()
+    and read back its `alert_epoch`, which the transaction's writes of alert states moved on.
+    ``statement``: `SAVE_RUN_STATE`, or it with more work that takes ``params``."""
+    state = {"run_id": run.id, **{c: getattr(run, c) for c in CHANGED_COLUMNS}}
+    epoch = session.connection().execute(statement, state | (params or {})).scalar()
     if epoch is not None:
         run.alert_epoch = epoch

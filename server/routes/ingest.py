@@ -4,8 +4,6 @@ faster still with orjson first (`parse_steps`)."""
 
 from __future__ import annotations
 
-from functools import partial
-
 import orjson
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -23,16 +21,17 @@ from ..ingest import (
     IngestError,
     IngestResult,
     RunInfo,
+    StepWrites,
     UnknownAttemptError,
     classify_batch,
     forget_run,
     note_unevaluated,
     run_info,
+    save_steps_and_run,
     store_batch,
     store_groups,
-    write_step_rows,
 )
-from ..locks import run_lock, save_run_state
+from ..locks import run_lock
 from ..models import run_not_found
 from ..telemetry import count_ingest
 from . import json_response, parse_body, raw_body_openapi, read_body
@@ -147,12 +146,10 @@ def _ingest_once(state, run_id, batch, key, evaluate: bool) -> dict:  # noqa: AN
                 if RunInfo.of(run) != info:
                     raise StaleRunInfo(run_id)
                 store_batch(session, run, batch, classified, result, groups_stored=early)
-                write = partial(write_step_rows, session, result)
+                writes = StepWrites(session, result)
                 outcome = Outcome()
                 if evaluate:
-                    outcome = state.evaluator.after_ingest(session, run, result, write)
-                else:
-                    write()
+                    outcome = state.evaluator.after_ingest(session, run, result, writes)
                 commands = []
                 newest = run.attempt
                 # a superseded launch still sending (a zombie) must not take the commands meant
@@ -165,7 +162,7 @@ def _ingest_once(state, run_id, batch, key, evaluate: bool) -> dict:  # noqa: AN
                 ):
                     commands = deliver_commands(session, run_id)
                 note_unevaluated(run, result)
-                save_run_state(session, run)
+                save_steps_and_run(session, run, writes)
                 session.commit()
                 remember_config(session)
         except IngestError as exc:

@@ -187,16 +187,24 @@ def test_group_blocks_are_compressed_with_lz4_on_postgresql(empty_database: str)
     engine.dispose()
 
 
+def _runs_at(url: str, revision: str, *run_ids: str):  # noqa: ANN202
+    """Upgrade an empty database to ``revision`` and add runs (keys 1, 2, ...); returns the
+    Alembic config and an engine."""
+    cfg = alembic_config(url)
+    command.upgrade(cfg, revision)
+    engine = create_engine(normalize_url(url))
+    with engine.begin() as conn:
+        for key, run in enumerate(run_ids, 1):
+            keyed = KEYED_RUN.replace("VALUES (1,", f"VALUES ({key},")
+            conn.execute(text(keyed), {"id": run, "at": "2026-01-01 00:00:00+00:00"})
+    return cfg, engine
+
+
 def test_the_step_of_a_latest_acr_is_the_runs_last_step(empty_database: str) -> None:
     """0011 gives a run that has a latest ACR its last step as the ACR's step (what ingest
     compared with before), and none to a run without one."""
-    cfg = alembic_config(empty_database)
-    command.upgrade(cfg, "0010")
-    engine = create_engine(normalize_url(empty_database))
+    cfg, engine = _runs_at(empty_database, "0010", "measured", "unmeasured")
     with engine.begin() as conn:
-        for key, run in enumerate(("measured", "unmeasured"), 1):
-            keyed = KEYED_RUN.replace("VALUES (1,", f"VALUES ({key},")
-            conn.execute(text(keyed), {"id": run, "at": "2026-01-01 00:00:00+00:00"})
         conn.execute(text("UPDATE runs SET last_step = 7"))
         conn.execute(text("UPDATE runs SET latest_acr = 0.5 WHERE id = 'measured'"))
     command.upgrade(cfg, "head")
@@ -334,13 +342,8 @@ def test_runs_learn_their_newest_steps_and_follow_rule_and_state_changes(empty_d
     run without steps), marks every run as maybe holding unevaluated steps, and installs the
     triggers that move a run's alert epoch when a rule that may apply to it, or one of its
     states, changes."""
-    cfg = alembic_config(empty_database)
-    command.upgrade(cfg, "0012")
-    engine = create_engine(normalize_url(empty_database))
+    cfg, engine = _runs_at(empty_database, "0012", "stepped", "empty")
     with engine.begin() as conn:
-        for key, run in enumerate(("stepped", "empty"), 1):
-            keyed = KEYED_RUN.replace("VALUES (1,", f"VALUES ({key},")
-            conn.execute(text(keyed), {"id": run, "at": "2026-01-01 00:00:00+00:00"})
         for split, step in (("train", 3), ("train", 9), ("eval", -2)):
             conn.execute(
                 text(ACR_STEP_ROW), {"run": "stepped", "split": split, "step": step, "acr": 0.5}

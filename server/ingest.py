@@ -406,6 +406,20 @@ _READ_STEPS = union_all(
     select(STEPS).where(STEPS.c.run_id == bindparam("run_id"), STEPS.c.evaluated == false()),
 )
 _INSERT_STEP = insert(STEPS)
+# The run's newest training step below ``below`` that has an ACR, as stored: the caller leaves
+# out the batch's steps that now have none (their stored rows are about to be replaced).
+_NEWEST_MEASURED = (
+    select(STEPS.c.step, STEPS.c.acr)
+    .where(
+        STEPS.c.run_id == bindparam("run_id"),
+        STEPS.c.split == "train",
+        STEPS.c.acr.is_not(None),
+        STEPS.c.step < bindparam("below"),
+        STEPS.c.step.not_in(bindparam("unmeasured", expanding=True)),
+    )
+    .order_by(STEPS.c.step.desc())
+    .limit(1)
+)
 _UPDATE_STEP = update(STEPS).where(STEPS.c.id == bindparam("row_id"))
 
 
@@ -618,7 +632,7 @@ def store_batch(
                 moved.append(key)
         result.steps.append(step_answer(row))
         result.touched.append(key)
-    _update_run_state(run, touched_rows, batch)
+    _update_run_state(session, run, touched_rows, batch)
     run.newest_steps = _newest_steps(run.newest_steps, keys)
     run.eval_progress = drop_stale_windows(run.eval_progress, moved)
     result.step_rows = list(step_rows.values())
@@ -662,7 +676,7 @@ def _window_inputs(row: Any) -> tuple:
     return row.acr, row.n_collapsed, row.n_valid, row.reward_mean
 
 
-def _update_run_state(run: RunState, rows: list[Any], batch: StepsBatch) -> None:
+def _update_run_state(session: Session, run: RunState, rows: list[Any], batch: StepsBatch) -> None:
     run.last_seen_at = utcnow()
     train = [r for r in rows if r.split == "train"]
     newest_step = max((r.step for r in train), default=None)
@@ -671,7 +685,16 @@ def _update_run_state(run: RunState, rows: list[Any], batch: StepsBatch) -> None
     # The ACR of the run's newest step that has one: a step with no valid group (scalars
     # only, or every group invalid) keeps the ACR last known, also when it comes in one batch
     # with the step before it, and a late rank's groups for that step still update it (the
-    # runs list showed none, or an older step's: trials).
+    # runs list showed none, or an older step's: trials). A newer attempt that takes that step
+    # over without an ACR hands it to the newest step below that has one (the runs list kept
+    # the replaced ACR: a trial).
+    if any(r.step == run.latest_acr_step and r.acr is None for r in train):
+        unmeasured = [r.step for r in train if r.acr is None]
+        found = session.connection().execute(
+            _NEWEST_MEASURED,
+            {"run_id": run.id, "below": run.latest_acr_step, "unmeasured": unmeasured},
+        )
+        run.latest_acr_step, run.latest_acr = found.one_or_none() or (None, None)
     measured = [r for r in train if r.acr is not None]
     if measured:
         newest = max(measured, key=lambda r: r.step)

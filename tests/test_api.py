@@ -1563,3 +1563,38 @@ def test_latest_acr_is_that_of_the_newest_step_that_has_one(api):
         assert api.post(f"/api/v1/runs/{ranks}/steps", json=batch).is_success
     run = api.get(f"/api/v1/runs/{ranks}").json()
     assert (run["last_step"], run["latest_acr"], run["latest_acr_step"]) == (6, 0.75, 5), run
+
+
+def test_a_newer_attempt_that_takes_the_latest_acrs_step_over_without_one_hands_it_down(api):
+    """A relaunch that repeats the step the run's latest ACR came from, with scalars only or
+    invalid groups only, leaves that step without an ACR: the latest ACR is then the newest
+    step's below that still has one (the runs list kept the replaced ACR: a trial)."""
+    run_id = str(uuid.uuid4())
+    body = {"run_id": run_id, "name": "relaunch", "launch_id": "a"}
+    assert api.post("/api/v1/runs", json=body).status_code == 201
+    live, collapsed = [0, 1, 0, 1], [1, 1, 1, 1]
+    records = [
+        {"step": 1, "groups": [collapsed, live]},
+        {"step": 2, "groups": [collapsed, live, live, live]},
+        {"step": 3, "groups": [collapsed, collapsed]},
+    ]
+    assert api.post(f"/api/v1/runs/{run_id}/steps", json={"attempt": 1, "records": records})
+    run = api.get(f"/api/v1/runs/{run_id}").json()
+    assert (run["latest_acr"], run["latest_acr_step"]) == (1.0, 3)
+    for launch, records, expected in (
+        ("b", [{"step": 3, "scalars": {"loss": 1.0}}], (0.25, 2)),
+        # the batch's own step 2 without an ACR too, and step 1 taken over with a new one
+        (
+            "b",
+            [{"step": 2, "groups": [[None, 1]]}, {"step": 1, "groups": [live, live]}],
+            (0.0, 1),
+        ),
+        ("c", [{"step": 1, "groups": [[1]]}], (None, None)),  # degenerate: none is left
+        ("c", [{"step": 4, "groups": [collapsed, live]}], (0.5, 4)),
+    ):
+        attempt = api.post("/api/v1/runs", json=body | {"launch_id": launch}).json()["attempt"]
+        batch = {"attempt": attempt, "records": records}
+        r = api.post(f"/api/v1/runs/{run_id}/steps", json=batch)
+        assert r.status_code == 200, r.text
+        run = api.get(f"/api/v1/runs/{run_id}").json()
+        assert (run["latest_acr"], run["latest_acr_step"]) == expected, (records, run)

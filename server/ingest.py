@@ -84,8 +84,6 @@ class IngestResult:
     step_rows: list[Any] = field(default_factory=list)
     older_unevaluated: list[Any] = field(default_factory=list)
     candidates: list[Any] = field(default_factory=list)
-    # step_rows and older_unevaluated hold every unevaluated step row of the run
-    knows_unevaluated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,22 +425,11 @@ def _step_rows(
     session: Session, run: RunState, attempt: int, keys: list[tuple[str, int]]
 ) -> tuple[dict[tuple[str, int], SimpleNamespace], list[SimpleNamespace]]:
     """The step rows of ``keys`` (new ones made up, id None), and every unevaluated step row of
-    the run, read together, as plain objects with the columns as attributes. The caller holds
-    the run's lock (`vantage.server.locks.run_lock`), so no other writer touches them; it
-    writes them back with `write_step_rows`."""
-    by_id: dict[int, SimpleNamespace] = {}  # a row read twice is one object
-    conn = session.connection()
-    steps_of: dict[str, list[int]] = {}
-    for split, step in keys:
-        steps_of.setdefault(split, []).append(step)
-    statement = _READ_STEPS  # the first read also reads the unevaluated rows
-    for split, steps in steps_of.items():
-        for i in range(0, len(steps), _CHUNK):
-            params = {"run_id": run.id, "split": split, "steps": steps[i : i + _CHUNK]}
-            for mapping in conn.execute(statement, params).mappings():
-                if mapping["id"] not in by_id:
-                    by_id[mapping["id"]] = SimpleNamespace(**mapping)
-            statement = _READ_KEYS
+    the run, read together, as plain objects with the columns as attributes; nothing is read
+    when the run has none of them (`_all_new`). The caller holds the run's lock
+    (`vantage.server.locks.run_lock`), so no other writer touches them; it writes them back
+    with `StepWrites`."""
+    by_id = {} if _all_new(run, keys) else _read_step_rows(session, run.id, keys)
     wanted = set(keys)
     out = {(r.split, r.step): r for r in by_id.values() if (r.split, r.step) in wanted}
     unevaluated = {r.id: r for r in by_id.values() if not r.evaluated}
@@ -451,6 +438,26 @@ def _step_rows(
         if (split, step) not in out:
             out[(split, step)] = _new_step_row(run, split, step, attempt, now)
     return out, list(unevaluated.values())
+
+
+def _read_step_rows(
+    session: Session, run_id: str, keys: list[tuple[str, int]]
+) -> dict[int, SimpleNamespace]:
+    """The stored rows of ``keys`` and every unevaluated row of the run, by id."""
+    by_id: dict[int, SimpleNamespace] = {}  # a row read twice is one object
+    conn = session.connection()
+    steps_of: dict[str, list[int]] = {}
+    for split, step in keys:
+        steps_of.setdefault(split, []).append(step)
+    statement = _READ_STEPS  # the first read also reads the unevaluated rows
+    for split, steps in steps_of.items():
+        for i in range(0, len(steps), _CHUNK):
+            params = {"run_id": run_id, "split": split, "steps": steps[i : i + _CHUNK]}
+            for mapping in conn.execute(statement, params).mappings():
+                if mapping["id"] not in by_id:
+                    by_id[mapping["id"]] = SimpleNamespace(**mapping)
+            statement = _READ_KEYS
+    return by_id
 
 
 def _new_step_row(run: RunState, split: str, step: int, attempt: int, now: Any) -> SimpleNamespace:
@@ -470,20 +477,22 @@ class StepWrites:
     def __init__(self, session: Session, result: IngestResult) -> None:
         self.session, self.result = session, result
         self.done = False
-
-    def __call__(self) -> None:
-        self.flush()
+        self._rows: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
 
     def rows(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The parameters of the rows to insert and of those to update (call once the
-        evaluated flags are final)."""
-        result = self.result
-        rows = [*result.step_rows, *(r for r in result.older_unevaluated if r.evaluated)]
-        for r in result.step_rows:
-            r.point = point_json(r)
-        new = [{c: getattr(r, c) for c in STEP_COLUMNS} for r in rows if r.id is None]
-        old = [{"row_id": r.id, **{c: getattr(r, c) for c in STEP_COLUMNS}} for r in rows if r.id]
-        return new, old
+        """The parameters of the rows to insert and of those to update, made on the first call
+        (make it once the evaluated flags are final)."""
+        if self._rows is None:
+            result = self.result
+            rows = [*result.step_rows, *(r for r in result.older_unevaluated if r.evaluated)]
+            for r in result.step_rows:
+                r.point = point_json(r)
+            new = [{c: getattr(r, c) for c in STEP_COLUMNS} for r in rows if r.id is None]
+            old = [
+                {"row_id": r.id, **{c: getattr(r, c) for c in STEP_COLUMNS}} for r in rows if r.id
+            ]
+            self._rows = new, old
+        return self._rows
 
     def flush(self) -> None:
         """Write the rows now, one statement for each kind (nothing when done already)."""
@@ -610,13 +619,7 @@ def store_batch(
     if not batch.records:
         return
     keys = sorted({(rec.split, rec.step) for rec in batch.records})
-    if _all_new(run, keys):
-        now = utcnow()
-        step_rows = {k: _new_step_row(run, *k, batch.attempt, now) for k in keys}
-        unevaluated: list[SimpleNamespace] = []
-    else:
-        step_rows, unevaluated = _step_rows(session, run, batch.attempt, keys)
-    result.knows_unevaluated = True
+    step_rows, unevaluated = _step_rows(session, run, batch.attempt, keys)
     if not groups_stored:
         stored_steps = {k for k, row in step_rows.items() if row.id is not None}
         store_groups(session, run.key, batch.attempt, classified, result, stored_steps)
@@ -665,8 +668,9 @@ def _newest_steps(newest: dict[str, int] | None, keys: list[tuple[str, int]]) ->
 def note_unevaluated(run: RunState, result: IngestResult) -> None:
     """Set the run's `has_unevaluated` from what the batch's transaction left unevaluated: the
     batch's step rows and the run's other unevaluated ones, which `store_batch` read (or knew
-    there were none). Call after alert evaluation flagged the rows it took."""
-    if result.knows_unevaluated:
+    there were none) for a batch with records. Call after alert evaluation flagged the rows it
+    took."""
+    if result.touched:
         rows = (*result.step_rows, *result.older_unevaluated)
         run.has_unevaluated = any(not r.evaluated for r in rows)
 

@@ -56,6 +56,10 @@ def test_a_batch_of_new_steps_reads_neither_step_rows_nor_rules(app_client):
         answer = _send(app_client, run_id, 2, [[1, 1], [0, 1]])
     assert answer["steps"][0]["acr"] == 0.5
     assert _reads(steady, "steps") == [] and _reads(steady, "alert_rules") == []
+    # PostgreSQL writes the new step row in the statement that saves the run's state
+    writes = [s for s in steady if "INSERT INTO steps" in s]
+    postgres = app_client.app.state.engine.dialect.name == "postgresql"
+    assert [s.startswith("WITH new_step AS") for s in writes] == [postgres]
     # A step the run has a row for is read, and merged into.
     with _statements(app_client) as again:
         answer = _send(app_client, run_id, 2, [[0, 0]], rank=1, world_size=2)

@@ -149,7 +149,7 @@ def _ingest_once(state, run_id, batch, key, evaluate: bool) -> dict:  # noqa: AN
                 writes = StepWrites(session, result)
                 outcome = Outcome()
                 if evaluate:
-                    outcome = state.evaluator.after_ingest(session, run, result, writes)
+                    outcome = state.evaluator.after_ingest(session, run, result, writes.flush)
                 commands = []
                 newest = run.attempt
                 # a superseded launch still sending (a zombie) must not take the commands meant

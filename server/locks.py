@@ -93,6 +93,20 @@ _RULES_READ = select(func.pg_advisory_xact_lock_shared(RULE_WRITES_KEY).label("h
 _READ_PG = _READ.select_from(RUNS.join(_RULES_READ, true()))
 _READ_FOR_UPDATE = _READ_PG.with_for_update(of=RUNS)
 _READ_FOR_UPDATE_NOWAIT = _READ_PG.with_for_update(of=RUNS, nowait=True)
+# The same, and this transaction's COMMIT does not wait for its WAL to reach the disk (SET LOCAL
+# synchronous_commit, in the same statement): its caller makes the commit durable after the
+# run's lock is released (`wait_until_durable`) and answers only then.
+_RULES_READ_ASYNC = select(
+    func.pg_advisory_xact_lock_shared(RULE_WRITES_KEY).label("held"),
+    func.set_config("synchronous_commit", "off", True).label("commit"),
+).subquery()
+_READ_FOR_UPDATE_ASYNC = _READ.select_from(RUNS.join(_RULES_READ_ASYNC, true())).with_for_update(
+    of=RUNS
+)
+# A transaction of its own whose commit waits for the WAL to be flushed past its commit record,
+# and so past every commit before it (the WAL is written in order): it takes a transaction id,
+# so that it has a commit record to flush.
+_FLUSH = text("SELECT pg_current_xact_id()")
 _TOUCH = update(RUNS).where(RUNS.c.id == bindparam("run_id")).values(attempt=RUNS.c.attempt)
 SAVE_RUN_STATE = (
     update(RUNS)
@@ -103,7 +117,9 @@ SAVE_RUN_STATE = (
 
 
 @contextmanager
-def run_lock(session: Session, run_id: str, nowait: bool = False) -> Iterator[LockedRun]:
+def run_lock(
+    session: Session, run_id: str, nowait: bool = False, commit_async: bool = False
+) -> Iterator[LockedRun]:
     """Hold the run's lock until the caller's transaction ends; commit inside the block, after
     `save_run_state` if the run's state changed. ``nowait``: on PostgreSQL, a lock another
     transaction holds raises (SQLSTATE 55P03, `db.must_redo`) instead of waiting, for a
@@ -121,11 +137,23 @@ def run_lock(session: Session, run_id: str, nowait: bool = False) -> Iterator[Lo
     params = {"run_id": run_id}
     if conn.dialect.name == "postgresql":
         statement = _READ_FOR_UPDATE_NOWAIT if nowait else _READ_FOR_UPDATE
+        if commit_async and not nowait:
+            statement = _READ_FOR_UPDATE_ASYNC
         yield _locked(conn.execute(statement, params).one_or_none())
         return
     with _SQLITE_LOCK:
         conn.execute(_TOUCH, params)
         yield _locked(conn.execute(_READ, params).one_or_none())
+
+
+def wait_until_durable(session: Session) -> None:
+    """After a commit made under ``run_lock(..., commit_async=True)``: return once that commit
+    is on disk (PostgreSQL; SQLite commits durably at once). Raises the database's error if it
+    cannot tell, so that the caller answers an error and the client sends the batch again."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    conn = session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+    conn.execute(_FLUSH)
 
 
 @contextmanager

@@ -33,6 +33,8 @@ from vantage.client.acr import (
 )
 from vantage.client.schema import MAX_GROUPS_PER_REQUEST, NormalGroup
 
+from .group_blocks import SIDES
+
 CLASS_CODES = {
     GroupClass.INVALID: 0,
     GroupClass.DEGENERATE: 1,
@@ -45,6 +47,7 @@ INVALID, COLLAPSED, NEAR, LIVE = (
     CLASS_CODES[GroupClass(c)] for c in ("invalid", "collapsed", "near_collapsed", "live")
 )
 
+_ALL_PASS, _ALL_FAIL, _CONSTANT = (SIDES.index(s) for s in ("all_pass", "all_fail", "constant"))
 _EXACT_SHIFT = 2.0**30  # row sums are exact when every addend * 2^30 is an integer ...
 _EXACT_LIMIT = 2.0**41  # ... below 2^11 (2^41 in those units) ...
 _EXACT_MAX_TERMS = 4096  # ... and there are at most 2^12 of them: every partial sum fits 53 bits
@@ -104,6 +107,27 @@ class _RecordArrays:
     n_max: np.ndarray  # [P] int rewards equal to reward_max
     all_pass: np.ndarray  # [P] bool: collapsed on the all_pass side
     all_fail: np.ndarray  # [P] bool: collapsed on the all_fail side
+    std: np.ndarray  # [P] float64 sample std (non-finite: reported as null)
+    lo: np.ndarray  # [P] float64 lowest reward
+    hi: np.ndarray  # [P] float64 highest reward
+
+    def block_values(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The groups' columns as `vantage.server.group_blocks.encode_arrays` takes them:
+        the values (a null as 0) and, per nullable column, where it is null. The same block
+        as `encode_block` makes of the record's lists (tests compare the two)."""
+        invalid = self.code == INVALID
+        collapsed = self.code == COLLAPSED
+        side = np.where(self.all_pass, _ALL_PASS, np.where(self.all_fail, _ALL_FAIL, 0))
+        side[collapsed & (side == 0)] = _CONSTANT
+        null = {"min": invalid, "max": invalid, "n_pass": invalid | ~self.binary}
+        null["mean"] = invalid | ~np.isfinite(self.mean)
+        null["std"] = invalid | ~np.isfinite(self.std)
+        values = {"cls": self.code, "side": side, "n": np.full(len(self.code), self.g)}
+        for name, column in (("mean", self.mean), ("std", self.std), ("min", self.lo)):
+            values[name] = np.where(null[name], 0.0, column)
+        values["max"] = np.where(null["max"], 0.0, self.hi)
+        values["n_pass"] = np.where(null["n_pass"], 0, self.n_max)
+        return values, {name: mask for name, mask in null.items() if mask.any()}
 
     def add_to(self, acc: StepAccumulator) -> None:
         g, code = self.g, self.code
@@ -308,7 +332,7 @@ def _vectorised(
             for name in ("side", "mean", "std", "min", "max", "n_pass"):
                 values[name][k] = None
     if indices is None:
-        cols.arrays = _RecordArrays(g, code, mean, binary, n_max, all_pass, all_fail)
+        cols.arrays = _RecordArrays(g, code, mean, binary, n_max, all_pass, all_fail, std, lo, hi)
     for name, column in values.items():
         if indices is None:
             setattr(cols, name, column)

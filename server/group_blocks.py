@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import orjson
@@ -82,23 +83,43 @@ def encode_block(
     columns = (prompt_ids, cls, side, n, mean, std, min_, max_, n_pass, hashes)
     if any(len(c) != size for c in columns):
         raise ValueError("block columns differ in length")
-    nulls = np.zeros(size, np.uint8)
-    values = {}
-    for k, (name, column) in enumerate(zip(NULLABLE, (mean, std, min_, max_, n_pass), strict=True)):
+    values: dict[str, Any] = {}
+    null: dict[str, Any] = {}
+    for name, column in zip(NULLABLE, (mean, std, min_, max_, n_pass), strict=True):
         if None in column:  # a scan in C; most blocks have no null
-            nulls |= np.array([v is None for v in column], np.uint8) << k
+            null[name] = np.array([v is None for v in column], bool)
             column = [0 if v is None else v for v in column]
         values[name] = column
-    sides = list(map(_SIDE_CODES.__getitem__, side))
-    values |= {"cls": cls, "side": sides, "nulls": nulls, "n": n}
+    values |= {"cls": cls, "side": list(map(_SIDE_CODES.__getitem__, side)), "n": n}
+    return encode_arrays(group_ids, prompt_ids, hashes, values, null)
+
+
+def encode_arrays(
+    group_ids: Sequence[str],
+    prompt_ids: Sequence[str | None],
+    hashes: Sequence[int] | np.ndarray,
+    values: dict[str, Any],
+    null: dict[str, np.ndarray],
+) -> dict:
+    """`encode_block` for columns already in numbers: ``values`` holds each column of the
+    layout but ``nulls`` (numpy arrays or sequences of P numbers; ``side`` as indices into
+    `SIDES`, a null stored as 0), and ``null`` a bool array [P] for each column of `NULLABLE`
+    that has nulls (True: null)."""
+    size = len(group_ids)
+    nulls = np.zeros(size, np.uint8)
+    for k, name in enumerate(NULLABLE):
+        if name in null:
+            nulls |= null[name].astype(np.uint8) << k
     parts = [bytes([VERSION])]
-    parts += [np.asarray(values[name], dtype).tobytes() for name, dtype in _LAYOUT]
-    named = prompt_ids.count(None) != size
+    for name, dtype in _LAYOUT:
+        column = nulls if name == "nulls" else values[name]
+        parts.append(np.asarray(column, dtype).tobytes())
+    named = prompt_ids.count(None) != size  # type: ignore[union-attr]
     return {
         "n_groups": size,
         "group_ids": orjson.dumps(list(group_ids)).decode(),
         "prompt_ids": orjson.dumps(list(prompt_ids)).decode() if named else None,
-        "hashes": np.array(hashes, "<i8").tobytes(),
+        "hashes": np.asarray(hashes, "<i8").tobytes(),
         "data": b"".join(parts),
     }
 

@@ -33,7 +33,7 @@ from .classify import (
     classify_groups,
     classify_reward_lists,
 )
-from .group_blocks import decode_hashes, encode_block
+from .group_blocks import decode_hashes, encode_arrays, encode_block
 from .locks import SAVE_RUN_STATE, RunState, save_run_state
 from .models import GroupBlock, Run, Step, utcnow
 from .queries import point_json
@@ -352,8 +352,13 @@ _BLOCK_FIELDS += ("n_pass", "hash")
 
 
 def _encode(cols: GroupColumns, indices: list[int]) -> dict:
+    whole = len(indices) == len(cols.cls)
+    if whole and cols.arrays is not None:  # from the arrays classification left (common)
+        return encode_arrays(
+            cols.group_ids, cols.prompt_ids, cols.hash, *cols.arrays.block_values()
+        )
     columns = [getattr(cols, name) for name in _BLOCK_FIELDS]
-    if len(indices) < len(cols.cls):
+    if not whole:
         columns = [[column[i] for i in indices] for column in columns]
     return encode_block(*columns)
 

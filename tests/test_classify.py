@@ -18,6 +18,7 @@ from vantage.server.classify import (
     reward_hash,
     row_fsum,
 )
+from vantage.server.group_blocks import encode_arrays, encode_block
 
 NAN, INF = float("nan"), float("inf")
 finite = st.floats(allow_nan=False, allow_infinity=False)
@@ -146,3 +147,17 @@ def test_plain_reward_lists_classify_as_groups_do(groups):
 def test_non_finite_rows_are_invalid(bad):
     cols = classify_groups([NormalGroup("0", None, bad)], ACRSettings())
     assert CLASS_BY_CODE[cols.cls[0]].value == "invalid" and cols.mean[0] is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    uniform_record(),
+    st.sampled_from([ACRSettings(), ACRSettings(reward_min=-1.0, reward_max=3.0)]),
+)
+def test_a_whole_record_packs_from_its_arrays_as_from_its_lists(groups, acr_settings):
+    cols = classify_groups(groups, acr_settings)
+    assert cols.arrays is not None  # the numpy path is the one under test
+    lists = [cols.group_ids, cols.prompt_ids, cols.cls, cols.side, cols.n, cols.mean, cols.std]
+    lists += [cols.min, cols.max, cols.n_pass, cols.hash]
+    fast = encode_arrays(cols.group_ids, cols.prompt_ids, cols.hash, *cols.arrays.block_values())
+    assert fast == encode_block(*lists)

@@ -148,7 +148,7 @@ def classify_batch(info: RunInfo, batch: StepsBatch, result: IngestResult) -> li
         try:
             lists = rec.reward_lists()
             if lists is not None:
-                cols = classify_reward_lists(lists, settings)
+                cols = classify_reward_lists(lists, settings, lazy=True)
             else:
                 cols = classify_groups(rec.normal_groups(), settings)
         except BadGroupStats as exc:
@@ -357,7 +357,7 @@ def _encode(cols: GroupColumns, indices: list[int]) -> dict:
         return encode_arrays(
             cols.group_ids, cols.prompt_ids, cols.hash, *cols.arrays.block_values()
         )
-    columns = [getattr(cols, name) for name in _BLOCK_FIELDS]
+    columns = [getattr(cols.filled(), name) for name in _BLOCK_FIELDS]
     if not whole:
         columns = [[column[i] for i in indices] for column in columns]
     return encode_block(*columns)

@@ -161,3 +161,18 @@ def test_a_whole_record_packs_from_its_arrays_as_from_its_lists(groups, acr_sett
     lists += [cols.min, cols.max, cols.n_pass, cols.hash]
     fast = encode_arrays(cols.group_ids, cols.prompt_ids, cols.hash, *cols.arrays.block_values())
     assert fast == encode_block(*lists)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(uniform_record(), record()))
+def test_lazy_columns_fill_as_eager_ones(groups):
+    lists = [g.rewards for g in groups]
+    lazy = classify_reward_lists(lists, ACRSettings(), lazy=True)
+    eager = classify_reward_lists(lists, ACRSettings())
+    assert lazy.cls == eager.cls and lazy.hash == eager.hash
+    lazy.filled()
+    for name in ("side", "n", "n_pass"):
+        assert getattr(lazy, name) == getattr(eager, name), name
+    for name in ("mean", "std", "min", "max"):
+        pairs = zip(getattr(lazy, name), getattr(eager, name), strict=True)
+        assert all(_same(a, b) for a, b in pairs), name

@@ -247,6 +247,14 @@ async def _validation_error(_request: Request, exc: RequestValidationError) -> J
     return JSONResponse({"detail": errors}, status_code=422)
 
 
+# The cyclic collector's thresholds while serving (Python's default: 700, 10, 10). Parsing an
+# ingest batch makes a list per group, and at 700 new containers the collector ran every
+# request or two, walking the lists still in use: about 6% of the event loop thread's CPU.
+# Requests free nearly everything by reference counting; a collection every 20,000 containers
+# leaves little garbage waiting. Side by side, two senders: +6.6% groups/s, −3.6% CPU a group.
+GC_THRESHOLDS = (20_000, 20, 100)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app for ``settings`` (default: from the environment). The schema must already
     be upgraded (``vantage serve`` does it before the app takes traffic)."""
@@ -260,6 +268,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # cyclic collector's scans, which otherwise re-walk it as requests allocate (ingest's
         # parse of a 1,000-group batch was measured about 1.5× slower without this).
         gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
         worker = None
         if settings.alert_worker:  # periodic alert pass and webhook outbox (DESIGN.md §6)
             worker = AlertWorker(settings, app.state.session_factory, evaluator)

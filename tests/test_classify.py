@@ -115,14 +115,29 @@ def uniform_record(draw) -> list[NormalGroup]:  # noqa: ANN001
     return [NormalGroup(str(i), None, r) for i, r in enumerate(draw(groups))]
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    uniform_record(),
-    st.sampled_from([ACRSettings(), ACRSettings(reward_min=-1.0, reward_max=3.0)]),
-)
-def test_whole_record_counts_equal_add_many(groups, acr_settings):
+BOUNDS = st.sampled_from([ACRSettings(), ACRSettings(reward_min=-1.0, reward_max=3.0)])
+
+
+def _whole(groups: list[NormalGroup], acr_settings: ACRSettings):  # noqa: ANN202
+    """A uniform record's columns, classified in one vectorised pass (the path under test)."""
     cols = classify_groups(groups, acr_settings)
-    assert cols.arrays is not None  # the numpy path is the one under test
+    assert cols.arrays is not None
+    return cols
+
+
+def _same_columns(a, b, exact: tuple[str, ...]) -> None:  # noqa: ANN001
+    """Columns ``exact`` are equal, and the float columns equal where not both null."""
+    for name in exact:
+        assert getattr(a, name) == getattr(b, name), name
+    for name in ("mean", "std", "min", "max"):
+        pairs = zip(getattr(a, name), getattr(b, name), strict=True)
+        assert all(_same(x, y) for x, y in pairs), name
+
+
+@settings(max_examples=300, deadline=None)
+@given(uniform_record(), BOUNDS)
+def test_whole_record_counts_equal_add_many(groups, acr_settings):
+    cols = _whole(groups, acr_settings)
     fast, many = StepAccumulator(), StepAccumulator()
     cols.add_to(fast)
     many.add_many(cols.classes(), cols.side, cols.n, cols.mean, cols.n_pass)
@@ -136,11 +151,7 @@ def test_plain_reward_lists_classify_as_groups_do(groups):
     fast = classify_reward_lists(lists, ACRSettings())
     normal = [NormalGroup(str(i), None, r) for i, r in enumerate(lists)]
     general = classify_groups(normal, ACRSettings())
-    for name in ("group_ids", "prompt_ids", "cls", "side", "n", "n_pass", "hash"):
-        assert getattr(fast, name) == getattr(general, name), name
-    for name in ("mean", "std", "min", "max"):
-        pairs = zip(getattr(fast, name), getattr(general, name), strict=True)
-        assert all(_same(a, b) for a, b in pairs), name
+    _same_columns(fast, general, ("group_ids", "prompt_ids", "cls", "side", "n", "n_pass", "hash"))
 
 
 @pytest.mark.parametrize("bad", [[1.0, 0.5, None], [INF, 1.0, 1.0]])
@@ -150,13 +161,9 @@ def test_non_finite_rows_are_invalid(bad):
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    uniform_record(),
-    st.sampled_from([ACRSettings(), ACRSettings(reward_min=-1.0, reward_max=3.0)]),
-)
+@given(uniform_record(), BOUNDS)
 def test_a_whole_record_packs_from_its_arrays_as_from_its_lists(groups, acr_settings):
-    cols = classify_groups(groups, acr_settings)
-    assert cols.arrays is not None  # the numpy path is the one under test
+    cols = _whole(groups, acr_settings)
     lists = [cols.group_ids, cols.prompt_ids, cols.cls, cols.side, cols.n, cols.mean, cols.std]
     lists += [cols.min, cols.max, cols.n_pass, cols.hash]
     fast = encode_arrays(cols.group_ids, cols.prompt_ids, cols.hash, *cols.arrays.block_values())
@@ -170,9 +177,4 @@ def test_lazy_columns_fill_as_eager_ones(groups):
     lazy = classify_reward_lists(lists, ACRSettings(), lazy=True)
     eager = classify_reward_lists(lists, ACRSettings())
     assert lazy.cls == eager.cls and lazy.hash == eager.hash
-    lazy.filled()
-    for name in ("side", "n", "n_pass"):
-        assert getattr(lazy, name) == getattr(eager, name), name
-    for name in ("mean", "std", "min", "max"):
-        pairs = zip(getattr(lazy, name), getattr(eager, name), strict=True)
-        assert all(_same(a, b) for a, b in pairs), name
+    _same_columns(lazy.filled(), eager, ("side", "n", "n_pass"))

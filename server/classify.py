@@ -130,8 +130,8 @@ class _RecordArrays:
         as `encode_block` makes of the record's lists (tests compare the two)."""
         invalid = self.code == INVALID
         collapsed = self.code == COLLAPSED
-        side = np.where(self.all_pass, _ALL_PASS, np.where(self.all_fail, _ALL_FAIL, 0))
-        side[collapsed & (side == 0)] = _CONSTANT
+        side = np.where(collapsed, _CONSTANT, 0)
+        side = np.where(self.all_pass, _ALL_PASS, np.where(self.all_fail, _ALL_FAIL, side))
         null = {"min": invalid, "max": invalid, "n_pass": invalid | ~self.binary}
         null["mean"] = invalid | ~np.isfinite(self.mean)
         null["std"] = invalid | ~np.isfinite(self.std)

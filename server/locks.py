@@ -89,20 +89,21 @@ _READ = select(
 RULE_WRITES_KEY = 0x7661_6E74_7275_6C65  # "vantrule"
 # PostgreSQL: the run row's lock joined to a shared hold of the rule writers' lock. The join's
 # inputs run below the row lock (LockRows), so the rule lock is always taken first.
-_RULES_READ = select(func.pg_advisory_xact_lock_shared(RULE_WRITES_KEY).label("held")).subquery()
-_READ_PG = _READ.select_from(RUNS.join(_RULES_READ, true()))
-_READ_FOR_UPDATE = _READ_PG.with_for_update(of=RUNS)
-_READ_FOR_UPDATE_NOWAIT = _READ_PG.with_for_update(of=RUNS, nowait=True)
+_HOLD_RULES = func.pg_advisory_xact_lock_shared(RULE_WRITES_KEY).label("held")
+
+
+def _read_pg(*also: Any) -> Any:
+    """`_READ` joined to a one-row subquery that holds the rule lock (and computes ``also``)."""
+    return _READ.select_from(RUNS.join(select(_HOLD_RULES, *also).subquery(), true()))
+
+
+_READ_FOR_UPDATE = _read_pg().with_for_update(of=RUNS)
+_READ_FOR_UPDATE_NOWAIT = _read_pg().with_for_update(of=RUNS, nowait=True)
 # The same, and this transaction's COMMIT does not wait for its WAL to reach the disk (SET LOCAL
 # synchronous_commit, in the same statement): its caller makes the commit durable after the
 # run's lock is released (`wait_until_durable`) and answers only then.
-_RULES_READ_ASYNC = select(
-    func.pg_advisory_xact_lock_shared(RULE_WRITES_KEY).label("held"),
-    func.set_config("synchronous_commit", "off", True).label("commit"),
-).subquery()
-_READ_FOR_UPDATE_ASYNC = _READ.select_from(RUNS.join(_RULES_READ_ASYNC, true())).with_for_update(
-    of=RUNS
-)
+_ASYNC_COMMIT = func.set_config("synchronous_commit", "off", True).label("commit")
+_READ_FOR_UPDATE_ASYNC = _read_pg(_ASYNC_COMMIT).with_for_update(of=RUNS)
 # A transaction of its own whose commit waits for the WAL to be flushed past its commit record,
 # and so past every commit before it (the WAL is written in order): it takes a transaction id,
 # so that it has a commit record to flush.
@@ -137,7 +138,7 @@ def run_lock(
     params = {"run_id": run_id}
     if conn.dialect.name == "postgresql":
         statement = _READ_FOR_UPDATE_NOWAIT if nowait else _READ_FOR_UPDATE
-        if commit_async and not nowait:
+        if commit_async:  # only ingest, which never asks for nowait
             statement = _READ_FOR_UPDATE_ASYNC
         yield _locked(conn.execute(statement, params).one_or_none())
         return

@@ -1,6 +1,6 @@
 """The Advantage Collapse Rate engine: group classification, step metrics and window metrics.
 
-Everything here is pure (no I/O, no globals) and follows DESIGN.md §3, which is normative.
+Everything here is pure (no I/O, no globals) and follows docs/design.md §3, which is normative.
 
 GRPO (Shao et al. 2024, "DeepSeekMath", eq. 3) normalises each reward against its group,
 ``A_i = (r_i - mean(r)) / (std(r) + eps)``; a group whose rewards are all equal has ``A_i = 0`` for
@@ -37,7 +37,7 @@ __all__ = [
 
 
 class GroupClass(StrEnum):
-    """The five classes of DESIGN.md §3; only the last three enter the ACR denominator."""
+    """The five classes of docs/design.md §3; only the last three enter the ACR denominator."""
 
     INVALID = "invalid"
     DEGENERATE = "degenerate"
@@ -95,7 +95,7 @@ def _finite_or_none(x: float) -> float | None:
 
 
 def collapsed_side(value: float, settings: ACRSettings) -> str:
-    """The side of a collapsed group whose rewards all equal ``value`` (DESIGN.md §3)."""
+    """The side of a collapsed group whose rewards all equal ``value`` (docs/design.md §3)."""
     if value == settings.reward_max:
         return "all_pass"
     if value == settings.reward_min:
@@ -131,7 +131,7 @@ def summarize_rewards(
     mask: Sequence[int | bool] | None = None,
     settings: ACRSettings = ACRSettings(),
 ) -> GroupSummary:
-    """Classify one group of G rewards (DESIGN.md §3).
+    """Classify one group of G rewards (docs/design.md §3).
 
     rewards: length G, float or None (None, NaN and ±inf are non-finite). mask: length G, 0 drops a
     completion. Raises ValueError when mask and rewards differ in length.
@@ -233,7 +233,7 @@ def _check_stats_bounds(
 def _check_n_pass(
     n: int, mean: float, std: float | None, lo: float, hi: float, n_pass: int, r: ACRSettings
 ) -> None:
-    """A group that carries n_pass is binary (DESIGN.md §3): every reward is reward_min or
+    """A group that carries n_pass is binary (docs/design.md §3): every reward is reward_min or
     reward_max, n_pass of them reward_max. Its min, max, mean and std follow from n_pass and n;
     raises InconsistentStatsError when they do not (std as a sample or a population std)."""
     want_lo = r.reward_max if n_pass == n else r.reward_min
@@ -467,12 +467,13 @@ class StepAccumulator:
                 setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def metrics(self) -> dict[str, float | int | None]:
-        """Every step metric of DESIGN.md §3 by name; ratios are None on a 0 denominator."""
+        """Every step metric of docs/design.md §3 by name; ratios are None on a 0 denominator."""
         return step_metrics(self)
 
 
 def step_metrics(acc: StepAccumulator) -> dict[str, float | int | None]:
-    """Step metrics from an accumulator (DESIGN.md §3 'Step metrics'); no value is NaN or inf."""
+    """Step metrics from an accumulator (docs/design.md §3 'Step metrics'); no value is NaN
+    or inf."""
     valid = acc.n_valid
     binary = valid > 0 and acc.n_nonbinary == 0
     pass_rate = _ratio(acc.n_pass, acc.n_completions) if binary else None
@@ -550,7 +551,7 @@ def window_metrics(
     steps: Iterable[Mapping[str, float | int | None]],
     streak_threshold: float = DEFAULT_STREAK_THRESHOLD,
 ) -> dict[str, float | int | None]:
-    """Window metrics over steps ordered by step (DESIGN.md §3 'Window metrics').
+    """Window metrics over steps ordered by step (docs/design.md §3 'Window metrics').
 
     steps: mappings with ``acr``, ``n_collapsed`` and ``n_valid``; steps whose acr is None are
     skipped. acr_pooled: Σ collapsed / Σ valid. acr_100: mean acr of the first 100 steps (None

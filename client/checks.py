@@ -1,5 +1,5 @@
 """What one ``Monitor.log_*`` call sends, checked in the call against the server's rules
-(``schema.py``, DESIGN.md §3-§4).
+(``schema.py``, docs/design.md §3-§4).
 
 The server validates a whole record (one rank's (step, split)) at once, and refuses it whole. A
 client batches several calls into one record, so a single bad value that only the server caught
@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from .schema import (
+    BIDI_CONTROLS,
     MAX_ID_CHARS,
     MAX_RANK,
     MAX_SCALARS_PER_RECORD,
@@ -32,6 +33,7 @@ from .schema import (
 )
 
 _SPLIT = re.compile(SPLIT_PATTERN)
+_UNSENDABLE = BIDI_CONTROLS | {"\x00"}  # characters an ack's detail may not carry
 
 
 def count(name: str, value: Any, top: int = MAX_STEP, low: int = 0) -> int:
@@ -49,8 +51,8 @@ def count(name: str, value: Any, top: int = MAX_STEP, low: int = 0) -> int:
 
 def config_json(config: Any) -> dict[str, Any]:
     """A run's config as plain JSON: a mapping, whose values that are not JSON become their
-    text, as do integers beyond 64 bits (the server stores none: one such value replaced the
-    whole config, a trial), and whose non-finite numbers their strings ("NaN"); keys become
+    text, as do integers beyond 64 bits (the server stores none, and one such value would cost
+    the whole config), and whose non-finite numbers their strings ("NaN"); keys become
     text. TypeError when it is no mapping; ValueError when the server would refuse it (over 64
     KiB as JSON, nested over 32 levels)."""
     if config is None:
@@ -91,9 +93,9 @@ def _text(kind: str, text: str, limit: int, least: int = 1) -> str:
 
 def identifiers(kind: str, values: Iterable[Any], p: int) -> list[str | None]:
     """One group_id or prompt_id per group, as text of at most 128 characters (numbers are
-    converted); a prompt_id of None is none for its group (it became the prompt "None": a
-    trial). ValueError naming the first bad one (a group_id of None), or a wrong count;
-    TypeError for one string (it would be read as one id per character)."""
+    converted); a prompt_id of None is none for its group (not the prompt "None"). ValueError
+    naming the first bad one (a group_id of None), or a wrong count; TypeError for one string
+    (it would be read as one id per character)."""
     if isinstance(values, str | bytes):
         raise TypeError(f"{kind}s must be a list with one id per group, not the string {values!r}")
     ids = [None if v is None else str(v) for v in values]
@@ -128,7 +130,7 @@ def scalar_value(name: str, value: Any) -> float:
 
 def refuse_text(name: str, value: Any) -> None:
     """TypeError naming the scalar when its value is text: ``float("1.5")`` would read it, but a
-    scalar is a number the training loop computed, and text there is a mistake (a trial)."""
+    scalar is a number the training loop computed, and text there is a mistake."""
     if isinstance(value, str | bytes | bytearray):
         raise TypeError(f"scalar {name!r} is the text {reprlib.repr(value)}, not a number")
 
@@ -156,5 +158,15 @@ def mitigation_json(mitigation: Mapping[str, Any]) -> dict[str, Any]:
     try:
         text = orjson.dumps(non_finite_as_text(dict(mitigation), wide_ints=True), default=str)
         return small_mitigation(check_storable(orjson.loads(text)))
-    except ValueError as exc:  # "is 5,023 bytes as JSON" said nothing of what: a trial
+    except ValueError as exc:  # "is 5,023 bytes as JSON" alone would not say of what
         raise ValueError(f"mitigation {exc}") from None
+
+
+def ack_detail(detail: Any) -> str:
+    """An ack's detail as the server takes it: text of at most 2,000 characters, without what
+    the server refuses or JSON cannot carry (NUL, bidirectional controls, lone surrogates)."""
+    return "".join(c for c in str(detail) if _sendable(c))[:2000]
+
+
+def _sendable(c: str) -> bool:
+    return c not in _UNSENDABLE and not "\ud800" <= c <= "\udfff"

@@ -1,6 +1,6 @@
 """Turning a trainer's [P, G] rewards (tensor, ndarray, nested or ragged lists) into JSON-ready
 rows, split between the training thread (``capture``: one private copy, microseconds, no GIL
-held long) and the sender thread (``materialize``/``plain_rewards``: ``tolist`` and clean-up).
+held long) and the worker thread (``materialize``/``plain_rewards``: ``tolist`` and clean-up).
 Neither torch nor numpy is imported: inputs are recognised by their attributes.
 """
 
@@ -41,7 +41,7 @@ def grouped(value: Any, group_size: int | None, what: str) -> Any:
 
 def capture(value: Any, what: str) -> tuple[Any, int]:
     """Take a private copy of a [P, G] input on the training thread, as cheaply as possible:
-    a 2-D tensor or array is copied whole (one C call; ``tolist`` happens on the sender
+    a 2-D tensor or array is copied whole (one C call; ``tolist`` happens on the worker
     thread), anything else becomes a fresh list of lists. Returns (copy, P). Later in-place
     edits by the trainer never change what is sent."""
     one_d = (
@@ -112,14 +112,14 @@ def check_width(rows: Any, group_size: int, what: str) -> None:
 
 def check_mask_width(rows: Any, masks: Any) -> None:
     """ValueError when a captured mask's group has another size than its rewards' group, in
-    the caller (it was found on the sender thread, the call's groups dropped later: a trial)."""
+    the caller, rather than on the worker thread, where the call's groups would be dropped."""
     for i, (n_rewards, n_mask) in enumerate(zip(row_widths(rows), row_widths(masks), strict=True)):
         if n_rewards != n_mask:
             raise ValueError(f"group {i}: mask has {n_mask} entries for {n_rewards} rewards")
 
 
 def materialize(value: Any) -> tuple[list[list[Any]], bool]:
-    """On the sender thread: a captured input → (rows, whether every value is already a plain
+    """On the worker thread: a captured input → (rows, whether every value is already a plain
     float or int). Bool and integer tensors become floats."""
     if isinstance(value, list):
         return value, False
@@ -148,7 +148,7 @@ def plain_rewards(row: list[Any]) -> list[Any]:
 def float_rewards(row: list[Any]) -> list[float | None]:
     """A row's rewards as floats or None: an integer beyond 64 bits as the float the server
     would read it as, and one past float64 as ±Infinity, which the server classes non-finite,
-    as it does the JSON number 1e400 (orjson writes neither: they cost the call, trials).
+    as it does the JSON number 1e400 (orjson writes neither, and they would cost the call).
     TypeError for a string."""
     return [_reward(v) for v in row]
 

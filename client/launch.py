@@ -1,4 +1,4 @@
-"""Who this process is in a training job: its launch id, rank and world size (DESIGN.md §5).
+"""Who this process is in a training job: its launch id, rank and world size (docs/design.md §5).
 
 Every rank of one launch must name the same ``launch_id`` so that the server gives them one
 attempt; a resumed job is a new launch and gets the next attempt.
@@ -11,7 +11,7 @@ import sys
 import uuid
 from typing import Any
 
-__all__ = ["derive_launch_id", "torch_distributed"]
+__all__ = ["derive_launch_id", "rank_and_world_size", "run_id_of", "torch_distributed"]
 
 
 def torch_distributed() -> Any:
@@ -43,7 +43,7 @@ def _shared_through_store(dist: Any) -> str | None:
 
 
 def derive_launch_id(explicit: str | None = None) -> str:
-    """The launch id that every rank of one launch shares (DESIGN.md §5), in this order: the
+    """The launch id that every rank of one launch shares (docs/design.md §5), in this order: the
     argument, ``VANTAGE_LAUNCH_ID``, ``TORCHELASTIC_RUN_ID`` (unless torchrun's default "none")
     + ``TORCHELASTIC_RESTART_COUNT``, a
     UUID shared by the ranks of the ``torch.distributed`` process group (through its store; a
@@ -55,8 +55,8 @@ def derive_launch_id(explicit: str | None = None) -> str:
     if env:
         return env
     elastic = os.environ.get("TORCHELASTIC_RUN_ID")
-    # plain `torchrun` (no --rdzv-id) names every launch "none": no launch id at all (each
-    # relaunch was the same launch, so a resumed job never became a new attempt: a trial)
+    # plain `torchrun` (no --rdzv-id) names every launch "none": no launch id at all (else
+    # each relaunch would be the same launch, and a resumed job never a new attempt)
     if elastic and elastic != "none":
         return f"{elastic}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     dist = torch_distributed()
@@ -68,3 +68,22 @@ def derive_launch_id(explicit: str | None = None) -> str:
         dist.broadcast_object_list(box, src=0)
         return str(box[0])
     return str(uuid.uuid4())
+
+
+def rank_and_world_size(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``torch.distributed``'s when a process group is up, else ``RANK``/``WORLD_SIZE``, else
+    0 and 1; an argument given wins."""
+    dist = torch_distributed()
+    if rank is None:
+        rank = dist.get_rank() if dist is not None else int(os.environ.get("RANK", 0))
+    if world_size is None:
+        world_size = (
+            dist.get_world_size() if dist is not None else int(os.environ.get("WORLD_SIZE", 1))
+        )
+    return int(rank), int(world_size)
+
+
+def run_id_of(launch_id: str, run_name: Any, project: Any) -> str:
+    """The run id every rank of a launch derives alike: a UUID (version 5) of the launch id,
+    the run's name and its project."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"vantage:{project}/{run_name}/{launch_id}"))

@@ -1,4 +1,4 @@
-"""The wire schema (DESIGN.md §3–§4): pydantic models shared by the client and the server.
+"""The wire schema (docs/design.md §3–§4): pydantic models shared by the client and the server.
 
 Rewards are JSON numbers or null; ``NaN``/``Infinity``/``-Infinity`` tokens are accepted and later
 classed non-finite; booleans and strings are rejected. Validation errors name the record and
@@ -98,8 +98,8 @@ def _no_bidi(text: str) -> str:
 
 def prose(max_length: int) -> Any:
     """`text` of at most ``max_length`` characters that people read (notes, a description, a
-    reason): line breaks allowed, bidirectional controls not (a note "evil \u202edetaerc" read
-    "evil created" on the run page: a trial)."""
+    reason): line breaks allowed, bidirectional controls not (a note "evil \u202edetaerc" would
+    read "evil created" on the run page)."""
     return Annotated[text(max_length), AfterValidator(_no_bidi)]
 
 
@@ -117,16 +117,16 @@ def text(max_length: int, min_length: int = 0) -> Any:
 
 
 # Bidirectional overrides, isolates and marks: "rtl \u202e gnp.exe" would read as "rtl
-# exe.png"; the marks (U+200E-F, U+061C) reorder neighbouring text too (a trial).
+# exe.png"; the marks (U+200E-F, U+061C) reorder neighbouring text too.
 BIDI_CONTROLS = frozenset(
     "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
 )
 BIDI_NAMED = "bidirectional control characters (U+202A-E, U+2066-9, U+200E-F, U+061C)"
 
 
-# Characters that show nothing and join nothing: "run\u200b" looked the same as "run" in every
-# list, a second run or rule no one could tell apart, and a name of Hangul fillers looked blank
-# (trials). The joiners U+200C-D stay, as Persian words and emoji sequences need them; tag
+# Characters that show nothing and join nothing: "run\u200b" looks the same as "run" in every
+# list, a second run or rule no one can tell apart, and a name of Hangul fillers looks blank.
+# The joiners U+200C-D stay, as Persian words and emoji sequences need them; tag
 # characters only in an emoji flag sequence (U+1F3F4, tags, U+E007F).
 INVISIBLE = frozenset(
     "\u200b\u2060\ufeff\u00ad\u180e\u2061\u2062\u2063\u2064"
@@ -176,25 +176,25 @@ def _one_line(text: str) -> str:
 def _plain_name(text: str) -> str:  # never empty: `Name` has a minimum length of 1
     try:
         return _plain_label(text)
-    except ValueError as exc:  # control characters as key names refuse them (a trial)
+    except ValueError as exc:  # control characters, as key names refuse them
         raise ValueError(f"a name {exc}") from None
 
 
 def _plain_label(text: str) -> str:
-    # a severity " " was "[ ]" in chat (a trial)
+    # a severity " " would be "[ ]" in chat
     return _one_line(_no_bidi(_shown(text)))
 
 
 def label(max_length: int, min_length: int = 0) -> Any:
     """`text` of ``min_length`` to ``max_length`` characters on one line (a project, a tag, an
     alert's severity): no control characters, which a project key's name refuses (a run of
-    project "a\tb" could never get one: a trial), nor bidirectional controls (a severity
-    "\u202elacitirc" read as "critical" in chat: a trial)."""
+    project "a\tb" could never get one), nor bidirectional controls (a severity
+    "\u202elacitirc" would read as "critical" in chat)."""
     return Annotated[text(max_length, min_length), AfterValidator(_plain_label)]
 
 
 Name = Annotated[text(200, 1), AfterValidator(_plain_name)]
-# A run's tags: each once, none empty ([""] and ["ok", "ok"] were stored as given, a trial).
+# A run's tags: each once (a repeated tag is dropped), none empty.
 Tags = Annotated[
     list[label(100, 1)],
     AfterValidator(lambda tags: list(dict.fromkeys(tags))),
@@ -229,7 +229,7 @@ class GroupStats(_Strict):
 
     n: Annotated[int, Strict(), Field(ge=0, le=MAX_GROUP_SIZE)]
     """Completions in the group (after masking)."""
-    # Required (DESIGN.md §3: {n, mean, std, min, max, n_pass?}); null means non-finite.
+    # Required (docs/design.md §3: {n, mean, std, min, max, n_pass?}); null means non-finite.
     mean: Reward
     """Mean reward; null when non-finite."""
     std: Reward
@@ -306,7 +306,7 @@ GroupIn = Annotated[
         custom_error_message="a group is a list of rewards, or an object with rewards or stats",
     ),
 ]
-"""One group in any of its forms (DESIGN.md §3 'Groups'); an error's location names the form
+"""One group in any of its forms (docs/design.md §3 'Groups'); an error's location names the form
 it was read as: ``list``, ``with_rewards`` or ``with_stats``."""
 
 
@@ -322,7 +322,7 @@ class NormalGroup:
 
 
 class GroupsForm(_Strict):
-    """The three ways a record or an /acr request carries groups (DESIGN.md §3 'Groups')."""
+    """The three ways a record or an /acr request carries groups (docs/design.md §3 'Groups')."""
 
     groups: list[GroupIn] | None = None  # the count limit answers 413 at the route
     """Groups, each a list of rewards, {group_id, rewards, mask?, prompt_id?} or {group_id, stats,
@@ -406,7 +406,7 @@ class GroupsForm(_Strict):
 
 
 class Effective(_Strict):
-    """The trainer's own statistics after mitigation, for acr_effective (DESIGN.md §3)."""
+    """The trainer's own statistics after mitigation, for acr_effective (docs/design.md §3)."""
 
     # Groups of one rank's step: bounded like a request's groups (MAX_GROUPS_PER_REQUEST is per
     # request; a rank may report its whole step's count), far below 64-bit limits.
@@ -475,7 +475,7 @@ class StepRecord(GroupsForm):
                 f"{self.time!r}{hint}"
             )
         if self.time == 0:
-            self.time = 0.0  # -0.0 read back as -0.0 (a trial)
+            self.time = 0.0  # -0.0 would read back as -0.0
         if self.world_size is not None and self.rank >= self.world_size:
             raise ValueError(
                 f"rank {self.rank} is outside world_size {self.world_size}; ranks are 0 to "
@@ -507,7 +507,7 @@ class StepsBatch(_Strict):
 
 
 class _RewardBounds(_Strict):
-    """reward_min below reward_max: they name the sides of a collapsed group (DESIGN.md §3)."""
+    """reward_min below reward_max: they name the sides of a collapsed group (docs/design.md §3)."""
 
     reward_min: Annotated[float, Strict(), Field(allow_inf_nan=False)] = 0.0
     """A collapsed group at this value is all_fail."""
@@ -549,7 +549,7 @@ class RunCreate(_RewardBounds):
     attempt is refused (409): it would become the newest attempt and its old steps would replace
     newer ones (`vantage sync` of a spool from before a relaunch)."""
     name: Name | None = None
-    """Display name: required for a new run (DESIGN.md §4); a known run keeps its own."""
+    """Display name: required for a new run (docs/design.md §4); a known run keeps its own."""
     project: Annotated[label(200) | None, BeforeValidator(_blank_is_none)] = None
     """Groups runs; keys and alert rules can be limited to a project. A blank one is none (an
     empty `$PROJECT` made a project "" of its own, apart from runs without one)."""
@@ -561,7 +561,7 @@ class RunCreate(_RewardBounds):
     """The trainer's epsilon in (r − mean) / (std + eps), for near_collapsed."""
     world_size: Annotated[int, Strict(), Field(ge=1, le=65_536)] = 1
     """Ranks that send data."""
-    # at least 0.1 s: 1e-9 was taken, and the run was "stale" from its start (a trial)
+    # at least 0.1 s: with 1e-9 the run would be "stale" from its start
     heartbeat_s: Annotated[float, Strict(), Field(ge=0.1, le=86_400, allow_inf_nan=False)] = 10.0
     """Seconds between heartbeats; the run is stale after 3 × this without data or heartbeat."""
     tags: Tags = Field(default_factory=list)
@@ -616,7 +616,7 @@ def no_params_as_empty(params: Any) -> Any:
 
 
 class CommandCreate(_Strict):
-    """Body of ``POST /api/v1/runs/{run_id}/commands`` (DESIGN.md §4 'Commands')."""
+    """Body of ``POST /api/v1/runs/{run_id}/commands`` (docs/design.md §4 'Commands')."""
 
     type: Literal["set_mitigation", "set_sampling", "checkpoint", "stop"]
     """What the trainer is asked to do at its next step boundary."""
@@ -719,7 +719,7 @@ MAX_MODE_CHARS = 64
 
 
 def small_mitigation(value: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A record's mitigation as DESIGN.md §4 has it, ``{mode, ...settings}``: ``mode`` a
+    """A record's mitigation as docs/design.md §4 has it, ``{mode, ...settings}``: ``mode`` a
     non-empty string of at most 64 characters (any name: a trainer may report a mitigation of
     its own), at most 4 KiB as JSON. Returns the value; raises ValueError naming the problem."""
     if value is None:
@@ -748,7 +748,7 @@ def errors_in_one_line(exc: ValidationError) -> str:
 
 # Sampling temperatures a run takes (set_sampling, the trainer's config). Below 0.01 sampling is
 # greedy in all but name, so every group collapses; and logits divided by 1e-50 overflow, which
-# made the policy's weights NaN and failed the run (a trial).
+# makes the policy's weights NaN and fails the run.
 TEMPERATURE_RANGE = (0.01, 10.0)
 
 
@@ -763,8 +763,8 @@ def temperature_problem(t: Any) -> str | None:
 def validate_command_params(kind: str, params: dict[str, Any]) -> None:
     """Raise ValueError when a command's params cannot be applied by the trainer. Each type
     takes only its own params, each by name and range, so that what passes is small, storable
-    JSON; a value out of range is named with its range (an integer beyond 64 bits was told to
-    be sent as a string, which no number param takes: a trial)."""
+    JSON; a value out of range is named with its range (not told to be sent as a string, as an
+    integer beyond 64 bits would be, which no number param takes)."""
     if kind == "set_mitigation":
         mode = params.get("mode")
         if mode not in MITIGATION_MODES:
@@ -778,7 +778,7 @@ def validate_command_params(kind: str, params: dict[str, Any]) -> None:
         raise ValueError(f"{kind} takes no params; got {sorted(params)}")
 
 
-# set_mitigation's numbers besides mode (DESIGN.md §7; the trainer's Mitigation): name →
+# set_mitigation's numbers besides mode (docs/design.md §7; the trainer's Mitigation): name →
 # (lowest, highest, whether the lowest itself is refused).
 MITIGATION_NUMBERS = {
     "alpha": (0.0, 100.0, True),  # AVSPO: K = max(1, min(G, ⌈G·ACR^α⌉))
@@ -788,7 +788,7 @@ MITIGATION_NUMBERS = {
     "delta_high": (-10.0, 10.0, False),  # AAPO: margin clip, high
 }
 AVSPO_THRESHOLDS = ("fixed", "adaptive", "single")
-# set_mitigation's settings when neither the config nor a command gave them (DESIGN.md §7):
+# set_mitigation's settings when neither the config nor a command gave them (docs/design.md §7):
 # AVSPO's threshold, α, adaptive τ_0 and η; AAPO's δ_low and δ_high. The trainer starts from
 # them and the dashboard's forms show them for a run that reported nothing else.
 MITIGATION_DEFAULTS: dict[str, Any] = {

@@ -1,15 +1,15 @@
-"""The on-disk spool of the client hook (DESIGN.md §5): an SQLite file in WAL mode.
+"""The on-disk spool of the client hook (docs/design.md §5): an SQLite file in WAL mode.
 
 Every batch the background sender builds is written here first and deleted once the server has
 acknowledged it, so batches survive outages of any length (within ``max_bytes``), a server
 restart and a crashed trainer. Rows are replayed strictly in order (``ord``); a batch the server
 refuses with a non-retryable 4xx moves to the ``dead_letter`` table and is counted. A spool file
 describes itself: the ``meta`` table holds the run-creation body (``run_id``, ``launch_id``, ...),
-so ``vantage sync SPOOL_DIR`` (``sync`` below) can upload it later from any machine.
+so ``vantage sync SPOOL_DIR`` (`vantage.client.sync`) can upload it later from any machine.
 
-The sender thread (or ``sync``) uses a ``Spool``; every method holds the spool's lock, so that
-``Monitor.close`` can still move the in-memory queue to disk while the sender is stuck in a
-request. Its counters are plain ints that other threads may read.
+The Monitor's worker thread (or ``sync``) uses a ``Spool``; every method holds the spool's lock,
+so that ``Monitor.close`` can still move the in-memory queue to disk while the worker is stuck in
+a request. Its counters are plain ints that other threads may read.
 """
 
 from __future__ import annotations
@@ -17,15 +17,18 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import sqlite3
+import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-__all__ = ["Spool", "SpoolInUse", "SpoolRow", "sync", "SPOOL_SUFFIX"]
+__all__ = ["SPOOL_SUFFIX", "Spool", "SpoolInUse", "SpoolRow", "open_spool"]
 
 log = logging.getLogger("vantage.client")
 
@@ -64,9 +67,9 @@ class SpoolInUse(RuntimeError):
 def _hold(path: Path) -> int | None:
     """Take an exclusive lock on the spool file for as long as the returned descriptor stays
     open (``flock``: released when the process ends, however it ends), so that `vantage sync`
-    never replays, and deletes, a spool that a live Monitor is still writing (a trial lost the
-    rest of a run that way). Raises SpoolInUse when another holder has it. Where ``fcntl`` is
-    missing (Windows) nothing is locked and None is returned."""
+    never replays, and deletes, a spool that a live Monitor is still writing. Raises
+    SpoolInUse when another holder has it. Where ``fcntl`` is missing (Windows) nothing is
+    locked and None is returned."""
     try:
         import fcntl  # noqa: PLC0415 - POSIX only
     except ImportError:
@@ -301,8 +304,8 @@ class Spool:
     def close(self, remove_if_clean: bool = False) -> bool:
         """Close the file; with ``remove_if_clean``, delete it when nothing in it is worth keeping
         (no pending batch, ack or final status, no dead letter, no drop the server has not been
-        told of: a file kept for reported drops alone piled up, re-reported by every sync, a
-        trial). Returns True when it was removed."""
+        told of; one kept for reported drops alone would pile up, re-reported by every sync).
+        Returns True when it was removed."""
         clean = (
             remove_if_clean
             and self.empty
@@ -321,106 +324,45 @@ class Spool:
         return clean
 
 
-def sync(
-    spool_dir: str | Path, server: str, api_key: str | None = None, timeout: float = 60.0
-) -> dict:
-    """Upload every spool file in ``spool_dir`` to ``server`` (``vantage sync SPOOL_DIR``), or
-    the one file ``spool_dir`` names.
-
-    Each file is replayed in order under its own run and launch: the run is created (or found)
-    with the file's ``run_id`` and ``launch_id``, so the batches join the attempt they were
-    recorded for when the server still has it. Refused batches go to the file's dead-letter
-    table. A file left with nothing worth keeping is deleted.
-
-    Returns ``{"server", "files", "runs", "sent_batches", "sent_groups", "duplicates", "conflicts",
-    "dead_letter_batches", "remaining_groups", "dropped_groups", "errors", "in_use", "failed"}``;
-    ``errors`` lists ``"FILE: reason"`` for files that could not be finished (server
-    unreachable, run refused); ``in_use`` names files a live process holds (a running Monitor,
-    another sync), left alone and not a failure; ``failed`` is true when any file could not be
-    finished or groups remain.
-    """
-    from .sender import Transport  # noqa: PLC0415 (sender imports this module)
-
-    totals: dict[str, Any] = {
-        "server": server,
-        "files": 0,
-        "runs": [],
-        "sent_batches": 0,
-        "sent_groups": 0,
-        "duplicates": 0,
-        "conflicts": 0,
-        "dead_letter_batches": 0,
-        "remaining_groups": 0,
-        "dropped_groups": 0,
-        "errors": [],
-        "in_use": [],
-    }
-    where = Path(spool_dir)
-    if where.is_file():  # one spool file (the one a Monitor's close warning names)
-        paths = [where]
-    else:
-        paths = sorted(where.glob(f"*{SPOOL_SUFFIX}"), key=lambda p: p.stat().st_mtime)
-    unreachable = None  # once a file got no answer in its whole timeout, the rest are not tried
-    with Transport(server, api_key) as transport:
-        for path in paths:
-            totals["files"] += 1
-            try:
-                unreachable = _sync_file(path, transport, timeout, totals, unreachable)
-            except SpoolInUse:  # not a failure: its process sends it (a cron sync exits 0)
-                totals["in_use"].append(path.name)
-            except sqlite3.DatabaseError as exc:  # not SQLite, or cut short: the others go on
-                totals["errors"].append(
-                    f"{path.name}: not a readable spool file ({exc}); left as it is"
-                )
-            except Exception as exc:  # noqa: BLE001 - a batch that cannot be read, say (a trial)
-                totals["errors"].append(
-                    f"{path.name}: could not be replayed ({type(exc).__name__}: {exc}); "
-                    "left as it is"
-                )
-    totals["failed"] = bool(totals["errors"]) or totals["remaining_groups"] > 0
-    return totals
-
-
-def _sync_file(
-    path: Path, transport: Any, timeout: float, totals: dict[str, Any], unreachable: str | None
-) -> str | None:
-    """Replay one spool file into the `sync` totals, unless an earlier file found the server
-    ``unreachable``; returns why the server is unreachable, if it now is. A file named in
-    ``errors`` is kept. Raises sqlite3.DatabaseError for a file that is not a readable spool,
-    and whatever reading a damaged batch raises."""
-    from .sender import replay_spool  # noqa: PLC0415 (sender imports this module)
-
-    errors = len(totals["errors"])
-    done = False
-    spool = Spool(path, max_bytes=1 << 62)
+def open_spool(
+    spool_dir: str | os.PathLike[str] | None, run_id: str, launch_id: str, rank: int, max_bytes: int
+) -> Spool:
+    """Open the spool file of a Monitor's (run, launch, rank) in ``spool_dir`` (None:
+    ``VANTAGE_SPOOL_DIR``, else a user cache folder). When another Monitor (or a sync) holds it,
+    a file of its own beside it is used; when the folder cannot be used, the same name in the
+    temporary folder: a spool problem must never stop training."""
+    folder = Path(spool_dir) if spool_dir is not None else _default_spool_dir()
+    name = f"{_safe(run_id, 64)}.{_safe(launch_id)}.r{rank}{SPOOL_SUFFIX}"
     try:
-        if unreachable:
-            totals["errors"].append(f"{path.name}: not tried ({unreachable})")
-        else:
-            result = replay_spool(spool, transport, deadline=time.monotonic() + timeout)
-            _add_result(totals, result, path.name)
-            if str(result.get("error", "")).startswith("gave up") and not (
-                result["sent_batches"] or result.get("attempt")
-            ):
-                unreachable = f"the server did not answer in {timeout:g} s"
-        totals["dead_letter_batches"] += spool.dead_letter_batches
-        totals["remaining_groups"] += spool.pending_groups
-        totals["dropped_groups"] += spool.dropped_groups
-        done = len(totals["errors"]) == errors
-    finally:
-        # a file named in `errors` stays, as the answer says (an empty or foreign file was
-        # deleted after "no run description" or "not tried": a trial)
-        spool.close(remove_if_clean=done)
-    return unreachable
+        try:
+            return Spool(folder / name, max_bytes=max_bytes)
+        except SpoolInUse:  # another Monitor of this run, launch and rank, or a sync of it
+            alone = f"{name[: -len(SPOOL_SUFFIX)]}.{uuid.uuid4().hex[:8]}{SPOOL_SUFFIX}"
+            log.warning(
+                "vantage: spool %s is in use by another Monitor of this run, launch and "
+                "rank; using %s. If both send the same steps, the first write wins and the "
+                "other's groups are refused as conflicts: give each process its own rank or "
+                "launch_id",
+                folder / name,
+                alone,
+            )
+            name = alone
+            return Spool(folder / name, max_bytes=max_bytes)
+    except Exception as exc:  # noqa: BLE001 - an unwritable folder must not stop training
+        fallback = Path(tempfile.gettempdir()) / "vantage-spool"
+        log.warning("vantage: cannot use spool folder %s (%s); using %s", folder, exc, fallback)
+        return Spool(fallback / name, max_bytes=max_bytes)
 
 
-def _add_result(totals: dict[str, Any], result: dict[str, Any], name: str) -> None:
-    """Add one file's `replay_spool` result to the `sync` totals."""
-    for key in ("sent_batches", "sent_groups", "duplicates", "conflicts"):
-        totals[key] += result[key]
-    if result.get("run_id"):
-        totals["runs"].append(
-            {"run_id": result["run_id"], "attempt": result.get("attempt"), "file": name}
-        )
-    if result.get("error"):
-        totals["errors"].append(f"{name}: {result['error']}")
+def _default_spool_dir() -> Path:
+    env = os.environ.get("VANTAGE_SPOOL_DIR")
+    if env:
+        return Path(env)
+    import platformdirs  # noqa: PLC0415 (only needed here)
+
+    return Path(platformdirs.user_cache_dir("vantage")) / "spool"
+
+
+def _safe(text: str, limit: int = 40) -> str:
+    """``text`` as part of a file name: letters, digits, ``_.-`` and at most ``limit`` of them."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:limit]

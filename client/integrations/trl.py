@@ -1,4 +1,4 @@
-"""Vantage for TRL's ``GRPOTrainer`` (DESIGN.md §5).
+"""Vantage for TRL's ``GRPOTrainer`` (docs/design.md §5).
 
 Two pieces, usually put in place together by ``attach``::
 
@@ -40,7 +40,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..monitor import Command, Monitor
+    from ..commands import Command
+    from ..monitor import Monitor
 
 __all__ = ["VantageRewards", "VantageCallback", "attach", "prompt_id"]  # noqa: F822 (lazy)
 
@@ -326,8 +327,8 @@ def attach(
     ranks other than 0. Returns the callback.
 
     Only rank 0's Monitor sends (groups are gathered there); a Monitor given on another rank
-    is not used, and a warning says so: a Monitor made on every rank registered a run of its
-    own on each that never got data and went stale (a trial)."""
+    is not used, and a warning says so (a Monitor made on every rank would register a run of
+    its own on each, which never gets data and goes stale)."""
     dist = _dist()
     if monitor is not None and dist is not None and dist.get_rank() != 0:
         log.warning(

@@ -1,6 +1,7 @@
-"""HTTP delivery for the client hook: one POST, its classification, backoff, and spool replay.
+"""The client's HTTP transport: one POST and its classification, backoff, request bodies, and
+sending the spool's oldest batch, acks and final status.
 
-DESIGN.md §5: connect errors, timeouts, 408, 429 and 5xx are retried with jittered exponential
+docs/design.md §5: connect errors, timeouts, 408, 429 and 5xx are retried with jittered exponential
 backoff from 0.5 s to 30 s, honouring ``Retry-After``; any other 4xx refuses the batch, which
 goes to the spool's dead-letter table. A 413 or 422 batch of several records is bisected first, so
 one bad record does not take the good ones with it (the server stores nothing of a refused batch).
@@ -11,7 +12,6 @@ from __future__ import annotations
 import email.utils
 import logging
 import random
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +29,11 @@ __all__ = [
     "Transport",
     "encode_groups",
     "pack_records",
-    "replay_spool",
+    "bisect_body",
+    "create_run",
+    "send_acks",
+    "send_finish",
+    "send_head",
     "server_url_problem",
     "steps_body",
 ]
@@ -323,7 +327,7 @@ def send_head(
     if reply.kind == "retry" or reply.status in (401, 403):
         # 401/403 refuse the key (revoked mid-run, or without the ingest scope), not the batch:
         # it stays in the spool and is sent again, here or by `vantage sync --api-key`, instead
-        # of becoming a dead letter that nothing resends (found by a fresh-user trial)
+        # of becoming a dead letter that nothing resends
         return "retry", reply
     if reply.status in (404, 409):
         # The run or the attempt is unknown (a server whose database was replaced): create the
@@ -367,119 +371,3 @@ def send_finish(
     attempt that a newer launch has superseded)."""
     body = {"status": status} if attempt is None else {"status": status, "attempt": attempt}
     return transport.post(f"/runs/{run_id}/finish", orjson.dumps(body), timeout)
-
-
-def _send_health(
-    spool: Spool, transport: Transport, run_id: str, attempt: int, deadline: float
-) -> None:
-    """Report the spool's rank as having nothing left to send (and its drops and refusals), so
-    that the run's client health stops showing what its live Monitor last reported before the
-    server went away. Best effort: a spool without its rank (older files) sends nothing."""
-    rank = spool.get_meta("rank")
-    if rank is None or deadline - time.monotonic() <= 0.1:
-        return
-    body = {
-        "attempt": attempt,
-        "rank": rank,
-        "spooled_groups": 0,
-        "dropped_groups": spool.dropped_groups,
-        "dead_letter_batches": spool.dead_letter_batches,
-    }
-    reply = transport.post(
-        f"/runs/{run_id}/heartbeat", orjson.dumps(body), timeout=deadline - time.monotonic()
-    )
-    if reply.kind == "ok":
-        spool.note_reported(body["dropped_groups"])
-
-
-def _send_kept_finish(
-    spool: Spool, transport: Transport, run_id: str, attempt: int, deadline: float, result: dict
-) -> None:
-    """Send the final status the spool keeps (`Spool.keep_finish`), and forget it once the
-    server has it or refused it (a run deleted since)."""
-    if spool.pending_finish is None:
-        return
-    reply = send_finish(
-        transport, run_id, spool.pending_finish, deadline - time.monotonic(), attempt
-    )
-    if reply.kind == "retry":
-        result["error"] = f"final status not sent: {reply.error}"
-    else:
-        spool.keep_finish(None)
-
-
-def replay_spool(
-    spool: Spool,
-    transport: Transport,
-    deadline: float,
-    stop: threading.Event | None = None,
-) -> dict[str, Any]:
-    """Upload one spool file in order until it is empty or ``deadline`` (monotonic) passes.
-    Used by ``vantage sync``; the live Monitor drives the same steps from its sender thread."""
-    result: dict[str, Any] = {"sent_batches": 0, "sent_groups": 0, "duplicates": 0, "conflicts": 0}
-    run_body = spool.get_meta("run")
-    if not run_body:
-        result["error"] = "no run description in the spool file"
-        return result
-    result["run_id"] = run_body["run_id"]
-    backoff = Backoff()
-
-    def wait(reply: Reply) -> bool:
-        delay = backoff.next_delay(reply.retry_after)
-        remaining = deadline - time.monotonic()
-        if remaining <= delay:
-            result["error"] = f"gave up: {reply.error}"
-            return False
-        if stop is not None:
-            return not stop.wait(delay)
-        time.sleep(delay)
-        return True
-
-    attempt = None
-    while attempt is None:
-        reply = create_run(transport, run_body, timeout=deadline - time.monotonic())
-        if reply.kind == "ok":
-            attempt = int(reply.data["attempt"])
-        elif reply.kind == "refused" or not wait(reply):
-            result.setdefault("error", f"run refused: {reply.error}")
-            return result
-    result["attempt"] = attempt
-    backoff.reset()
-    recreated = 0
-    while True:
-        failed = send_acks(
-            spool, transport, run_body["run_id"], timeout=deadline - time.monotonic()
-        )
-        if failed is not None:
-            if not wait(failed):
-                return result
-            continue
-        row_groups = spool.head().n_groups if spool.pending_batches else 0
-        outcome, reply = send_head(
-            spool, transport, run_body["run_id"], attempt, timeout=deadline - time.monotonic()
-        )
-        if outcome == "empty":
-            _send_health(spool, transport, run_body["run_id"], attempt, deadline)
-            _send_kept_finish(spool, transport, run_body["run_id"], attempt, deadline, result)
-            return result
-        if outcome == "retry":
-            assert reply is not None
-            if not wait(reply):
-                return result
-            continue
-        if outcome == "unknown_run":
-            assert reply is not None
-            recreated += 1
-            again = create_run(transport, run_body, timeout=deadline - time.monotonic())
-            if again.kind != "ok" or recreated > 3:
-                result["error"] = f"run refused: {reply.error}"
-                return result
-            attempt = result["attempt"] = int(again.data["attempt"])
-            continue
-        backoff.reset()
-        if outcome == "sent":
-            assert reply is not None
-            result["sent_batches"] += 1
-            result["sent_groups"] += row_groups
-            result["duplicates"] += int(reply.data.get("duplicates") or 0)
-            result["conflicts"] += int(reply.data.get("conflicts") or 0)

@@ -1,4 +1,5 @@
-"""Vantage's bundled GRPO trainer (DESIGN.md §7), streaming to the server through the client hook.
+"""Vantage's bundled GRPO trainer (docs/design.md §7), streaming to the server through the client
+hook.
 
 Entry points (``vantage train CONFIG [--set key=value ...]`` calls ``run.main``):
 
@@ -8,8 +9,10 @@ Entry points (``vantage train CONFIG [--set key=value ...]`` calls ``run.main``)
     trainer.submit_command("set_mitigation", {"mode": "avspo"})        # at the next boundary
     summary = fit(trainer, hooks=[lambda trainer, record: print(record["acr"])])
 
-Modules: ``config`` (the one dataclass), ``advantages`` (grpo/avspo/aapo, pure), ``models``,
-``data``, ``rewards``, ``rollout`` (HF generate, vLLM), ``sft``, ``grpo`` (the step),
-``monitoring`` (Monitor adapter, torch.distributed helpers), ``checkpoint``, ``run``.
+Modules: ``config`` (the one dataclass), ``advantages`` (grpo/avspo/aapo, pure, and their
+registry), ``mitigation`` (the estimator in effect), ``commands`` (applied at a step boundary),
+``models``, ``data``, ``rewards``, ``rollout`` (HF generate, vLLM), ``sft``, ``loss``, ``grpo``
+(the step), ``monitoring`` (Monitor adapter), ``distributed`` (torch.distributed helpers),
+``checkpoint``, ``resume``, ``signals``, ``run`` (setup and fit).
 Nothing is imported here, so ``import vantage.trainer`` stays cheap.
 """

@@ -1,19 +1,22 @@
 """Advantage estimators: ``grpo``, ``avspo`` and ``aapo`` as pure functions on ``[P, G]`` rewards.
 
 Every estimator takes ``rewards: [P, G] float`` (P prompts, G completions each, one group per row)
-and returns an :class:`Advantages` (``values: [P, G]`` plus how many virtual rewards it used). No
-I/O, no globals; ``ESTIMATORS`` maps a name to its function, so adding an estimator is one function
-and one line. DESIGN.md §7 is normative; the docstrings say where each formula comes from.
+and its inputs by keyword, and returns an :class:`Advantages` (``values: [P, G]`` plus how many
+virtual rewards it used). No I/O. ``@register_adv_est(name)`` (after verl's registry) puts an
+estimator in ``ESTIMATORS``, where the trainer looks the mitigation's mode up, so adding an
+estimator is one function and its decorator line. docs/design.md §7 is normative; the docstrings
+say where each formula comes from.
 
 Numerics: everything is computed in float64 and returned in the rewards' dtype.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import torch
 
@@ -24,15 +27,20 @@ __all__ = [
     "ESTIMATORS",
     "aapo",
     "adaptive_tau_update",
+    "apply_estimator",
     "avspo",
     "avspo_num_virtual",
     "compute_advantages",
     "effective_stats",
+    "estimator_keywords",
+    "estimator_settings",
+    "get_adv_estimator",
     "grpo",
+    "register_adv_est",
 ]
 
 TRAINER_EPS = 1e-4  # TRL's eps in the advantage denominator; the ACR engine's default trainer_eps
-ZERO_ADVANTAGE_TOL = 1e-3  # DESIGN §3: a group is zero-advantage when max_i |A_i| < tol
+ZERO_ADVANTAGE_TOL = 1e-3  # docs/design.md §3: a group is zero-advantage when max_i |A_i| < tol
 
 ScaleRewards = Literal["group", "batch", "none"]
 
@@ -42,6 +50,63 @@ class Advantages(NamedTuple):
 
     values: torch.Tensor
     n_virtual: int = 0
+
+
+# --------------------------------------------------------------------------- the registry
+
+Estimator = TypeVar("Estimator", bound=Callable[..., Advantages])
+
+ESTIMATORS: dict[str, Callable[..., Advantages]] = {}
+_SETTINGS: dict[str, tuple[str, ...]] = {}
+
+
+def register_adv_est(name: str, settings: tuple[str, ...] = ()) -> Callable[[Estimator], Estimator]:
+    """Register ``estimator(rewards, **inputs) -> Advantages`` under ``name`` (a mitigation mode).
+
+    ``settings`` name the mitigation's settings that act in this mode (the trainer reports them
+    with each step). Raises ValueError when another estimator holds the name.
+    """
+
+    def register(estimator: Estimator) -> Estimator:
+        if ESTIMATORS.get(name, estimator) is not estimator:
+            raise ValueError(f"advantage estimator {name!r} is registered already")
+        ESTIMATORS[name] = estimator
+        _SETTINGS[name] = settings
+        return estimator
+
+    return register
+
+
+def get_adv_estimator(name: str) -> Callable[..., Advantages]:
+    """The estimator registered as ``name``; raises ValueError naming the known ones."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}")
+    return ESTIMATORS[name]
+
+
+def estimator_settings(name: str) -> tuple[str, ...]:
+    """The mitigation settings that act when ``name`` estimates the advantages."""
+    get_adv_estimator(name)
+    return _SETTINGS[name]
+
+
+def estimator_keywords(estimator: Callable[..., Advantages]) -> frozenset[str]:
+    """The inputs an estimator takes by keyword (what the trainer must give it)."""
+    parameters = inspect.signature(estimator).parameters.values()
+    return frozenset(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def apply_estimator(
+    estimator: Callable[..., Advantages], rewards: torch.Tensor, inputs: Mapping[str, Any]
+) -> Advantages:
+    """Apply ``estimator`` with those of ``inputs`` it takes (the rest keep their defaults)."""
+    keywords = estimator_keywords(estimator)
+    return estimator(rewards, **{k: v for k, v in inputs.items() if k in keywords})
+
+
+def compute_advantages(name: str, rewards: torch.Tensor, **params: object) -> Advantages:
+    """Look up an estimator by name and apply it; raises ValueError naming the known ones."""
+    return get_adv_estimator(name)(rewards, **params)
 
 
 def _check(rewards: torch.Tensor) -> torch.Tensor:
@@ -61,10 +126,11 @@ def _sample_std(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
 
 
 def collapsed_mask(rewards: torch.Tensor) -> torch.Tensor:
-    """[P] bool: groups whose rewards are all exactly equal (DESIGN §3 'collapsed')."""
+    """[P] bool: groups whose rewards are all exactly equal (docs/design.md §3 'collapsed')."""
     return rewards.amax(dim=1) == rewards.amin(dim=1)
 
 
+@register_adv_est("grpo")
 def grpo(
     rewards: torch.Tensor, *, scale_rewards: ScaleRewards = "group", eps: float = TRAINER_EPS
 ) -> Advantages:
@@ -89,7 +155,8 @@ def grpo(
 
 
 def avspo_num_virtual(group_size: int, acr: float, alpha: float = 0.5) -> int:
-    """AVSPO's K = max(1, min(G, ⌈G·ACR^α − 1e-9⌉)) (DESIGN §7); the 1e-9 keeps G·√ACR = 3 at 3."""
+    """AVSPO's K = max(1, min(G, ⌈G·ACR^α − 1e-9⌉)) (docs/design.md §7); the 1e-9 keeps
+    G·√ACR = 3 at 3."""
     if not 0.0 <= acr <= 1.0:
         raise ValueError(f"acr must be in [0, 1]; got {acr}")
     return max(1, min(group_size, math.ceil(group_size * acr**alpha - 1e-9)))
@@ -102,6 +169,7 @@ def _virtual_rewards(c: float, k: int, reward_min: float, reward_max: float) -> 
     return [c + (b - c) * j / (k + 1) for j in range(1, k + 1)]
 
 
+@register_adv_est("avspo", settings=("threshold", "alpha", "eta"))
 def avspo(
     rewards: torch.Tensor,
     *,
@@ -125,7 +193,7 @@ def avspo(
     threshold), ``single`` always. Groups that did not collapse get :func:`grpo` advantages.
 
     acr: the step's raw ACR over all ranks, in [0, 1]. From the AVSPO paper (virtual samples); the
-    spacing is DESIGN §7's fix of its r_max·(1 − (k−1)/K), which repeats c.
+    spacing is docs/design.md §7's fix of its r_max·(1 − (k−1)/K), which repeats c.
     Returns ``n_virtual`` = virtual rewards added over all groups.
     """
     base = grpo(rewards, scale_rewards=scale_rewards, eps=eps).values.to(torch.float64)
@@ -150,6 +218,7 @@ def avspo(
     return Advantages(base.to(rewards.dtype), n_virtual)
 
 
+@register_adv_est("aapo", settings=("delta_low", "delta_high"))
 def aapo(
     rewards: torch.Tensor,
     *,
@@ -166,7 +235,7 @@ def aapo(
     ``A_i = Â_i + clip((r_i − r_ref_i)/m, δ_low, δ_high)`` with Â the :func:`grpo` advantage,
     m = reward_max − reward_min, and r_ref_i the reward of the i-th of G completions the reference
     policy sampled for the same prompt (paired by index). reference_rewards: [P, G] like rewards.
-    AAPO ("advantage momentum", arXiv 2505.14264) as DESIGN §7 fixes it.
+    AAPO ("advantage momentum", arXiv 2505.14264) as docs/design.md §7 fixes it.
     Raises ValueError on a shape mismatch or m ≤ 0.
     """
     if reference_rewards.shape != rewards.shape:
@@ -180,16 +249,6 @@ def aapo(
     base = grpo(rewards, scale_rewards=scale_rewards, eps=eps).values.to(torch.float64)
     margin = ((_check(rewards) - _check(reference_rewards)) / scale).clamp(delta_low, delta_high)
     return Advantages((base + margin).to(rewards.dtype), 0)
-
-
-ESTIMATORS: dict[str, Callable[..., Advantages]] = {"grpo": grpo, "avspo": avspo, "aapo": aapo}
-
-
-def compute_advantages(name: str, rewards: torch.Tensor, **params: object) -> Advantages:
-    """Look up an estimator by name and apply it; raises ValueError naming the known ones."""
-    if name not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}")
-    return ESTIMATORS[name](rewards, **params)
 
 
 # --------------------------------------------------------------------------- AVSPO's threshold
@@ -239,7 +298,8 @@ class EffectiveStats(NamedTuple):
 
 
 def effective_stats(advantages: Advantages, tol: float = ZERO_ADVANTAGE_TOL) -> EffectiveStats:
-    """n_zero_advantage counts groups with max_i |A_i| < tol (DESIGN §3 ``acr_effective``)."""
+    """n_zero_advantage counts groups with max_i |A_i| < tol (docs/design.md §3
+    ``acr_effective``)."""
     values = advantages.values
     n_zero = int((values.abs().amax(dim=1) < tol).sum()) if values.numel() else 0
     return EffectiveStats(values.shape[0], n_zero, advantages.n_virtual)

@@ -18,17 +18,17 @@ import json
 import random
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from .config import TrainConfig
-
-if TYPE_CHECKING:
-    from .grpo import GRPOTrainer
+from .distributed import Distributed
+from .models import load_policy
 
 __all__ = [
+    "Checkpointable",
     "WeightsDiverged",
     "latest_checkpoint",
     "load_checkpoint",
@@ -38,6 +38,21 @@ __all__ = [
 ]
 
 CHECKPOINT = "checkpoint"
+
+
+class Checkpointable(Protocol):
+    """What a checkpoint saves and restores: the trainer's policy, tokenizer, prompt sampler and
+    ``state_dict`` (step, optimizer, mitigation, ...), on every rank of ``dist``."""
+
+    policy: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    output_dir: Path
+    dist: Distributed
+    rng: random.Random
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class WeightsDiverged(RuntimeError):
@@ -58,7 +73,7 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return path if (path / "state.pt").exists() else None
 
 
-def _rng_state(trainer: GRPOTrainer) -> dict[str, Any]:
+def _rng_state(trainer: Checkpointable) -> dict[str, Any]:
     state = {
         "python": random.getstate(),
         "torch": torch.get_rng_state(),
@@ -69,7 +84,7 @@ def _rng_state(trainer: GRPOTrainer) -> dict[str, Any]:
     return state
 
 
-def save_checkpoint(trainer: GRPOTrainer) -> Path:
+def save_checkpoint(trainer: Checkpointable) -> Path:
     """Write the checkpoint atomically (a temporary folder renamed into place); every rank calls
     this together. Returns the checkpoint folder. Raises WeightsDiverged, writing nothing, when
     the weights are not finite (every rank holds the same weights, so every rank raises)."""
@@ -98,7 +113,7 @@ def save_checkpoint(trainer: GRPOTrainer) -> Path:
     return final
 
 
-def load_checkpoint(trainer: GRPOTrainer, path: str | Path) -> None:
+def load_checkpoint(trainer: Checkpointable, path: str | Path) -> None:
     """Restore the trainer's state and this rank's RNG (the policy weights are loaded by the
     caller from ``path/policy``)."""
     path = Path(path)
@@ -147,8 +162,6 @@ def load_reference(
             dtype=torch.bfloat16 if config.dtype == "bfloat16" else torch.float32,
         )
     else:
-        from .models import load_policy
-
         fields = {k: v for k, v in spec.items() if k != "kind"}
         model, _ = load_policy(dataclasses.replace(config, **fields))
     return model.eval().requires_grad_(False)

@@ -1,4 +1,4 @@
-"""The server's commands (DESIGN §4) as the trainer applies them at a step boundary.
+"""The server's commands (docs/design.md §4) as the trainer applies them at a step boundary.
 
 ``set_mitigation {mode: none|avspo|aapo, threshold?, alpha?, eta?, tau?, delta_low?, delta_high?}``,
 ``set_sampling {temperature}``, ``checkpoint``, ``stop``. Each function returns the detail sent
@@ -7,54 +7,41 @@ with the ack, or raises ValueError (the command is then acked ``rejected`` with 
 
 from __future__ import annotations
 
+import logging
 import math
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict
+from typing import Any, Protocol
 
-from vantage.client.schema import MITIGATION_DEFAULTS, temperature_problem
+from vantage.client.commands import Command
+from vantage.client.schema import temperature_problem
 
-from .config import TrainConfig
-from .monitoring import Command
+from .advantages import AvspoState, estimator_keywords, get_adv_estimator
+from .mitigation import Mitigation, mitigation_modes
 
-if TYPE_CHECKING:
-    from .grpo import GRPOTrainer
+__all__ = ["CommandTarget", "apply_command", "apply_logged", "is_number", "set_mitigation"]
 
-__all__ = ["Mitigation", "apply_command", "is_number"]
+log = logging.getLogger(__name__)
 
-
-ACTIVE_PARAMS = {"avspo": ("threshold", "alpha", "eta"), "aapo": ("delta_low", "delta_high")}
-
-
-@dataclass
-class Mitigation:
-    """The advantage estimator in use and its parameters (set_mitigation changes it)."""
-
-    mode: str = "none"  # none (plain grpo) | avspo | aapo
-    threshold: str = MITIGATION_DEFAULTS["threshold"]  # AVSPO: fixed | adaptive | single
-    alpha: float = MITIGATION_DEFAULTS["alpha"]  # AVSPO: K = max(1, min(G, ⌈G·ACR^α⌉))
-    eta: float = MITIGATION_DEFAULTS["eta"]  # AVSPO adaptive: τ's step size
-    delta_low: float = MITIGATION_DEFAULTS["delta_low"]  # AAPO: margin clip, low
-    delta_high: float = MITIGATION_DEFAULTS["delta_high"]  # AAPO: margin clip, high
-
-    def reported(self) -> dict[str, Any]:
-        """The mode and the parameters that act in it, as the trainer reports them with each
-        step (the record's ``mitigation``: what is really in effect, whatever was acked)."""
-        active = ACTIVE_PARAMS.get(self.mode, ())
-        return {"mode": self.mode, **{k: getattr(self, k) for k in active}}
-
-    @classmethod
-    def from_config(cls, c: TrainConfig) -> Mitigation:
-        return cls(
-            c.mitigation,
-            c.avspo_threshold,
-            c.avspo_alpha,
-            c.avspo_eta,
-            c.aapo_delta_low,
-            c.aapo_delta_high,
-        )
+# names set_mitigation also takes for mode none
+NO_MITIGATION_ALIASES = ("grpo", "off")
+AVSPO_THRESHOLDS = ("fixed", "adaptive", "single")
 
 
-def apply_command(trainer: GRPOTrainer, command: Command) -> str:
+class CommandTarget(Protocol):
+    """What a command changes: the trainer's settings, its stop flag and its checkpoint."""
+
+    step: int
+    temperature: float
+    mitigation: Mitigation
+    avspo_state: AvspoState
+    stop_requested: bool
+
+    def save_checkpoint(self) -> str: ...
+
+    def ensure_reference(self) -> Any: ...
+
+
+def apply_command(trainer: CommandTarget, command: Command) -> str:
     """Apply one command to the trainer; returns the ack's detail, raises ValueError to reject."""
     params = dict(command.params)
     if command.type == "set_mitigation":
@@ -75,17 +62,63 @@ def apply_command(trainer: GRPOTrainer, command: Command) -> str:
     raise ValueError(f"unknown command type {command.type!r}")
 
 
-def set_mitigation(trainer: GRPOTrainer, params: dict[str, Any]) -> str:
+def apply_logged(trainer: CommandTarget, command: Command) -> dict[str, Any]:
+    """Apply one command at a step boundary and log the outcome; returns what was done:
+    ``{command_id, type, status: applied | rejected, step, detail}``."""
+    try:
+        detail = apply_command(trainer, command)
+        status = "applied"
+    except (ValueError, TypeError, KeyError, RuntimeError, OSError) as exc:
+        status, detail = "rejected", str(exc)
+    source = command.command_id.split("-", 1)[0] if command.local else "the server"
+    log.log(  # a rejection is worth a warning: someone asked for something not done
+        logging.INFO if status == "applied" else logging.WARNING,
+        "command %s from %s %s at step %d: %s",
+        command.type,
+        source,
+        status,
+        trainer.step,
+        detail,
+    )
+    return {
+        "command_id": command.command_id,
+        "type": command.type,
+        "status": status,
+        "step": trainer.step,
+        "detail": detail,
+    }
+
+
+def set_mitigation(trainer: CommandTarget, params: dict[str, Any]) -> str:
+    """Switch the advantage estimator and its settings; a rejected command changes nothing."""
+    new = _mitigation_from(trainer.mitigation, params)
+    tau = float(params.pop("tau")) if "tau" in params else None
+    if "reference_rewards" in estimator_keywords(get_adv_estimator(new.estimator)):
+        trainer.ensure_reference()  # fail now, with a reason, rather than mid-step
+    trainer.mitigation = new
+    said = new.described()
+    if tau is not None:  # after the last check: a rejected command changes nothing
+        trainer.avspo_state.tau = tau
+    if tau is not None or new.adapts_tau:
+        said += f" tau={trainer.avspo_state.tau}"
+    ignored = f"; ignored {sorted(params)}" if params else ""
+    return f"mitigation {said}{ignored}"
+
+
+def _mitigation_from(current: Mitigation, params: dict[str, Any]) -> Mitigation:
+    """``current`` with the mode and settings of a set_mitigation's ``params`` (popped from
+    it); raises ValueError on a mode, threshold or AAPO range that cannot be applied."""
     mode = params.pop("mode", None)
-    if mode not in ("none", "avspo", "aapo", "grpo", "off"):
-        raise ValueError(f"set_mitigation mode must be none, avspo or aapo; got {mode!r}")
-    mode = "none" if mode in ("grpo", "off") else mode
-    new = Mitigation(**{**asdict(trainer.mitigation), "mode": mode})
+    modes = mitigation_modes()
+    if mode not in modes and mode not in NO_MITIGATION_ALIASES:
+        raise ValueError(f"set_mitigation mode must be {_one_of(modes)}; got {mode!r}")
+    mode = modes[0] if mode in NO_MITIGATION_ALIASES else mode
+    new = Mitigation(**{**asdict(current), "mode": mode})
     threshold = params.pop("threshold", params.pop("variant", None))
     if threshold is not None:
-        if threshold not in ("fixed", "adaptive", "single"):
+        if threshold not in AVSPO_THRESHOLDS:
             raise ValueError(
-                f"AVSPO threshold must be fixed, adaptive or single; got {threshold!r}"
+                f"AVSPO threshold must be {_one_of(AVSPO_THRESHOLDS)}; got {threshold!r}"
             )
         new.threshold = threshold
     for key in ("alpha", "eta", "delta_low", "delta_high"):
@@ -96,22 +129,12 @@ def set_mitigation(trainer: GRPOTrainer, params: dict[str, Any]) -> str:
             f"AAPO delta_low {new.delta_low} would exceed delta_high {new.delta_high}; "
             "send both to move the range"
         )
-    tau = float(params.pop("tau")) if "tau" in params else None
-    if mode == "aapo":
-        trainer.ensure_reference()  # fail now, with a reason, rather than mid-step
-    trainer.mitigation = new
-    said = _described(new)
-    if tau is not None:  # after the last check: a rejected command changes nothing
-        trainer.avspo_state.tau = tau
-    if tau is not None or (new.mode == "avspo" and new.threshold == "adaptive"):
-        said += f" tau={trainer.avspo_state.tau}"  # the ack left it out (a trial)
-    ignored = f"; ignored {sorted(params)}" if params else ""
-    return f"mitigation {said}{ignored}"
+    return new
 
 
-def _described(m: Mitigation) -> str:
-    """The mode and the parameters that act in it ("avspo threshold=fixed alpha=0.5 eta=0.01")."""
-    return " ".join([m.mode, *(f"{k}={getattr(m, k)}" for k in ACTIVE_PARAMS.get(m.mode, ()))])
+def _one_of(names: tuple[str, ...]) -> str:
+    """("none", "avspo", "aapo") → "none, avspo or aapo"."""
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
 
 
 def is_number(value: Any) -> bool:

@@ -19,7 +19,9 @@ from vantage.client.schema import (
     RunCreate,
     temperature_problem,
 )
-from vantage.client.sender import server_url_problem
+from vantage.client.transport import server_url_problem
+
+from .mitigation import mitigation_modes
 
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "CONFIG_DIR", "bundled_config"]
 
@@ -128,7 +130,7 @@ class TrainConfig:
         choices = {
             "model_source": ("tiny", "hf", "gguf", "smollm2"),
             "task": ("arithmetic", "jsonl", "reasoning_gym"),
-            "mitigation": ("none", "avspo", "aapo"),
+            "mitigation": mitigation_modes(),
             "avspo_threshold": ("fixed", "adaptive", "single"),
             "scale_rewards": ("group", "batch", "none"),
             "backend": ("hf", "vllm"),
@@ -179,8 +181,8 @@ class TrainConfig:
             )
 
     def _validate_identity(self) -> None:
-        """The run's name, project and id as the server takes them: one it would refuse turned
-        monitoring off for the whole run, with no spool to sync later (a trial)."""
+        """The run's name, project and id as the server takes them: one it would refuse would
+        turn monitoring off for the whole run, with no spool to sync later."""
         try:
             RunCreate(name=self.run_name, project=self.project, run_id=self.run_id)
         except ValidationError as exc:
@@ -194,8 +196,8 @@ class TrainConfig:
             ) from None
 
     def _validate_shapes(self) -> None:
-        """The checks that torch or transformers would otherwise make later, with a traceback
-        (found by a fresh-user trial): AdamW's betas, the tiny model's heads and positions."""
+        """The checks that torch or transformers would otherwise make later, with a traceback:
+        AdamW's betas, the tiny model's heads and positions."""
         betas = tuple(self.adam_betas)
         if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
             raise ValueError(f"adam_betas must be two numbers in [0, 1); got {list(betas)}")
@@ -227,13 +229,13 @@ _RANGES = (
     *((name, 1, math.inf) for name in (
         "tiny_hidden_size", "tiny_layers", "tiny_heads", "tiny_intermediate_size",
         "sft_batch_size", "max_new_tokens", "num_iterations", "arith_max_operand",
-        "eval_size",  # the accuracy at the start and the end is always measured (0 said 0.0)
+        "eval_size",  # the accuracy at the start and the end is always measured
     )),
-    # a rank's groups of one step fit one request to the server (P·G rollouts are generated
-    # at once: 1e9 was taken, then failed in generation after the warm start)
+    # a rank's groups of one step fit one request to the server (and P·G rollouts are
+    # generated at once)
     ("prompts_per_step", 1, MAX_GROUPS_PER_REQUEST),
     ("tiny_max_positions", 2, math.inf),
-    # within float32's range (3.4e38), where AdamW computes: lr=1e300 overflowed inside it
+    # within float32's range (3.4e38), where AdamW computes: a larger lr overflows inside it
     ("lr", 0, 1e30),
     ("sft_lr", 0, 1e30),
     ("arith_terms", 2, math.inf),  # a problem is a sum of at least two numbers

@@ -63,7 +63,7 @@ class ArithmeticTask(Task):
             unique[p.question] = p
         self.eval_problems = list(unique.values())
         self._excluded = set(unique) if space >= 2 * len(unique) else set()
-        if not self._excluded:  # it was silent (a trial): the accuracy is then on training data
+        if not self._excluded:  # said: the accuracy is then measured on training data
             log.warning(
                 "the evaluation set is not held out: %d distinct problems (arith_max_operand %d, "
                 "arith_terms %d, arith_operators %r) are fewer than twice eval_size (%d), so "
@@ -151,8 +151,7 @@ def _reasoning_gym(config: TrainConfig) -> ListTask:
 
 def _held_out(eval_size: int, n_rows: int) -> int:
     """How many of ``n_rows`` problems to hold out for evaluation: ``eval_size``, at most half
-    of them (said when it is fewer: it was silent, and all of a reasoning-gym set left nothing to
-    train on)."""
+    of them, so that something is left to train on (said when it is fewer)."""
     n_eval = min(eval_size, n_rows // 2)
     if n_eval < eval_size:
         log.warning(

@@ -1,7 +1,8 @@
 """The GRPO trainer: one step reads top to bottom, everything else is a module it calls.
 
     sample prompts → generate G completions each → score → monitor (raw rewards) → advantages
-    (grpo | avspo | aapo) → clipped-surrogate loss → optimizer step → (at the boundary) commands
+    (the registered estimator the mitigation names) → clipped-surrogate loss → optimizer step →
+    (at the boundary) commands
 
 Data parallel: each rank samples its own prompts; the step's ACR, rewards and token counts are
 summed over ranks, gradients are summed with the loss already divided by the global token count,
@@ -23,19 +24,29 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from vantage.client.acr import ACRSettings, StepAccumulator, summarize_rewards
+from vantage.client.commands import Command
 
-from .advantages import Advantages, AvspoState, compute_advantages, effective_stats
-from .checkpoint import load_reference, save_reference
-from .commands import Mitigation, apply_command, is_number
+from .advantages import (
+    Advantages,
+    AvspoState,
+    EffectiveStats,
+    apply_estimator,
+    effective_stats,
+    estimator_keywords,
+    get_adv_estimator,
+)
+from .checkpoint import load_reference, save_checkpoint, save_reference
+from .commands import apply_logged, is_number
 from .config import TrainConfig
 from .data import Problem, Task
-from .loss import policy_loss
-from .monitoring import Command, Distributed, MonitorAdapter
+from .distributed import Distributed
+from .loss import completion_logprobs, policy_loss
+from .mitigation import Mitigation
+from .monitoring import MonitorAdapter
 from .rewards import math_reward
 from .rollout import HFBackend, Rollouts
-from .sft import lm_inputs
 
-__all__ = ["GRPOTrainer", "Mitigation", "StepHook"]
+__all__ = ["GRPOTrainer", "StepHook"]
 
 log = logging.getLogger(__name__)
 
@@ -98,66 +109,54 @@ class GRPOTrainer:
 
     def train_step(self) -> dict[str, Any]:
         """One GRPO step; returns its record (the numbers sent as scalars, plus the step's ACR)."""
-        cfg, step, t0 = self.config, self.step + 1, time.perf_counter()
+        step, clock = self.step + 1, _StepClock()
 
-        problems = self.task.sample(cfg.prompts_per_step, self.rng)
-        rollouts = self.backend.generate(
-            self.policy,
-            [p.question for p in problems],
-            cfg.group_size,
-            self.temperature,
-            cfg.top_p,
-            cfg.max_new_tokens,
-        )
-        t_generate = time.perf_counter()
+        problems = self.task.sample(self.config.prompts_per_step, self.rng)
+        rollouts = self.generate(self.backend, self.policy, problems)
+        clock.lap("generate")
 
         rewards = self.score(rollouts.texts, problems)
         self.monitor.log_groups(step, rewards, [p.prompt_id for p in problems])
         acr, reward_mean, reward_std = self.step_acr(rewards)
-        t_score = time.perf_counter()
+        clock.lap("score")
 
         advantages = self.advantages(rewards, acr, problems)
         effective = effective_stats(advantages)
         self.monitor.log_effective(step, *effective, mitigation=self.reported_mitigation())
-        t_advantage = time.perf_counter()
+        clock.lap("advantage")
 
         losses = self.optimize(rollouts, advantages.values)
-        if self.mitigation.mode == "avspo" and self.mitigation.threshold == "adaptive":
+        if self.mitigation.adapts_tau:
             self.avspo_state.update(
                 acr if acr is not None else 0.0, reward_mean, self.mitigation.eta
             )
         self.step = step
-        t_end = time.perf_counter()
+        clock.lap("train")
 
-        # pooled over ranks, as acr and reward are (n_virtual was rank 0's alone: a trial)
-        n_valid, n_zero, n_virtual = self.dist.sum(
-            [effective.n_valid, effective.n_zero_advantage, effective.n_virtual]
-        )
         record = {
             "step": step,
             "reward": reward_mean,
             "reward_std": reward_std,
             "acr": acr,
-            "acr_effective": n_zero / n_valid if n_valid else None,
-            "n_virtual": int(n_virtual),
-            "mitigation": self.mitigation.mode,
-            "temperature": self.temperature,
-            "lr": self.scheduler.get_last_lr()[0],
-            "avspo_tau": self.avspo_state.tau,
+            **self.pooled_effective(effective),
+            **self.settings_in_effect(),
             **losses,
-            "time_generate_s": t_generate - t0,
-            "time_score_s": t_score - t_generate,
-            "time_advantage_s": t_advantage - t_score,
-            "time_train_s": t_end - t_advantage,
-            "step_s": t_end - t0,
+            **clock.times(),
         }
-        self.monitor.log_scalars(
-            step, {k: v for k, v in record.items() if k != "step" and is_number(v)}
-        )
+        scalars = {k: v for k, v in record.items() if k != "step" and is_number(v)}
+        self.monitor.log_scalars(step, scalars)
         self.history.append(record)
         return record
 
     # ------------------------------------------------------------------ pieces the step calls
+
+    def generate(self, backend: Any, model: PreTrainedModel, problems: list[Problem]) -> Rollouts:
+        """G completions of each problem's question, sampled with the current settings."""
+        c = self.config
+        questions = [p.question for p in problems]
+        return backend.generate(
+            model, questions, c.group_size, self.temperature, c.top_p, c.max_new_tokens
+        )
 
     def score(self, texts: list[str], problems: list[Problem]) -> torch.Tensor:
         """[P, G] rewards, completions prompt-major (G = len(texts) / P)."""
@@ -191,34 +190,37 @@ class GRPOTrainer:
     def advantages(
         self, rewards: torch.Tensor, acr: float | None, problems: list[Problem]
     ) -> Advantages:
-        """The estimator the current mitigation names, applied to this rank's groups."""
-        c, m = self.config, self.mitigation
-        common = {"scale_rewards": c.scale_rewards}
-        if m.mode == "avspo":
-            return compute_advantages(
-                "avspo",
-                rewards,
-                acr=acr or 0.0,
-                reward_min=c.reward_min,
-                reward_max=c.reward_max,
-                alpha=m.alpha,
-                variant=m.threshold,
-                tau=self.avspo_state.tau,
-                **common,
-            )
-        if m.mode == "aapo":
-            reference_rewards = self.reference_rewards(problems)
-            return compute_advantages(
-                "aapo",
-                rewards,
-                reference_rewards=reference_rewards,
-                reward_min=c.reward_min,
-                reward_max=c.reward_max,
-                delta_low=m.delta_low,
-                delta_high=m.delta_high,
-                **common,
-            )
-        return compute_advantages("grpo", rewards, **common)
+        """The estimator the current mitigation names (one registry lookup), given the step's
+        inputs it takes: this rank's groups, the step's ACR, the settings."""
+        c = self.config
+        estimator = get_adv_estimator(self.mitigation.estimator)
+        inputs: dict[str, Any] = {
+            "acr": acr or 0.0,
+            "reward_min": c.reward_min,
+            "reward_max": c.reward_max,
+            "scale_rewards": c.scale_rewards,
+            "tau": self.avspo_state.tau,
+            **self.mitigation.estimator_inputs(),
+        }
+        if "reference_rewards" in estimator_keywords(estimator):  # costs a generation
+            inputs["reference_rewards"] = self.reference_rewards(problems)
+        return apply_estimator(estimator, rewards, inputs)
+
+    def pooled_effective(self, effective: EffectiveStats) -> dict[str, Any]:
+        """The step's effective ACR and virtual rewards over every rank (as ACR and reward)."""
+        n_valid, n_zero, n_virtual = self.dist.sum(
+            [effective.n_valid, effective.n_zero_advantage, effective.n_virtual]
+        )
+        return {"acr_effective": n_zero / n_valid if n_valid else None, "n_virtual": int(n_virtual)}
+
+    def settings_in_effect(self) -> dict[str, Any]:
+        """The settings the step ran with that commands may change, and the learning rate."""
+        return {
+            "mitigation": self.mitigation.mode,
+            "temperature": self.temperature,
+            "lr": self.scheduler.get_last_lr()[0],
+            "avspo_tau": self.avspo_state.tau,
+        }
 
     def reference_rewards(self, problems: list[Problem]) -> torch.Tensor:
         """Rewards of G completions the reference policy samples for the same prompts, with the
@@ -226,14 +228,7 @@ class GRPOTrainer:
         also when the policy samples with vLLM (which holds the policy's weights only)."""
         reference = self.ensure_reference()
         sampler = HFBackend(self.tokenizer, self.config.chat_template)
-        out = sampler.generate(
-            reference,
-            [p.question for p in problems],
-            self.config.group_size,
-            self.temperature,
-            self.config.top_p,
-            self.config.max_new_tokens,
-        )
+        out = self.generate(sampler, reference, problems)
         return self.score(out.texts, problems)
 
     def ensure_reference(self) -> PreTrainedModel:
@@ -254,25 +249,23 @@ class GRPOTrainer:
             )
         self.reference_spec = self.dist.broadcast(self.reference_spec)
 
-    def _logprobs(
-        self, model: PreTrainedModel, rollouts: Rollouts, rows: slice, entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token log-probabilities [b, Lc] of the sampled completions (logits / temperature,
-        as the sampler drew them) and, when asked, the per-token entropy."""
-        inputs = lm_inputs(
-            rollouts.prompt_ids[rows],
-            rollouts.prompt_mask[rows],
-            rollouts.completion_ids[rows],
-            rollouts.completion_mask[rows],
-        )
-        width = rollouts.completion_ids.shape[1]
-        logits = model(**inputs).logits[:, -width - 1 : -1].float()
-        if self.temperature > 0:
-            logits = logits / self.temperature
-        logp_all = torch.log_softmax(logits, dim=-1)
-        logp = logp_all.gather(-1, rollouts.completion_ids[rows].unsqueeze(-1)).squeeze(-1)
-        ent = -(logp_all.exp() * logp_all).sum(-1).detach() if entropy else None
-        return logp, ent
+    @torch.no_grad()
+    def _frozen_logprobs(
+        self, rollouts: Rollouts, chunks: list[slice]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The log-probabilities that stay fixed through the step's updates: the policy's before
+        them (only needed for more than one update) and the reference's (only for the KL)."""
+        old_logp = ref_logp = None
+        if self.config.num_iterations > 1:
+            old_logp = torch.cat(
+                [completion_logprobs(self.policy, rollouts, s, self.temperature)[0] for s in chunks]
+            )
+        if self.config.kl_beta > 0:
+            reference = self.ensure_reference()
+            ref_logp = torch.cat(
+                [completion_logprobs(reference, rollouts, s, self.temperature)[0] for s in chunks]
+            )
+        return old_logp, ref_logp
 
     def optimize(self, rollouts: Rollouts, advantages: torch.Tensor) -> dict[str, float]:
         """Clipped surrogate (ε_low, ε_high) with token-level aggregation over every rank, optional
@@ -286,14 +279,7 @@ class GRPOTrainer:
         micro = c.micro_batch_size or batch
         chunks = [slice(i, min(i + micro, batch)) for i in range(0, batch, micro)]
         params = [p for p in self.policy.parameters() if p.requires_grad]
-
-        old_logp = ref_logp = None
-        with torch.no_grad():
-            if c.num_iterations > 1:
-                old_logp = torch.cat([self._logprobs(self.policy, rollouts, s)[0] for s in chunks])
-            if c.kl_beta > 0:
-                reference = self.ensure_reference()
-                ref_logp = torch.cat([self._logprobs(reference, rollouts, s)[0] for s in chunks])
+        old_logp, ref_logp = self._frozen_logprobs(rollouts, chunks)
 
         self.policy.train()
         totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
@@ -301,7 +287,9 @@ class GRPOTrainer:
         for _ in range(c.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for rows in chunks:
-                logp, entropy = self._logprobs(self.policy, rollouts, rows, entropy=True)
+                logp, entropy = completion_logprobs(
+                    self.policy, rollouts, rows, self.temperature, entropy=True
+                )
                 m = mask[rows]
                 out = policy_loss(
                     logp,
@@ -337,8 +325,7 @@ class GRPOTrainer:
     @torch.no_grad()
     def evaluate(self) -> float | None:
         """Greedy accuracy on the held-out problems (each rank takes a shard; summed), or None
-        when a signal cut it short: a large evaluation went on for 78 s after SIGTERM, past a
-        scheduler's grace (a trial)."""
+        when a signal cut it short (a large evaluation must not outlast a scheduler's grace)."""
         problems = self.task.eval_problems[self.dist.rank :: self.dist.world_size]
         correct = 0.0
         sampler = HFBackend(self.tokenizer, self.config.chat_template)
@@ -362,8 +349,7 @@ class GRPOTrainer:
 
     def _share_stop_signal(self) -> None:
         """A signal may reach one rank only (a scheduler signalling one process): every rank
-        learns of it here, at the step boundary, and rank 0 queues the stop all ranks apply
-        (rank 1 alone said it would stop, and training went on: a trial)."""
+        learns of it here, at the step boundary, and rank 0 queues the stop all ranks apply."""
         term, interrupt = self.dist.sum(
             [float(self.stop_signal == signal.SIGTERM), float(self.stop_signal == signal.SIGINT)]
         )
@@ -374,9 +360,9 @@ class GRPOTrainer:
 
     def reported_mitigation(self) -> dict[str, Any]:
         """The mitigation in effect as each step reports it: its mode and settings, and for
-        AVSPO's adaptive threshold the current τ (a τ set by command went unreported)."""
+        AVSPO's adaptive threshold the current τ."""
         reported = self.mitigation.reported()
-        if self.mitigation.mode == "avspo" and self.mitigation.threshold == "adaptive":
+        if self.mitigation.adapts_tau:
             reported["tau"] = self.avspo_state.tau
         return reported
 
@@ -406,32 +392,9 @@ class GRPOTrainer:
         done = []
         for command in commands:
             self.seen_commands.add(command.command_id)
-            try:
-                detail = apply_command(self, command)
-                status = "applied"
-            except (ValueError, TypeError, KeyError, RuntimeError, OSError) as exc:
-                status, detail = "rejected", str(exc)
-            source = command.command_id.split("-", 1)[0] if command.local else "the server"
-            log.log(  # a rejection is worth a warning: someone asked for something not done
-                logging.INFO if status == "applied" else logging.WARNING,
-                "command %s from %s %s at step %d: %s",
-                command.type,
-                source,
-                status,
-                self.step,
-                detail,
-            )
+            done.append(apply_logged(self, command))
             if self.dist.is_main:
-                self.monitor.ack(command, status, self.step, detail)
-            done.append(
-                {
-                    "command_id": command.command_id,
-                    "type": command.type,
-                    "status": status,
-                    "step": self.step,
-                    "detail": detail,
-                }
-            )
+                self.monitor.ack(command, done[-1]["status"], self.step, done[-1]["detail"])
         return done
 
     # ------------------------------------------------------------------ checkpoints
@@ -467,9 +430,22 @@ class GRPOTrainer:
         """Save, unless nothing changed since the last save: a checkpoint command and the end
         of training at one step share one save, but a command applied after it at that step (a
         set_mitigation, then stop) saves again, so a resume continues as the acks said."""
-        from .checkpoint import save_checkpoint
-
         state = (self.step, len(self.seen_commands))  # every command applied or refused adds one
         if self.last_checkpoint is None or self.last_checkpoint[0] != state:
             self.last_checkpoint = (state, str(save_checkpoint(self)))
         return self.last_checkpoint[1]
+
+
+class _StepClock:
+    """Seconds spent in each part of a step, as the record's ``time_<part>_s`` and ``step_s``."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.parts: dict[str, float] = {}
+
+    def lap(self, part: str) -> None:
+        now = time.perf_counter()
+        self.parts[f"time_{part}_s"], self.last = now - self.last, now
+
+    def times(self) -> dict[str, float]:
+        return {**self.parts, "step_s": self.last - self.start}

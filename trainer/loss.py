@@ -1,4 +1,5 @@
-"""The policy loss: PPO's clipped surrogate with asymmetric clipping and an optional k3 KL.
+"""The policy loss: PPO's clipped surrogate with asymmetric clipping and an optional k3 KL, and
+the per-token log-probabilities it is computed from.
 
 Pure tensor functions; the trainer sums them over micro-batches and ranks.
 """
@@ -8,8 +9,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from transformers import PreTrainedModel
 
-__all__ = ["PolicyLoss", "policy_loss"]
+from .rollout import Rollouts
+from .sft import lm_inputs
+
+__all__ = ["PolicyLoss", "completion_logprobs", "policy_loss"]
 
 
 class PolicyLoss(NamedTuple):
@@ -51,3 +56,28 @@ def policy_loss(
         per_token = per_token + kl_beta * kl
     loss = (per_token * mask).sum() / normalizer
     return PolicyLoss(loss, kl.detach(), (ratio != clipped_ratio).detach())
+
+
+def completion_logprobs(
+    model: PreTrainedModel,
+    rollouts: Rollouts,
+    rows: slice,
+    temperature: float,
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probabilities [b, Lc] of the sampled completions (logits / temperature,
+    as the sampler drew them) and, when asked, the per-token entropy."""
+    inputs = lm_inputs(
+        rollouts.prompt_ids[rows],
+        rollouts.prompt_mask[rows],
+        rollouts.completion_ids[rows],
+        rollouts.completion_mask[rows],
+    )
+    width = rollouts.completion_ids.shape[1]
+    logits = model(**inputs).logits[:, -width - 1 : -1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, rollouts.completion_ids[rows].unsqueeze(-1)).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1).detach() if entropy else None
+    return logp, ent

@@ -126,8 +126,7 @@ def _local_checkpoint(key: str, where: str) -> Path:
 def _gguf_file(model_path: str, gguf_file: str | None) -> Path:
     """The GGUF file that ``model_path`` names: a .gguf file, or a folder holding one
     (``gguf_file``, else its first .gguf by name). Raises FileNotFoundError naming the field
-    when there is none (a missing path was a transformers traceback pointing at the Hub, a
-    folder without one a bare StopIteration: a trial)."""
+    when there is none (rather than a transformers traceback pointing at the Hub)."""
     path = Path(model_path).expanduser()
     if path.is_dir():
         if gguf_file:

@@ -1,6 +1,5 @@
 """The trainer's side of the client hook: a thin adapter over ``vantage.client.Monitor`` that never
-lets monitoring trouble reach training, plus the ``torch.distributed`` helpers that share commands
-and per-step counts between ranks.
+lets monitoring trouble reach training.
 
 With no server configured (and no factory) there is no Monitor at all and every call is a no-op.
 """
@@ -9,82 +8,17 @@ from __future__ import annotations
 
 import inspect
 import logging
-import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
+from vantage.client.commands import Command
 
-__all__ = ["Command", "Distributed", "MonitorAdapter", "make_monitor"]
+__all__ = ["MonitorAdapter", "make_monitor"]
 
 log = logging.getLogger(__name__)
 
 MonitorFactory = Callable[..., Any]
-
-
-@dataclass(frozen=True)
-class Command:
-    """A command from the server or a local caller: ``type`` set_mitigation | set_sampling |
-    checkpoint | stop, with its flat ``params``. ``local`` commands are not acked to the server."""
-
-    command_id: str
-    type: str
-    params: dict[str, Any] = field(default_factory=dict)
-    local: bool = False
-
-    @classmethod
-    def from_any(cls, value: Any) -> Command:
-        """From the client's Command object or a plain dict with the same fields."""
-        get = value.get if isinstance(value, Mapping) else lambda k, d=None: getattr(value, k, d)
-        return cls(
-            command_id=str(get("command_id")),
-            type=str(get("type")),
-            params=dict(get("params") or {}),
-            local=bool(get("local", False)),
-        )
-
-
-class Distributed:
-    """``torch.distributed`` when a process group is up, else a single process."""
-
-    def __init__(self) -> None:
-        self.enabled = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank() if self.enabled else 0
-        self.world_size = dist.get_world_size() if self.enabled else 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def sum(self, values: list[float]) -> list[float]:
-        """Element-wise sum over ranks (float64)."""
-        if not self.enabled:
-            return list(values)
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t)
-        return t.tolist()
-
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's object on every rank."""
-        if not self.enabled:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def all_reduce_grads(self, parameters: list[torch.nn.Parameter]) -> None:
-        """Sum gradients over ranks (the loss is already divided by the global token count)."""
-        if not self.enabled:
-            return
-        for p in parameters:
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-
-    def barrier(self) -> None:
-        if self.enabled:
-            dist.barrier()
 
 
 class MonitorAdapter:
@@ -196,12 +130,9 @@ def make_monitor(
             return MonitorAdapter(None)
         try:
             from vantage.client import Monitor
-        except ImportError:
-            try:
-                from vantage.client.monitor import Monitor
-            except ImportError as exc:
-                log.warning("vantage client unavailable (%s); training runs unmonitored", exc)
-                return MonitorAdapter(None)
+        except ImportError as exc:
+            log.warning("vantage client unavailable (%s); training runs unmonitored", exc)
+            return MonitorAdapter(None)
         factory = Monitor
     try:
         params = inspect.signature(factory).parameters
@@ -218,7 +149,3 @@ def make_monitor(
             exc,
         )
         return MonitorAdapter(None)
-
-
-def new_run_id() -> str:
-    return str(uuid.uuid4())

@@ -15,26 +15,30 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as torch_dist
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .checkpoint import WeightsDiverged, latest_checkpoint, load_checkpoint
+from .advantages import TRAINER_EPS
+from .checkpoint import WeightsDiverged
 from .config import TrainConfig, load_config
-from .data import load_task
+from .data import Task, load_task
+from .distributed import Distributed, broadcast_parameters, init_process_group
 from .grpo import GRPOTrainer, StepHook
 from .models import load_policy
-from .monitoring import Distributed, make_monitor
+from .monitoring import MonitorAdapter, make_monitor
+from .resume import find_checkpoint, resume
 from .rollout import VLLMBackend
 from .sft import sft_warm_start
-from .signals import Interrupted, interrupt_on_signals
+from .signals import Interrupted, interrupt_on_signals, stop_on_signals
+from .summary import summarize
 
 __all__ = ["train", "setup", "fit", "main"]
 
@@ -44,15 +48,50 @@ MonitorFactory = Callable[..., Any]
 SIGNAL_CLOSE_S = 5.0  # how long a run stopped by a signal waits for the server at close
 
 
-def _init_distributed() -> bool:
-    """Start the process group when launched by torchrun (WORLD_SIZE > 1); True when we did."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch_dist.is_initialized():
-        return False
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    torch_dist.init_process_group(backend=backend)
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    return True
+def setup(
+    config: str | os.PathLike[str] | dict[str, Any] | TrainConfig,
+    overrides: Sequence[str] = (),
+    monitor_factory: MonitorFactory | None = None,
+) -> GRPOTrainer:
+    """A trainer ready for :func:`fit`: resumed from ``output_dir`` when a checkpoint is there,
+    else freshly loaded, warm-started (``sft_steps``) and with the step-0 reference recorded."""
+    cfg = load_config(config, list(overrides))
+    owns_group, dist, device = _start_process(cfg)
+    checkpoint, state = find_checkpoint(cfg, dist)
+    _write_config(cfg, dist)
+    policy, tokenizer = _load_policy(cfg, checkpoint, device)
+    task = load_task(cfg)
+    _seed(cfg, dist)
+    sft_stats = _warm_start(cfg, policy, tokenizer, task, dist) if checkpoint is None else {}
+    # one run_id for every rank: the checkpoint's, the config's, or a new one from rank 0
+    run_id = dist.broadcast(state.get("run_id") or cfg.run_id or str(uuid.uuid4()))
+    monitor = _start_monitor(cfg, run_id, dist, monitor_factory)
+    backend = _rollout_backend(cfg, policy, tokenizer, dist)
+
+    trainer = GRPOTrainer(cfg, policy, tokenizer, task, monitor, dist, backend)
+    trainer.run_id = run_id
+    trainer.sft_stats = sft_stats
+    trainer.owns_process_group = owns_group
+    if checkpoint is not None:
+        resume(trainer, checkpoint, state.get("config"))
+    else:
+        from_files = cfg.model_source != "tiny" or bool(cfg.init_checkpoint)
+        trainer.record_reference(loaded_from_files=from_files and not sft_stats)
+    return trainer
+
+
+def _start_process(cfg: TrainConfig) -> tuple[bool, Distributed, torch.device]:
+    """Progress bars, the process group (True when this process started it), torch's threads
+    and the device to train on."""
+    if not cfg.progress:  # transformers' own bars (loading and writing weights) too
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    owns_group = init_process_group()
+    dist = Distributed()
+    if cfg.torch_threads > 0:
+        torch.set_num_threads(cfg.torch_threads)
+    return owns_group, dist, _device(cfg)
 
 
 def _device(config: TrainConfig) -> torch.device:
@@ -66,179 +105,76 @@ def _device(config: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
-# What a checkpoint must share with the config that resumes it: the model's shape and source,
-# the task, and what the server fixed for the run. (Older checkpoints carry no config.)
-RESUME_FIELDS = (
-    "model_source", "model_path", "gguf_file", "tiny_hidden_size", "tiny_layers", "tiny_heads",
-    "tiny_intermediate_size", "tiny_max_positions", "task", "data_path", "reasoning_gym_task",
-    "group_size", "reward_min", "reward_max",
-)  # fmt: skip
-
-
-def _check_resumable(cfg: TrainConfig, saved: dict[str, Any] | None, output_dir: Path) -> None:
-    """Raise ValueError when the checkpoint in ``output_dir`` was made by a config that differs
-    from ``cfg`` in `RESUME_FIELDS` (resuming would load another model or task into this run)."""
-    if not saved:
+def _write_config(cfg: TrainConfig, dist: Distributed) -> None:
+    """``output_dir/config.json``, before any model loads: an unusable folder is said at once,
+    in one line (ValueError)."""
+    if not dist.is_main:
         return
-    diffs = [
-        f"{name} {saved[name]!r}, here {getattr(cfg, name)!r}"
-        for name in RESUME_FIELDS
-        if name in saved and saved[name] != getattr(cfg, name)
-    ]
-    # the server fixes a run's project (409 for another): the relaunch trained into a spool
-    # that no `vantage sync` could upload (a trial). Left out, the run keeps its own.
-    if cfg.project is not None and "project" in saved and saved["project"] != cfg.project:
-        was, now = saved["project"], cfg.project
-        diffs.append(f"project {was!r}, here {now!r}: a run's project is fixed, leave it out")
-    if diffs:
-        raise ValueError(
-            f"{output_dir} holds the checkpoint of another config ({'; '.join(diffs)}); give "
-            "this run an output_dir of its own, or set resume: false to start over there"
-        )
-
-
-# Settings the trainer carries in its checkpoint, which commands may have changed mid-run: a
-# resume keeps the carried value, unless this launch's config changed the field since the
-# checkpoint's launch (`--set lr=...` after a divergence was ignored: a trial).
-CARRIED_FIELDS = {
-    "mitigation": "mode", "avspo_threshold": "threshold", "avspo_alpha": "alpha",
-    "avspo_eta": "eta", "aapo_delta_low": "delta_low", "aapo_delta_high": "delta_high",
-}  # fmt: skip
-
-
-def _apply_changed_settings(trainer: GRPOTrainer, saved: dict[str, Any] | None) -> list[str]:
-    """After a resume, apply the fields of ``trainer.config`` that differ from the config the
-    checkpoint was saved with (``saved``): lr, temperature and the mitigation's settings.
-    Returns what changed, as "lr 0.0001 → 1e-05"."""
-    if not saved:
-        return []
-    cfg, changed = trainer.config, []
-    carried = {  # what the run carried, commands included (the saved config's values were shown)
-        "lr": trainer.scheduler.base_lrs[0],
-        "temperature": trainer.temperature,
-        **{name: getattr(trainer.mitigation, field) for name, field in CARRIED_FIELDS.items()},
-    }
-    for name in ("lr", "temperature", *CARRIED_FIELDS):
-        if name in saved and saved[name] != getattr(cfg, name):
-            changed.append(f"{name} {carried[name]!r} → {getattr(cfg, name)!r}")
-            if name == "lr":
-                _set_peak_lr(trainer.scheduler, cfg.lr)
-            elif name == "temperature":
-                trainer.temperature = cfg.temperature
-            else:
-                setattr(trainer.mitigation, CARRIED_FIELDS[name], getattr(cfg, name))
-    return changed
-
-
-# Fields whose change on a resume says nothing worth a line (where the run goes, how it logs).
-_QUIET_FIELDS = {"output_dir", "resume", "progress", "server", "api_key"}
-
-
-def _other_changes(cfg: TrainConfig, saved: dict[str, Any] | None) -> list[str]:
-    """The fields, other than `RESUME_FIELDS` and those `_apply_changed_settings` reports, in
-    which ``cfg`` differs from the checkpoint's config ``saved``: this launch's value is used
-    (a harder task on resume was taken without a word: a trial). As "arith_max_operand 20 → 50"."""
-    skip = {*RESUME_FIELDS, "lr", "temperature", *CARRIED_FIELDS, *_QUIET_FIELDS}
-    current = cfg.to_dict()
-    return [
-        f"{name} {saved[name]!r} → {current[name]!r}"
-        for name in sorted(set(saved or {}) & set(current) - skip)
-        if saved[name] != current[name]
-    ]
-
-
-def _set_peak_lr(scheduler: torch.optim.lr_scheduler.LambdaLR, lr: float) -> None:
-    """Make ``lr`` the schedule's peak from its current step on (the optimizer's lr is then
-    ``lr`` times the schedule's factor at that step)."""
-    scheduler.base_lrs = [lr for _ in scheduler.base_lrs]
-    groups = scheduler.optimizer.param_groups
-    for group, factor in zip(groups, scheduler.lr_lambdas, strict=True):
-        group["initial_lr"], group["lr"] = lr, lr * factor(scheduler.last_epoch)
-
-
-def _broadcast_parameters(model: torch.nn.Module, dist: Distributed) -> None:
-    if dist.enabled:
-        for p in model.state_dict().values():
-            torch_dist.broadcast(p, src=0)
-
-
-def setup(
-    config: str | os.PathLike[str] | dict[str, Any] | TrainConfig,
-    overrides: Sequence[str] = (),
-    monitor_factory: MonitorFactory | None = None,
-) -> GRPOTrainer:
-    """A trainer ready for :func:`fit`: resumed from ``output_dir`` when a checkpoint is there,
-    else freshly loaded, warm-started (``sft_steps``) and with the step-0 reference recorded."""
-    cfg = load_config(config, list(overrides))
-    if not cfg.progress:  # transformers' own bars (loading and writing weights) too
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    owns_group = _init_distributed()
-    dist = Distributed()
-    if cfg.torch_threads > 0:
-        torch.set_num_threads(cfg.torch_threads)
-    device = _device(cfg)
     output_dir = Path(cfg.output_dir)
-    checkpoint = latest_checkpoint(output_dir) if cfg.resume else None
-    if not cfg.resume and latest_checkpoint(output_dir) is not None and dist.is_main:
-        log.warning("resume: false: training starts over, and replaces the checkpoint in %s",
-                    output_dir)  # fmt: skip
-    elif checkpoint is None and cfg.resume and dist.is_main:
-        # output_dir is relative to the folder launched from: a relaunch from another folder
-        # started a new run without a word (a trial)
-        log.info("no checkpoint in %s: a new run starts there", output_dir.resolve())
-    state: dict[str, Any] = {}
-    if checkpoint is not None:
-        state = torch.load(checkpoint / "state.pt", weights_only=False)
-        _check_resumable(cfg, state.get("config"), output_dir)
-        # left out, the run keeps its project, as the server does: a resume without it wrote
-        # None into the checkpoint, and the next resume naming it was refused (a trial)
-        if cfg.project is None and (state.get("config") or {}).get("project") is not None:
-            cfg.project = state["config"]["project"]
-    if dist.is_main:
-        try:  # before any model loads: an unusable folder is said at once, in one line
-            output_dir.mkdir(parents=True, exist_ok=True)
-            config_json = json.dumps(cfg.to_dict(), indent=2, default=str)
-            (output_dir / "config.json").write_text(config_json)
-        except OSError as exc:
-            raise ValueError(
-                f"output_dir {output_dir} cannot be written: {exc.strerror or exc}"
-            ) from None
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        config_json = json.dumps(cfg.to_dict(), indent=2, default=str)
+        (output_dir / "config.json").write_text(config_json)
+    except OSError as exc:
+        raise ValueError(
+            f"output_dir {output_dir} cannot be written: {exc.strerror or exc}"
+        ) from None
 
-    sft_stats: dict[str, Any] = {}
+
+def _load_policy(
+    cfg: TrainConfig, checkpoint: Path | None, device: torch.device
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The policy and its tokenizer on ``device``: the checkpoint's weights when resuming."""
     if checkpoint is not None:
         log.info("resuming from %s", checkpoint)
-        load_cfg = TrainConfig(**{**cfg.__dict__, "init_checkpoint": str(checkpoint / "policy")})
-        policy, tokenizer = load_policy(load_cfg)
-    else:
-        policy, tokenizer = load_policy(cfg)
+        cfg = TrainConfig(**{**cfg.__dict__, "init_checkpoint": str(checkpoint / "policy")})
+    policy, tokenizer = load_policy(cfg)
     policy.to(device)
-    task = load_task(cfg)
+    return policy, tokenizer
+
+
+def _seed(cfg: TrainConfig, dist: Distributed) -> None:
+    """Python's and torch's RNG, one stream per rank."""
     random.seed(cfg.seed + dist.rank)
     torch.manual_seed(cfg.seed + dist.rank)
 
-    if checkpoint is None and cfg.sft_steps > 0:
-        if dist.is_main:
-            sft_stats = sft_warm_start(
-                policy,
-                tokenizer,
-                task,
-                cfg.sft_steps,
-                cfg.sft_batch_size,
-                cfg.sft_lr,
-                cfg.sft_warmup_steps,
-                cfg.sft_grad_clip,
-                cfg.seed,
-                progress=cfg.progress,
-            )
-            log.info("SFT warm start: %s", sft_stats)
-        _broadcast_parameters(policy, dist)
 
-    # one run_id for every rank: the checkpoint's, the config's, or a new one from rank 0
-    run_id = dist.broadcast(state.get("run_id") or cfg.run_id or str(uuid.uuid4()))
-    monitor = make_monitor(
-        monitor_factory,
+def _warm_start(
+    cfg: TrainConfig,
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    dist: Distributed,
+) -> dict[str, Any]:
+    """``sft_steps`` of supervised warm start on rank 0, its weights then on every rank;
+    returns its statistics ({} when there are no SFT steps)."""
+    if cfg.sft_steps <= 0:
+        return {}
+    sft_stats: dict[str, Any] = {}
+    if dist.is_main:
+        sft_stats = sft_warm_start(
+            policy,
+            tokenizer,
+            task,
+            cfg.sft_steps,
+            cfg.sft_batch_size,
+            cfg.sft_lr,
+            cfg.sft_warmup_steps,
+            cfg.sft_grad_clip,
+            cfg.seed,
+            progress=cfg.progress,
+        )
+        log.info("SFT warm start: %s", sft_stats)
+    broadcast_parameters(policy, dist)
+    return sft_stats
+
+
+def _start_monitor(
+    cfg: TrainConfig, run_id: str, dist: Distributed, factory: MonitorFactory | None
+) -> MonitorAdapter:
+    """This rank's Monitor of the run (none without a server or a factory)."""
+    return make_monitor(
+        factory,
         cfg.server,
         {
             "server": cfg.server,
@@ -250,48 +186,37 @@ def setup(
             "config": cfg.to_dict(),
             "reward_min": cfg.reward_min,
             "reward_max": cfg.reward_max,
-            "trainer_eps": 1e-4,
+            "trainer_eps": TRAINER_EPS,
             "rank": dist.rank,
             "world_size": dist.world_size,
             "group_size": cfg.group_size,
         },
     )
 
-    backend = None
-    if cfg.backend == "vllm":
-        init_dir = output_dir / "vllm-init"
-        if dist.is_main:
-            policy.save_pretrained(init_dir)
-            tokenizer.save_pretrained(init_dir)
-        dist.barrier()
-        backend = VLLMBackend(
-            tokenizer,
-            init_dir,
-            cfg.chat_template,
-            cfg.vllm_gpu_memory_utilization,
-            cfg.seed,
-            cfg.dtype,
-        )
 
-    trainer = GRPOTrainer(cfg, policy, tokenizer, task, monitor, dist, backend)
-    trainer.run_id = run_id
-    trainer.sft_stats = sft_stats
-    trainer.owns_process_group = owns_group
-    if checkpoint is not None:
-        load_checkpoint(trainer, checkpoint)
-        trainer.run_id = run_id
-        changed = _apply_changed_settings(trainer, state.get("config"))
-        if changed and dist.is_main:
-            log.warning(
-                "resuming with settings changed since the checkpoint: %s", "; ".join(changed)
-            )
-        others = _other_changes(cfg, state.get("config"))
-        if others and dist.is_main:
-            log.info("this launch's config differs from the checkpoint's: %s", "; ".join(others))
-    else:
-        from_files = cfg.model_source != "tiny" or bool(cfg.init_checkpoint)
-        trainer.record_reference(loaded_from_files=from_files and not sft_stats)
-    return trainer
+def _rollout_backend(
+    cfg: TrainConfig,
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dist: Distributed,
+) -> VLLMBackend | None:
+    """vLLM when the config asks for it (started from the policy's weights), else None: the
+    trainer samples with HF ``generate``."""
+    if cfg.backend != "vllm":
+        return None
+    init_dir = Path(cfg.output_dir) / "vllm-init"
+    if dist.is_main:
+        policy.save_pretrained(init_dir)
+        tokenizer.save_pretrained(init_dir)
+    dist.barrier()
+    return VLLMBackend(
+        tokenizer,
+        init_dir,
+        cfg.chat_template,
+        cfg.vllm_gpu_memory_utilization,
+        cfg.seed,
+        cfg.dtype,
+    )
 
 
 def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
@@ -307,7 +232,7 @@ def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     evals: list[tuple[int, float]] = []
     commands: list[dict[str, Any]] = []
     failed = True
-    with _stop_on_signals(trainer):
+    with stop_on_signals(trainer):
         try:
             if (accuracy := trainer.evaluate()) is not None:  # None: a signal cut it short
                 evals.append((trainer.step, accuracy))
@@ -325,13 +250,12 @@ def fit(trainer: GRPOTrainer, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
             failed = trainer.stop_signal is not None  # interrupted (a relaunch resumes it)
         finally:
             # after a signal the scheduler's grace (often 30 s) is short: what the server has
-            # not taken within SIGNAL_CLOSE_S stays in the spool (a preempted job waited 30 s
-            # for a server that was down, and torchrun killed its workers: a trial)
+            # not taken within SIGNAL_CLOSE_S stays in the spool for `vantage sync`
             wait = SIGNAL_CLOSE_S if trainer.stop_signal is not None else None
             trainer.monitor.close(failed=failed, timeout=wait)
             if trainer.owns_process_group and torch_dist.is_initialized():
                 torch_dist.destroy_process_group()
-    summary = _summary(trainer, start_step, elapsed, evals, commands, checkpoint)
+    summary = summarize(trainer, start_step, elapsed, evals, commands, checkpoint)
     if dist.is_main:
         try:
             (Path(cfg.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -389,8 +313,8 @@ def _steps_with_bar(trainer: GRPOTrainer, bar: Any, evals: list[tuple[int, float
 
 
 def _checkpoint(trainer: GRPOTrainer) -> Path | None:
-    """Save a checkpoint; a folder that cannot be written is logged and training goes on (an
-    output_dir replaced mid-run ended the run with a traceback: a trial). None when not saved."""
+    """Save a checkpoint; a folder that cannot be written (an output_dir replaced mid-run) is
+    logged and training goes on. None when not saved."""
     try:
         return Path(trainer.save_checkpoint())
     except OSError as exc:
@@ -401,47 +325,6 @@ def _checkpoint(trainer: GRPOTrainer) -> Path | None:
             exc,
         )
         return None
-
-
-@contextmanager
-def _stop_on_signals(trainer: GRPOTrainer) -> Iterator[None]:
-    """While it is open, SIGTERM (a scheduler's preemption, ``kill``) and SIGINT (Ctrl-C) stop
-    training at the next step boundary as a ``stop`` command does (rank 0 queues one, which
-    every rank applies at the same step): a checkpoint, the Monitor closed with the run marked
-    failed, exit status 128 + the signal (143, 130). A second one quits now, the Monitor still
-    closed (within SIGNAL_CLOSE_S) with the run marked failed: SIGTERM raises SystemExit(143),
-    Ctrl-C KeyboardInterrupt (a second SIGTERM killed the process, and the run read "running"
-    until it went stale). Outside the main thread signals cannot be caught, and keep their
-    default action."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    second = {signal.SIGTERM: _quit_now, signal.SIGINT: signal.default_int_handler}
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        for sig, action in second.items():
-            signal.signal(sig, action)
-        if trainer.stop_signal is None:
-            trainer.stop_signal = signum
-            name = signal.Signals(signum).name
-            # at the next step boundary: after the step under way, or before the first one
-            # (the evaluation before it is cut short; it said "after step 1": a trial)
-            log.warning("%s: stopping at the next step boundary with a checkpoint (again to "
-                        "quit now)", name)  # fmt: skip
-            if trainer.dist.is_main:
-                trainer.submit_command("stop", source=name)
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in second}
-    try:
-        yield
-    finally:
-        for sig, action in previous.items():
-            signal.signal(sig, action)
-
-
-def _quit_now(signum: int, _frame: Any) -> None:
-    """A second SIGTERM's handler: unwind (closing the Monitor) and exit with 128 + signum."""
-    raise SystemExit(128 + signum)
 
 
 def train(
@@ -459,51 +342,6 @@ def train(
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def _summary(
-    trainer: GRPOTrainer,
-    start_step: int,
-    seconds: float,
-    evals: list[tuple[int, float]],
-    commands: list[dict[str, Any]],
-    checkpoint: Path | None,
-) -> dict[str, Any]:
-    new = [r for r in trainer.history if r["step"] > start_step]
-    acrs = [r["acr"] for r in new if r["acr"] is not None]
-    effective = [r["acr_effective"] for r in new if r["acr_effective"] is not None]
-    first_collapse = next((r["step"] for r in new if (r["acr"] or 0) > 0.5), None)
-    return {
-        "run_id": trainer.run_id,
-        "output_dir": str(trainer.config.output_dir),
-        "checkpoint": None if checkpoint is None else str(checkpoint),
-        "start_step": start_step,
-        "steps_completed": trainer.step,
-        "stopped": trainer.stop_requested,
-        "terminated": trainer.stop_signal is not None,
-        "signal": None if trainer.stop_signal is None else signal.Signals(trainer.stop_signal).name,
-        "seconds": seconds,
-        "sft": trainer.sft_stats,
-        "accuracy_start": evals[0][1] if evals else None,
-        # measured at the last step, or none (a signal's stop skips the final evaluation, and
-        # the evaluation before the first step was reported as the final one: a trial)
-        "accuracy_final": evals[-1][1] if evals and evals[-1][0] == trainer.step else None,
-        "evals": evals,
-        "acr_mean": _mean(acrs),
-        "acr_max": max(acrs) if acrs else None,
-        "acr_last10_mean": _mean(acrs[-10:]),
-        "acr_effective_mean": _mean(effective),
-        "first_step_acr_above_0_5": first_collapse,
-        "reward_last10_mean": _mean([r["reward"] for r in new[-10:]]),
-        "step_s_mean": _mean([r["step_s"] for r in new]),
-        "mitigation": trainer.mitigation.mode,
-        "commands": commands,
-        "history": new,
-    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

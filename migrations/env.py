@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import text
+from vantage.server.alerts import models as alert_models  # noqa: F401  (joins the metadata)
 from vantage.server.db import is_sqlite, make_engine
 from vantage.server.models import Base
 

@@ -1,4 +1,4 @@
-"""Ingest's classification of many groups at once: the rules of `vantage.client.acr` (DESIGN.md
+"""Ingest's classification of many groups at once: the rules of `vantage.client.acr` (docs/design.md
 §3), vectorised with numpy over the groups of a record that share a size, with results equal to
 `summarize_rewards` bit for bit (tests/test_classify.py checks it), plus each group's content
 hash.
@@ -274,7 +274,7 @@ _INDEX_IDS = [str(i) for i in range(MAX_GROUPS_PER_REQUEST)]  # made once: 60 µ
 
 
 def index_ids(size: int) -> list[str]:
-    """The default group ids of a record's ``size`` groups, ``["0", "1", ...]`` (DESIGN.md §3:
+    """The default group ids of a record's ``size`` groups, ``["0", "1", ...]`` (docs/design.md §3:
     a group sent without an id gets its index), as a new list."""
     if size <= len(_INDEX_IDS):
         return _INDEX_IDS[:size]

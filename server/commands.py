@@ -1,7 +1,7 @@
 """Commands to the trainer and their log: pending → delivered → applied | rejected | expired.
 
 Delivery is at-least-once: every answer to rank 0 lists the run's pending and delivered-but-not-
-acked commands until the trainer acks them or their TTL passes (DESIGN.md §4 'Commands')."""
+acked commands until the trainer acks them or their TTL passes (docs/design.md §4 'Commands')."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from vantage.client.schema import CommandCreate
 
-from .alert_models import AlertEpisode
-from .models import Command, Run, as_utc, iso, run_not_found, utcnow
+from .alerts.models import AlertEpisode
+from .locks import run_lock
+from .models import OPEN_STATES, Command, Run, as_utc, iso, run_not_found, utcnow
 
-OPEN_STATES = ("pending", "delivered")
 DEFAULT_TTL_S = 3600.0
 
 
@@ -67,7 +67,7 @@ def create_command(
     """Queue a command for a run (the caller commits), linked to ``alert_id`` when an alert
     issued or suggested it. Raises LookupError for an unknown run, ValueError on bad params or
     an alert that is not the run's (the dashboard's Send takes the id from the browser, and a
-    crafted one linked a command to another project's alert: a trial)."""
+    crafted one linked a command to another project's alert)."""
     if session.get(Run, run_id) is None:
         raise LookupError(run_not_found(run_id))
     if alert_id is not None:
@@ -182,7 +182,7 @@ def open_twin(
 ) -> dict[str, Any] | None:
     """The command that ``issued_by`` issued for the run within the last ``within_s`` seconds
     with the same type and these ``params``, while no trainer has acked it yet; else None. A
-    second click on Send is such a twin (it applied the temperature twice: a trial)."""
+    second click on Send is such a twin (it applied the temperature twice)."""
     since = utcnow() - timedelta(seconds=within_s)
     rows = session.scalars(
         select(Command)
@@ -214,9 +214,7 @@ def issue_once(
     """`create_command`, unless ``issued_by`` sent the same command within TWIN_WINDOW_S and no
     trainer has acked it (`open_twin`): then that one. The check and the insert hold the run's
     lock until the caller commits, so two requests at once make one command (two stops sent
-    back to back saved two checkpoints: a trial). Raises as `create_command` does."""
-    from .locks import run_lock  # locks imports this module
-
+    back to back saved two checkpoints). Raises as `create_command` does."""
     with run_lock(session, run_id):
         twin = open_twin(session, run_id, type, params, issued_by, TWIN_WINDOW_S)
         if twin is not None:

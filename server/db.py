@@ -1,19 +1,17 @@
-"""Engine and session factory; URL normalisation; the wait for the database at start-up."""
+"""Engine and session factory; the wait for the database at start-up."""
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import orjson
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import (
@@ -27,6 +25,7 @@ from tenacity import (
     wait_random,
 )
 
+from .database_url import check_url, normalize_url
 from .settings import hide_passwords
 
 # What a database that cannot be reached, or is too busy, raises: refused or lost connections, an
@@ -44,70 +43,8 @@ def first_line(exc: BaseException) -> str:
 log = logging.getLogger("vantage.db")
 
 
-def normalize_url(url: str) -> str:
-    """Map a bare ``postgresql://`` (and ``postgres://``) URL to psycopg 3."""
-    if url.startswith("postgres://"):
-        url = "postgresql://" + url[len("postgres://") :]
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    return url
-
-
 def is_sqlite(url: str) -> bool:
     return make_url(normalize_url(url)).get_backend_name() == "sqlite"
-
-
-def check_url(url: str) -> str:
-    """The backend of a database URL, ``"sqlite"`` or ``"postgresql"``. Raises ValueError for a
-    URL that does not parse or names another database (Vantage's queries and migrations are for
-    those two)."""
-    try:
-        urlsplit(url).port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError:
-        # SQLAlchemy said "invalid literal for int() with base 10: 'x'" (helper 67)
-        raise ValueError(
-            "has a port that is not a number from 0 to 65535: give "
-            "postgresql://USER@HOST:PORT/DATABASE"
-        ) from None
-    try:
-        parsed = make_url(normalize_url(url))
-        backend = parsed.get_backend_name()
-    except (ArgumentError, ValueError):
-        raise ValueError(
-            "is not a database URL: give sqlite:///PATH or postgresql://USER@HOST/DATABASE"
-        ) from None
-    if backend not in ("sqlite", "postgresql"):
-        raise ValueError(
-            f"Vantage keeps its data in SQLite or PostgreSQL, not {backend}: give "
-            "sqlite:///PATH or postgresql://USER@HOST/DATABASE"
-        )
-    driver = parsed.get_driver_name()
-    if driver not in ("pysqlite", "psycopg"):  # the drivers the server extra installs
-        raise ValueError(
-            f"names the {backend} driver {driver}, which Vantage does not use: give "
-            + (
-                "sqlite:///PATH"
-                if backend == "sqlite"
-                else "postgresql://USER@HOST/DATABASE (psycopg 3)"
-            )
-        )
-    if backend == "sqlite" and (parsed.database or ":memory:") == ":memory:":
-        # each connection would get an empty database of its own: the server said it was
-        # ready, then answered every request with a 500 (no such table; a trial)
-        raise ValueError(
-            "names an in-memory SQLite database, which each connection sees empty: give a file, "
-            "sqlite:///PATH"
-        )
-    if backend == "postgresql" and not (
-        parsed.database or parsed.query.get("dbname") or os.environ.get("PGDATABASE")
-    ):
-        # libpq then connects to the database named after the user, and the schema went into
-        # the `postgres` maintenance database (a trial)
-        raise ValueError(
-            "names no database: give postgresql://USER@HOST/DATABASE (libpq would pick the "
-            "database named after the user)"
-        )
-    return backend
 
 
 def make_engine(url: str) -> Engine:

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,13 +26,15 @@ from typing import Any
 
 import httpx
 
+from .launcher import ServerProcess, bind_problem, free_port, start_server
+from .preflight import settings_or_exit, upgrade_or_explain
+
 # ACR above this for DEMO_FOR_STEPS consecutive steps fires the demo rule. Published GRPO runs
 # stall above 0.35; the tiny task collapses harder, so the demo waits for a clear majority.
 DEMO_THRESHOLD = 0.5
 DEMO_FOR_STEPS = 3
 # How long `--quick` keeps serving after the run: two refreshes of an open dashboard page (2 s
-# each by default), which then shows the run finished (the server stopped at once, and the page
-# showed it "running" for ever: a trial).
+# each by default), so that the page shows the run finished rather than "running" for ever.
 QUICK_LINGER_S = 5.0
 PROFILES = {
     # model: (config, quick overrides, full overrides)
@@ -54,35 +55,9 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _start_server(database_url: str, port: int, log_path: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-P",  # not the current folder on the import path: a local dash.py must not shadow Dash
-            "-m",
-            "vantage.server.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--database-url",
-            database_url,
-            "--no-upgrade",
-        ],
-        stdout=log_path.open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}); see {log_path}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    proc.kill()
-    raise RuntimeError(f"the server did not become ready; see {log_path}")
+def _start_server(database_url: str, port: int, work: Path) -> ServerProcess:
+    """`vantage serve` on the schema the demo has upgraded; its output in ``work/server.log``."""
+    return start_server(database_url, work, "--no-upgrade", port=port, log_name="server.log")
 
 
 def _create_keys(database_url: str) -> tuple[str, str]:
@@ -102,9 +77,9 @@ def _create_keys(database_url: str) -> tuple[str, str]:
 
 
 def _revoke_key(database_url: str, plaintext: str) -> None:
-    """Revoke the trainer's key once it has trained: it has nothing left to send, and demos
-    run against a kept database left an ingest key behind each (a trial). The viewer's key
-    stays, to browse the run later."""
+    """Revoke the trainer's key once it has trained: it has nothing left to send, and demos run
+    against a kept database would leave an ingest key behind each. The viewer's key stays, to
+    browse the run later."""
     from .db import make_engine, session_factory
     from .keys import revoke_key
 
@@ -144,8 +119,8 @@ def _summarize(
     api: httpx.Client, run_id: str, dashboard_url: str, accuracy_start: float | None = None
 ) -> dict[str, Any]:
     """The demo's outcome from the API. ``accuracy_start``: the trainer's evaluation before its
-    first GRPO step, the accuracy before the alert when no later evaluation precedes it (one
-    taken after AVSPO was on was reported as "before": a trial)."""
+    first GRPO step, the accuracy before the alert when no later evaluation precedes it (only an
+    evaluation at or before the alert's step counts as "before", never one with AVSPO on)."""
     points = api.get(f"/api/v1/runs/{run_id}/metrics").json()["points"]
     alerts = api.get("/api/v1/alerts", params={"run_id": run_id}).json()["alerts"]
     commands = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
@@ -199,7 +174,6 @@ def _train(
 
 def run_demo(args: argparse.Namespace) -> int:
     """The `vantage demo` command; returns the exit status."""
-    from .cli import bind_problem, free_port, settings_or_exit, upgrade_or_explain
     from .db import safe_url
 
     database_url = settings_or_exit(args).database_url
@@ -214,15 +188,15 @@ def run_demo(args: argparse.Namespace) -> int:
     free = args.port and bind_problem("127.0.0.1", args.port) is None
     port = args.port if free else free_port()
     base = f"http://127.0.0.1:{port}"
-    if args.port and not free:  # it moved silently (a trial)
+    if args.port and not free:  # say so: the user expects the port they asked for
         _say(f"port {args.port} is taken: serving on {port} instead")
     _say(f"database: {safe_url(database_url)}")
     if not upgrade_or_explain(database_url):
         return 1
     work = Path(tempfile.mkdtemp(prefix="vantage-demo-"))  # removed when the demo succeeds
     trainer_key, viewer_key = _create_keys(database_url)
-    proc = _start_server(database_url, port, work / "server.log")
-    _sigterm_as_ctrl_c()  # so that the server below is stopped too (it was left running)
+    server = _start_server(database_url, port, work)
+    _sigterm_as_ctrl_c()  # so that the `finally` below stops the server on SIGTERM too
     succeeded = False
     try:
         run_id = str(uuid.uuid4())
@@ -258,22 +232,18 @@ def run_demo(args: argparse.Namespace) -> int:
         else:
             _say(f"\nStill serving {dashboard_url} — press Ctrl-C to stop.")
             with contextlib.suppress(KeyboardInterrupt):
-                proc.wait()
+                server.proc.wait()
         succeeded = True
         return 0
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
         if succeeded:  # a failure keeps the server's log, which its message points to
             shutil.rmtree(work, ignore_errors=True)
 
 
 def _sigterm_as_ctrl_c() -> None:
     """SIGTERM acts as Ctrl-C does (KeyboardInterrupt), so the demo's `finally` stops its server
-    (a SIGTERM ended the demo and left the server serving). Main thread only."""
+    instead of leaving it serving. Main thread only."""
     if threading.current_thread() is not threading.main_thread():
         return
 

@@ -40,7 +40,7 @@ def _bearer(request: Request) -> str | None:
 
 def check_key(request: Request, session: Session, scope: str, *others: str) -> KeyInfo:
     """The caller's key when it has ``scope`` (or one of ``others``). Raises HTTPException 401
-    for a missing, unknown or revoked key and 403 for a missing scope (DESIGN.md §4); without
+    for a missing, unknown or revoked key and 403 for a missing scope (docs/design.md §4); without
     auth, every access."""
     if not request.app.state.settings.auth_enabled:
         return ALL_ACCESS
@@ -85,7 +85,7 @@ IngestKey = Annotated[KeyInfo, Depends(require("ingest"))]
 ReadKey = Annotated[KeyInfo, Depends(require("read"))]
 ControlKey = Annotated[KeyInfo, Depends(require("control"))]
 AdminKey = Annotated[KeyInfo, Depends(require("admin"))]
-# The trainer's key reads the command log of its run as well as acking (DESIGN.md §4: ingest
+# The trainer's key reads the command log of its run as well as acking (docs/design.md §4: ingest
 # may "read and ack the run's commands").
 CommandReaderKey = Annotated[KeyInfo, Depends(require("read", "ingest"))]
 

@@ -126,8 +126,8 @@ def revoke_key(session: Session, key: str, every_match: bool = False) -> list[di
     key = key.removesuffix("…")  # a prefix pasted as `keys list` shows it
     digest = hash_key(key)
     hits = [r for r in rows if r.key_hash == digest]
-    # an id, a name or a prefix: a name "1" beside key id 1 is ambiguous, not key 1 (a trial
-    # revoked id 1 and left the key named "1" active)
+    # an id, a name or a prefix: a name "1" beside key id 1 is ambiguous, not key 1 (revoking
+    # "1" must not revoke id 1 and leave the key named "1" active)
     hits = hits or [r for r in rows if key in (str(r.id), r.name, r.prefix)]
     if len(hits) > 1 and not every_match:
         raise AmbiguousKey(key, [_key_row(r) for r in hits])

@@ -1,6 +1,6 @@
 """The per-run write lock: every transaction that writes a run's steps or alert state (ingest,
 alert evaluation), or registers a launch of it, takes it first, so replicas and threads never
-interleave on one run and step rows need no locks of their own (DESIGN.md §6: several server
+interleave on one run and step rows need no locks of their own (docs/design.md §6: several server
 processes on one database never double-fire)."""
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import Any
 from sqlalchemy import JSON, Executable, Row, bindparam, exists, func, select, text, true, update
 from sqlalchemy.orm import Session
 
-from .commands import OPEN_STATES
-from .models import Command, Run
+from .models import OPEN_STATES, Command, Run
 
 _SQLITE_LOCK = threading.RLock()
 
@@ -163,7 +162,7 @@ def lock_runs(session: Session, run_ids: Iterable[str]) -> Iterator[None]:
     Taken in id order before the caller writes anything, so that two such callers never wait
     on each other in a circle, and an ingest (which holds one run's lock) never waits on one
     (PostgreSQL found deadlocks, and SQLite "database is locked", when a rule's change locked
-    its runs one by one between writes: a trial). SQLite: the process lock for the whole
+    its runs one by one between writes). SQLite: the process lock for the whole
     block, and SQLite's write lock at once."""
     with ExitStack() as held:
         if session.connection().dialect.name != "postgresql":
@@ -177,7 +176,7 @@ def lock_runs(session: Session, run_ids: Iterable[str]) -> Iterator[None]:
 def rule_writes_lock(session: Session) -> Iterator[None]:
     """Take turns with other writers of alert rules until the caller's transaction ends (commit
     inside the block): a rule's name is unique in its scope, and two requests that each found
-    the name free stored it twice on PostgreSQL (5 of 16 parallel creates: a trial). It also
+    the name free stored it twice on PostgreSQL (5 of 16 parallel creates). It also
     waits until no run is locked (`run_lock` holds it shared), so no evaluation reads a rule
     the change is about to alter. Taken before any run lock, and never while one is held, so it
     joins no lock cycle. PostgreSQL: a transaction-scoped advisory lock, which every server

@@ -7,7 +7,7 @@ from datetime import timedelta
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from .alert_models import AlertEpisode, WebhookMessage
+from .alerts.models import AlertEpisode, WebhookMessage
 from .models import GroupBlock, Run, utcnow
 
 
@@ -30,8 +30,8 @@ def delete_run_data(session: Session, run: Run) -> None:
     tables cascade from it), once `alerts.end_run_episodes` queued its alerts' resolutions.
     Group blocks carry no foreign key (it slowed ingest), so they go explicitly, as do its
     alerts' unsent messages to targets that already failed them (a failing target was retried
-    for a day about a run that no longer exists: a trial). Messages not tried yet stay: a run
-    deleted just after its alert fired lost both the firing and its resolution (a trial)."""
+    for a day about a run that no longer exists). Messages not tried yet stay: a run
+    deleted just after its alert fired lost both the firing and its resolution."""
     session.execute(delete(GroupBlock).where(GroupBlock.run_key == run.key))
     episodes = select(AlertEpisode.id).where(AlertEpisode.run_id == run.id)
     unsent = (WebhookMessage.status == "pending", WebhookMessage.episode_id.in_(episodes))

@@ -118,14 +118,14 @@ class Run(Base):
     # at or before it from the same or an older attempt is a straggler.
     eval_progress: Mapped[dict[str, Any] | None]
     # What ingest knows of the run's step rows, so that a batch of steps the run has no row for
-    # skips reading them (`vantage.server.ingest.store_batch`): per split, the highest step that
-    # has a row (None: not known, so every batch reads, as for a run made without
+    # skips reading them (`vantage.server.ingest.steps.store_batch`): per split, the highest
+    # step that has a row (None: not known, so every batch reads, as for a run made without
     # `create_or_resume_run`); and whether any step row may be unevaluated.
     newest_steps: Mapped[dict[str, Any] | None]
     has_unevaluated: Mapped[bool] = mapped_column(default=True, server_default=true())
     # Moved on by triggers (migration 0013) whenever a rule that may apply to the run changes,
     # or one of the run's alert states: evaluation keeps a run's rules and states in the process
-    # while its epoch stays (`vantage.server.alerts.ALERT_CONFIG`).
+    # while its epoch stays (`vantage.server.alerts.states.ALERT_CONFIG`).
     alert_epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
@@ -199,6 +199,9 @@ class StepSeries(Base):
 SERIES_SLOTS = 64  # steps a row of `step_series`
 ACR_NULL = bytes.fromhex("7ff8000000000000")  # a null acr (acr itself is never NaN)
 ACR_ABSENT = bytes.fromhex("7ff0000000000001")  # no step: a NaN of another payload
+# (1 − α)^1100 = 2^−55 for the EMA's α: steps older than this no longer move a float64 EMA, so a
+# long run's window metrics (queries and alert rules alike) read a bounded tail, not every step.
+EMA_TAIL = 1100
 
 
 class Step(Base):
@@ -227,7 +230,7 @@ class Step(Base):
     effective_by_rank: Mapped[dict[str, Any]] = mapped_column(default=dict)
     scalars: Mapped[dict[str, Any]] = mapped_column(default=dict)
     mitigation: Mapped[dict[str, Any] | None]
-    # Derived metrics (DESIGN.md §3 field names), for fast reads.
+    # Derived metrics (docs/design.md §3 field names), for fast reads.
     n_groups: Mapped[int] = mapped_column(default=0)
     n_valid: Mapped[int] = mapped_column(default=0)
     n_collapsed: Mapped[int] = mapped_column(default=0)
@@ -251,6 +254,10 @@ class Step(Base):
     point: Mapped[str | None] = mapped_column(Text)
 
 
+# The states of a command that the trainer has yet to act on.
+OPEN_STATES = ("pending", "delivered")
+
+
 class Command(Base):
     """A command to the trainer: pending → delivered → applied | rejected | expired."""
 
@@ -272,6 +279,3 @@ class Command(Base):
     acked_at: Mapped[datetime | None]
     acked_step: Mapped[int | None] = mapped_column(BigInteger)
     detail: Mapped[str | None] = mapped_column(Text)
-
-
-from . import alert_models as alert_models  # noqa: E402  (alert tables share this metadata)

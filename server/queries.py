@@ -1,5 +1,5 @@
 """Read-side functions shared by the API routes and the dashboard. Each takes a session and
-returns JSON-able values shaped like the API answers of DESIGN.md §4. None reads per-group data
+returns JSON-able values shaped like the API answers of docs/design.md §4. None reads per-group data
 except `run_prompts`."""
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ from sqlalchemy.types import NullType
 from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, STEP_METRIC_FIELDS, window_metrics
 from vantage.client.schema import NON_FINITE_TOKENS
 
+from .alerts.listing import list_alerts
 from .classify import COLLAPSED
 from .commands import command_dict, mitigation_state
 from .commands import list_commands as list_commands  # re-exported for the dashboard
 from .group_blocks import decode_block
 from .models import (
     ACR_ABSENT,
+    EMA_TAIL,
     SERIES_SLOTS,
     Command,
     GroupBlock,
@@ -135,7 +137,7 @@ def _extremes(steps: np.ndarray, acrs: np.ndarray, max_points: int) -> list[int]
     bucket b holds positions [b·n // B, (b+1)·n // B) of the n steps (int64, ascending; acrs
     float64, NaN for null, which is never chosen over a number); ties go to the earliest step
     for the lowest and to the latest for the highest, so that a bucket of one value keeps its
-    two ends (a run whose ACR stayed flat got half its max_points: a trial). Vectorised: a
+    two ends (a run whose ACR stayed flat got half its max_points). Vectorised: a
     Python loop over 2,500 buckets of a 20,000-step run took 8-16 ms."""
     n = len(steps)
     if n <= max_points:
@@ -335,13 +337,8 @@ def _full_rows(session: Session, run_id: str, split: str, steps: list[int]) -> l
 def run_metrics(session: Session, run_id: str, **window: Any) -> dict[str, Any]:
     """`run_metrics_json` (same keyword arguments: split, from_step, to_step, max_points) as a
     dict: ``{run_id, downsampled, points: [{step, attempt, time, <every step metric>,
-    scalars}]}`` (DESIGN.md §4)."""
+    scalars}]}`` (docs/design.md §4)."""
     return orjson.loads(run_metrics_json(session, run_id, **window))
-
-
-# (1 − α)^1100 = 2^−55 for the EMA's α: steps older than this no longer move a float64 EMA, so a
-# long run's window metrics read a bounded tail instead of every step.
-EMA_TAIL = 1100
 
 
 def run_window(
@@ -351,7 +348,7 @@ def run_window(
     from_step: int | None = None,
     to_step: int | None = None,
 ) -> dict[str, Any]:
-    """Window metrics (DESIGN.md §3) over the newest-attempt view; steps with a null acr are
+    """Window metrics (docs/design.md §3) over the newest-attempt view; steps with a null acr are
     skipped. Reads at most EMA_TAIL + 100 rows however long the run is."""
     scored = _step_filter(select(Step.acr), run_id, split, from_step, to_step).where(
         Step.acr.is_not(None)
@@ -496,15 +493,8 @@ def reported_mitigation_changes(
 
 
 def firing_alerts(session: Session, run_id: str) -> list[dict[str, Any]]:
-    """Firing alert episodes of a run (empty until the alerts module is installed)."""
-    try:
-        from . import alerts
-    except ImportError:  # pragma: no cover - alerts ship with the server
-        return []
-    lister = getattr(alerts, "list_alerts", None)
-    if lister is None:
-        return []
-    return lister(session, run_id=run_id, state="firing")
+    """Firing alert episodes of a run."""
+    return list_alerts(session, run_id=run_id, state="firing")
 
 
 def run_summary(

@@ -1,4 +1,4 @@
-"""Runs and their attempts (DESIGN.md §3 'Identity, attempts, ranks')."""
+"""Runs and their attempts (docs/design.md §3 'Identity, attempts, ranks')."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _check_same_settings(run: Run, body: RunCreate) -> None:
                 "new run for new ones)"
             )
     if body.project is not None and body.project != run.project:
-        # It was ignored: the launch reported to a run its key's project may not see (a trial).
+        # It was ignored: the launch reported to a run its key's project may not see.
         # The run's own project is not named: the key may belong to another project.
         raise RunSettingsConflict(
             f"run {run.id} was created in another project than {body.project!r} (or in none); "
@@ -84,7 +84,7 @@ def _check_not_older(session: Session, run: Run, body: RunCreate) -> None:
 
 
 class RunNameRequired(ValueError):
-    """A new run registered without a name (DESIGN.md §4 requires one; a known run keeps its
+    """A new run registered without a name (docs/design.md §4 requires one; a known run keeps its
     own, so registering a launch of it may leave the name out)."""
 
 
@@ -142,7 +142,7 @@ def create_or_resume_run(
     _check_not_older(session, run, body)
     attempt = _new_attempt(session, run, body)
     # a new attempt describes what runs now: its world size, group size and config (the page
-    # showed the first launch's config and group size after a relaunch changed them: a trial)
+    # showed the first launch's config and group size after a relaunch changed them)
     if body.world_size:
         run.world_size = body.world_size
     if body.group_size is not None:

@@ -12,6 +12,8 @@ from platformdirs import user_data_dir
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .database_url import check_url
+
 
 def default_database_url() -> str:
     """The embedded default: a SQLite file in the user's data folder."""
@@ -26,7 +28,7 @@ _HOST = re.compile(r"(\*\.)?(?=.*[A-Za-z])[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.?")
 
 # A duration: a positive number of seconds (0 or less would spin a loop or expire at once), at
 # most ten years (1e308 passed, then overflowed a datetime: commands answered 500 and alert
-# evaluation failed, a trial).
+# evaluation failed).
 MAX_SECONDS = 10 * 366 * 86400
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
 MAX_REFRESH_S = (2**31 - 1) // 1000  # a browser's longest timer, in whole seconds
@@ -54,15 +56,15 @@ class Settings(BaseSettings):
     command_ttl_s: Seconds = 3600.0
     # at least 0.5 s: each refresh of each open page reads the run (0.001 was taken); at most
     # what a browser's timer holds (2**31 - 1 ms): a longer interval overflowed and fired
-    # continuously, flooding the server (a trial)
+    # continuously, flooding the server
     dashboard_refresh_s: Annotated[float, Field(ge=0.5, le=MAX_REFRESH_S, allow_inf_nan=False)] = (
         2.0
     )
     # A step is evaluated once all ranks reported, a later step arrives, or this long after its
-    # first record (DESIGN.md §6).
+    # first record (docs/design.md §6).
     step_complete_after_s: Seconds = 30.0
     periodic_pass_s: Seconds = 5.0
-    # Webhooks (DESIGN.md §6): per-request timeout, retry backoff cap, at most one message per
+    # Webhooks (docs/design.md §6): per-request timeout, retry backoff cap, at most one message per
     # URL per webhook_min_interval_s, and how often a replica looks for others' messages.
     webhook_timeout_s: Seconds = 5.0
     webhook_max_backoff_s: Seconds = 10.0
@@ -81,8 +83,6 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _database_url(cls, value: str) -> str:
-        from .db import check_url  # SQLAlchemy parses it; settings load before any engine
-
         check_url(value)
         return value
 
@@ -109,7 +109,7 @@ class Settings(BaseSettings):
     @classmethod
     def _metrics_token(cls, value: str | None) -> str | None:
         # `/metrics` strips the bearer token it is sent: a blank one, or one with blanks at
-        # either end, matched no request, and every scrape was a 401 (helper 67)
+        # either end, matched no request, and every scrape was a 401
         if value is not None and value != value.strip():
             raise ValueError(
                 "a bearer token cannot be blank or start or end with blanks (leave it unset for "
@@ -152,7 +152,7 @@ def load_settings(**values: object) -> Settings:
 
 
 # The password of a URL's user (a database URL's, a webhook's), and libpq's password parameters
-# in its query (`?password=`: it was echoed in clear, a trial), hidden when a value is echoed.
+# in its query (`?password=`: it was echoed in clear), hidden when a value is echoed.
 _PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
 _QUERY_PASSWORD = re.compile(r"([?&](?:password|sslpassword)=)[^&'\"\s]*", re.IGNORECASE)
 

@@ -1,4 +1,4 @@
-"""alerts: rules (with the built-in defaults of DESIGN.md §6), per-(rule, run) state, episodes,
+"""alerts: rules (with the built-in defaults of docs/design.md §6), per-(rule, run) state, episodes,
 silences, the webhook outbox and its per-URL send slots; a partial index on unevaluated steps.
 
 Revision ID: 0002

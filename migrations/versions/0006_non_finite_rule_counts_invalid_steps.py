@@ -1,7 +1,7 @@
 """non_finite_rewards evaluates every step: the built-in rule gets min_valid_groups 0.
 
 With the default of 1, a step whose groups are all non-finite (n_valid 0) neither advanced nor
-reset the rule (DESIGN.md §6), so a run whose rewards were all broken never raised it. Only the
+reset the rule (docs/design.md §6), so a run whose rewards were all broken never raised it. Only the
 built-in rule still at that default is changed; an edited one keeps its value.
 
 Revision ID: 0006

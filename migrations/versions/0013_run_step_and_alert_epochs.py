@@ -5,9 +5,9 @@ alert states, changes.
 Each ingest batch read its steps' rows and the run's unevaluated ones, and the run's rules and
 alert states, under the run's lock: two queries, which for a batch of new steps on a run with
 nothing left unevaluated read nothing new. With these columns, read with the run under its lock,
-a batch of steps the run has no row for skips the first (`vantage.server.ingest.store_batch`),
+a batch of steps the run has no row for skips the first (`vantage.server.ingest.steps`),
 and a process that has evaluated the run at its epoch skips the second
-(`vantage.server.alerts.ALERT_CONFIG`).
+(`vantage.server.alerts.states.ALERT_CONFIG`).
 
 - ``newest_steps``: per split, the highest step that has a row; existing runs get theirs here.
   NULL means not known (a run made without the API): every batch then reads.
@@ -35,7 +35,7 @@ BUMP = "UPDATE runs SET alert_epoch = alert_epoch + 1"
 
 
 def _rule_runs(row: str) -> str:
-    """The runs a rule applies to, as `vantage.server.alerts` selects its rules: its run's,
+    """The runs a rule applies to, as `vantage.server.alerts.states` selects its rules: its run's,
     or with no run every run of its project, or every run."""
     return (
         f"({row}.run_id IS NOT NULL AND id = {row}.run_id) OR ({row}.run_id IS NULL "

@@ -1,44 +1,27 @@
-"""One router module per resource of DESIGN.md §4."""
+"""One router module per resource of docs/design.md §4."""
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
 import orjson
-from fastapi import HTTPException, Request, Response
+from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
+
+from ..errors import field_error, plain_body_errors
 
 T = TypeVar("T", bound=BaseModel)
 
 
 async def read_body(request: Request) -> bytes:
-    """The request body (``main.BodyLimit`` has refused one past MAX_REQUEST_BYTES with 413
+    """The request body (``middleware.BodyLimit`` has refused one past MAX_REQUEST_BYTES with 413
     while it was read); 400 when the client goes away before sending all of it."""
     try:
         return await request.body()
     except ClientDisconnect:  # nobody is left to answer; stored nothing, logs no traceback
         raise HTTPException(400, "the client went away before sending the whole body") from None
-
-
-def plain_body_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``errors`` (pydantic's, each ``loc`` starting with "body") with the messages about the
-    body as a whole said plainly: pydantic's "Input should be a valid dictionary or object to
-    extract fields from" and "Field required" name no field a user could look for."""
-    for error in errors:
-        loc = tuple(error["loc"])
-        if error["type"] == "json_invalid" and len(loc) == 2 and loc[0] == "body":
-            # FastAPI's own parse: the position rides in loc, the reason in ctx
-            why = (error.get("ctx") or {}).get("error") or "JSON decode error"
-            error["loc"], error["msg"] = ["body"], f"Invalid JSON: {why} at character {loc[1]}"
-        if loc != ("body",):
-            continue
-        if error["type"] == "missing":
-            error["msg"] = "the request has no body; send a JSON object"
-        elif error["type"] in ("model_attributes_type", "model_type", "dict_type"):
-            error["msg"] = "the request body must be a JSON object ({...})"
-    return errors
 
 
 def parse_body(model: type[T], raw: bytes) -> T:
@@ -60,7 +43,7 @@ def json_response(content: Any, status_code: int = 200) -> Response:
 
 
 # Models whose bodies are read raw (for speed) still document their schema; their nested
-# definitions are collected here and added to the OpenAPI components by `main.create_app`.
+# definitions are collected here and added to the OpenAPI components by `document_raw_bodies`.
 EXTRA_SCHEMAS: dict[str, Any] = {}
 
 
@@ -73,11 +56,38 @@ def raw_body_openapi(model: Any) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
+def document_raw_bodies(app: FastAPI) -> None:
+    """Add the raw-read bodies' schemas (`EXTRA_SCHEMAS`) and the bearer key to ``app``'s
+    OpenAPI document."""
+    base_openapi = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = base_openapi()
+            components = schema.setdefault("components", {})
+            components.setdefault("schemas", {}).update(EXTRA_SCHEMAS)
+            # The key as a bearer token, so that /docs has an Authorize button and its "Try it
+            # out" sends the key (the routes read the header themselves).
+            components["securitySchemes"] = {
+                "APIKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A key from `vantage keys create` (vtg_…). /healthz, "
+                    "/readyz, /docs and /openapi.json need none.",
+                }
+            }
+            schema["security"] = [{"APIKey": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 async def known_query_only(request: Request) -> None:
     """Refuse a GET whose query names a parameter its route does not take (422, each unknown
     name as pydantic's ``extra_forbidden`` at ``["query", name]``), as ``GET /runs`` and
     ``GET /alerts`` do with their filter models: ``prompts?sid=all_pass`` listed every side,
-    ``export.csv?splt=eval`` every split (a trial). A parameter that takes one value and is
+    ``export.csv?splt=eval`` every split. A parameter that takes one value and is
     given several times is refused too (``?project=a&project=b`` answered project b's runs),
     and so is a value with a NUL character, on every database.
     A route's parameters are those its OpenAPI operation lists; a route outside the schema is
@@ -93,14 +103,14 @@ async def known_query_only(request: Request) -> None:
     for name in dict.fromkeys(request.query_params):
         values = request.query_params.getlist(name)
         if name not in known:
-            errors.append({"type": "extra_forbidden", "loc": ("query", name), "msg": _EXTRA_MSG})
+            errors.append(field_error(_EXTRA_MSG, ["query", name], "extra_forbidden"))
         elif len(values) > 1 and not _many(known[name]):
             msg = f"given {len(values)} times; {name} takes one value"
-            errors.append({"type": "repeated_parameter", "loc": ("query", name), "msg": msg})
+            errors.append(field_error(msg, ["query", name], "repeated_parameter"))
         elif any("\x00" in value for value in values):
-            # PostgreSQL refused it (422) where SQLite matched nothing (200): helper 67
+            # PostgreSQL refuses it (422) where SQLite matches nothing (200)
             msg = "cannot contain NUL characters"
-            errors.append({"type": "value_error", "loc": ("query", name), "msg": msg})
+            errors.append(field_error(msg, ["query", name]))
     if errors:
         raise RequestValidationError(errors)
 

@@ -1,4 +1,4 @@
-"""/api/v1/alert-rules, /api/v1/alerts and /api/v1/silences (DESIGN.md §6)."""
+"""/api/v1/alert-rules, /api/v1/alerts and /api/v1/silences (docs/design.md §6)."""
 
 from __future__ import annotations
 
@@ -11,33 +11,38 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..alert_metrics import condition_warning
-from ..alert_models import AlertRule, Silence
-from ..alert_rules import (
-    RuleCreate,
+from ..alerts.listing import list_alerts
+from ..alerts.metrics import condition_warning
+from ..alerts.models import AlertRule, Silence
+from ..alerts.rule_bodies import RuleCreate, RulePatch
+from ..alerts.rules import (
     RuleExists,
     RuleFieldError,
-    RulePatch,
-    SilenceCreate,
-    SilenceMatchers,
     change_lock,
     create_rule,
-    create_silence,
     delete_rule,
+    in_key_project,
     list_rules,
-    list_silences,
-    rule_dict,
-    rule_project,
+    rule_as_seen,
     update_rule,
     visible_to,
 )
-from ..alerts import list_alerts
+from ..alerts.silences import (
+    SilenceCreate,
+    SilenceMatchers,
+    create_silence,
+    list_silences,
+    no_matchers_warning,
+    silence_project,
+    silence_visible,
+    unknown_rule_warning,
+)
 from ..db import redo_on_lock_conflict
 from ..deps import ControlKey, ReadKey, SessionDep, SettingsDep, check_key, load_run
+from ..errors import field_error
 from ..keys import KeyInfo
 from ..locks import rule_writes_lock
 from ..models import Run, as_utc
-from ..notify import redact_url
 from ..settings import Settings
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
@@ -70,7 +75,7 @@ def _own_rule(session: SessionDep, rule_id: int, key: KeyInfo) -> AlertRule:
     """A rule the key may change or delete: any, or, for a key limited to a project, one of
     that project's rules (403 for another it can read, such as a rule of every run)."""
     rule = _rule(session, rule_id, key)
-    if not _in_key_project(rule, key, session):
+    if not in_key_project(session, rule, key):
         raise HTTPException(
             403,
             f"alert rule {rule_id} is not a rule of project '{key.project}' (it applies to "
@@ -103,32 +108,10 @@ def _same_project(run: Run | None, project: str | None) -> None:
         )
 
 
-def _in_key_project(rule: AlertRule, key: KeyInfo, session: Session) -> bool:
-    """Whether the rule is the key's to change, scope aside: the key is of every project, or of
-    the rule's (`rule_project`: a rule an admin key made for a run of project P without naming
-    P is P's, and P's key could not change it: a trial)."""
-    return key.project is None or key.project == rule_project(session, rule)
-
-
-def _may_change(rule: AlertRule, key: KeyInfo, session: Session) -> bool:
-    """Whether the key may change the rule: control scope, and `_in_key_project`."""
-    return "control" in key.scopes and _in_key_project(rule, key, session)
-
-
-def _shown(rule: AlertRule, key: KeyInfo, session: Session) -> dict:
-    """The rule as the key may see it: webhook URLs (which often carry a token in their path,
-    as Slack's do) in full only to a key that may change the rule; to others, their scheme and
-    host (a trial found every read key, the dashboard's included, reading them)."""
-    out = rule_dict(rule)
-    if not _may_change(rule, key, session):
-        out["notify"] = [redact_url(u) for u in out["notify"]]
-    return out
-
-
 @router.get("/alert-rules")
 def rules_index(key: RulesReader, session: SessionDep) -> dict:
     rules = list_rules(session, project=key.project)
-    return {"rules": [_shown(r, key, session) for r in rules]}
+    return {"rules": [rule_as_seen(session, r, key) for r in rules]}
 
 
 @router.post("/alert-rules", status_code=201)
@@ -147,8 +130,7 @@ def _written(session: Session, write: Callable[[], dict]) -> dict:
     try:
         rule = write()
     except RuleFieldError as exc:
-        error = {"type": "value_error", "loc": ["body", exc.field], "msg": str(exc)}
-        raise HTTPException(422, [error]) from exc
+        raise HTTPException(422, [field_error(str(exc), ["body", exc.field])]) from exc
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from exc
     except RuleExists as exc:
@@ -160,7 +142,7 @@ def _written(session: Session, write: Callable[[], dict]) -> dict:
 
 @router.get("/alert-rules/{rule_id}")
 def rules_read(rule_id: RuleId, key: RulesReader, session: SessionDep) -> dict:
-    return _shown(_rule(session, rule_id, key), key, session)
+    return rule_as_seen(session, _rule(session, rule_id, key), key)
 
 
 @router.put("/alert-rules/{rule_id}")
@@ -230,9 +212,7 @@ def alerts_index(
     if since is not None:
         if not 1970 <= since.year <= 9000:  # the database cannot compare far-off dates
             msg = "since must be a date between 1970 and 9000"
-            raise HTTPException(
-                422, [{"type": "value_error", "loc": ["query", "since"], "msg": msg}]
-            )
+            raise HTTPException(422, [field_error(msg, ["query", "since"])])
         since = as_utc(since)
     alerts = list_alerts(
         session, run_id=run_id, rule=rule, state=state, since=since, project=key.project
@@ -245,51 +225,12 @@ def silences_create(body: SilenceCreate, key: ControlKey, session: SessionDep) -
     """Mute notifications (not evaluation) of alerts matching every given matcher. A key
     limited to a project mutes that project's alerts only (its project is the matcher)."""
     _scoped(body.matchers, key, session)
-    warning = _everything(body.matchers) or _unknown_rule(body.matchers, session, key)
+    warning = no_matchers_warning(body.matchers) or unknown_rule_warning(
+        session, body.matchers, key
+    )
     out = create_silence(session, body, created_by=key.name)
     session.commit()
     return {**out, "warning": warning} if warning else out
-
-
-def _everything(matchers: SilenceMatchers) -> str | None:
-    """What to say of a silence without matchers: it mutes every alert of every run, which a
-    forgotten matcher does as well as a wish (a trial)."""
-    if matchers.rule is None and matchers.run_id is None and matchers.project is None:
-        return "this silence has no matchers: it mutes the notifications of every alert"
-    return None
-
-
-def _unknown_rule(matchers: SilenceMatchers, session: SessionDep, key: KeyInfo) -> str | None:
-    """What to say when a silence names a rule that does not exist (yet): it mutes nothing
-    until one of that name does, which is how a rule is silenced before it is created, but is
-    more often a typo (found by a fresh-user trial). A run that does not exist is a 404
-    (`_scoped`). Only rules the key sees count (another project's names were told apart:
-    a trial)."""
-    if matchers.rule is None:
-        return None
-    named = select(AlertRule.id).where(AlertRule.name == matchers.rule, visible_to(key.project))
-    named = named.limit(1)
-    if session.scalar(named) is not None:
-        return None
-    return f"no alert rule is named {matchers.rule!r} yet: this silence mutes nothing until one is"
-
-
-def _silence_visible(session: SessionDep, matchers: dict, key: KeyInfo) -> bool:
-    """Whether a key sees a silence: one for its project, or one that may mute its runs'
-    alerts (no project matcher, and no run matcher or one of its runs)."""
-    if key.project is None:
-        return True
-    project = _silence_project(session, matchers)
-    return project == key.project or (project is None and "run_id" not in matchers)
-
-
-def _silence_project(session: SessionDep, matchers: dict) -> str | None:
-    """The project a silence mutes alerts of only: its project matcher's, else its run
-    matcher's run's (one an admin key made for a run of project P is P's to end: a trial, as
-    for rules), else none."""
-    if matchers.get("project") is not None or "run_id" not in matchers:
-        return matchers.get("project")
-    return session.scalar(select(Run.project).where(Run.id == matchers["run_id"]))
 
 
 @router.get("/silences")
@@ -305,15 +246,15 @@ def silences_index(
 ) -> dict:
     """Silences the key may see, newest first (expired ones too unless `active=true`)."""
     silences = list_silences(session, active_only=active)
-    return {"silences": [s for s in silences if _silence_visible(session, s["matchers"], key)]}
+    return {"silences": [s for s in silences if silence_visible(session, s["matchers"], key)]}
 
 
 @router.delete("/silences/{silence_id}", status_code=204)
 def silences_delete(silence_id: SilenceId, key: ControlKey, session: SessionDep) -> Response:
     silence = session.get(Silence, silence_id)
-    if silence is None or not _silence_visible(session, silence.matchers or {}, key):
+    if silence is None or not silence_visible(session, silence.matchers or {}, key):
         raise HTTPException(404, f"silence {silence_id} not found")
-    if key.project not in (None, _silence_project(session, silence.matchers or {})):
+    if key.project not in (None, silence_project(session, silence.matchers or {})):
         raise HTTPException(
             403,
             f"silence {silence_id} is not limited to project '{key.project}', which this key is",

@@ -24,8 +24,8 @@ def issue(
 ) -> dict:
     """Queue a command for the run's trainer. The same command (type and params) sent again
     by the same key within TWIN_WINDOW_S, while no trainer has acked the first, answers the
-    first: a retried or doubled request applied twice (two stops saved two checkpoints, a
-    trial)."""
+    first: a retried or doubled request applied twice (two stops would save two
+    checkpoints)."""
     run = load_run(session, run_id, key)
     try:
         check_run_listens(run_id, run.status)

@@ -20,8 +20,8 @@ from ..queries import (
 )
 
 router = APIRouter(prefix="/api/v1/runs", tags=["metrics"])
-# The same rule as a record's split (DESIGN.md §3), so no query reaches the database with a value
-# it would refuse.
+# The same rule as a record's split (docs/design.md §3), so no query reaches the database with
+# a value it would refuse.
 Split = Annotated[str, Query(min_length=1, max_length=MAX_SPLIT_CHARS, pattern=SPLIT_PATTERN)]
 StepBound = Annotated[int | None, Query(ge=-MAX_STEP, le=MAX_STEP)]
 PromptSide = Literal["all_pass", "all_fail", "constant"]

@@ -9,9 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import IntegrityError
 from vantage.client.schema import Finish, Heartbeat, RunCreate, RunPatch
 
-from ..alerts import end_run_episodes
+from ..alerts.episodes import end_run_episodes
 from ..commands import ENDED_STATES, deliver_commands, end_commands
 from ..deps import AdminKey, ControlKey, IngestKey, ReadKey, SessionDep, SettingsDep, load_run
+from ..errors import field_error
 from ..ingest import forget_run
 from ..locks import run_lock
 from ..maintenance import delete_run_data
@@ -45,7 +46,7 @@ def create_run(
                 run, attempt, created = create_or_resume_run(
                     session, body, project, settings.default_mitigation_mode
                 )
-                if not key.allows_project(run.project):  # a create answered 404 (a trial)
+                if not key.allows_project(run.project):  # a create answered 404
                     raise HTTPException(
                         409,
                         f"run id {run.id} is taken by a run of another project; choose "
@@ -56,7 +57,7 @@ def create_run(
         except (RunSettingsConflict, LaunchOlderThanAttempt) as exc:
             raise HTTPException(409, str(exc)) from exc
         except RunNameRequired as exc:
-            missing = {"type": "missing", "loc": ["body", "name"], "msg": f"Field required: {exc}"}
+            missing = field_error(f"Field required: {exc}", ["body", "name"], "missing")
             raise HTTPException(422, [missing]) from exc
         except IntegrityError:  # a concurrent rank registered the same run or launch first
             session.rollback()
@@ -69,7 +70,7 @@ def create_run(
 
 class RunFilters(BaseModel):
     """`GET /runs`'s query: an unknown parameter is a 422, not a filter silently dropped
-    (`?projct=vision` listed every run: a trial)."""
+    (`?projct=vision` listed every run)."""
 
     model_config = ConfigDict(extra="forbid")
     # an empty value is refused, not a filter that matches nothing (`?project=` listed no run)
@@ -81,7 +82,7 @@ class RunFilters(BaseModel):
 def runs_index(key: ReadKey, session: SessionDep, query: Annotated[RunFilters, Query()]) -> dict:
     project, tag = query.project, query.tag
     if key.project is not None and project not in (None, key.project):
-        # it listed the key's own project's runs as if they were the other's (a trial)
+        # it listed the key's own project's runs as if they were the other's
         raise HTTPException(403, f"this key is limited to project '{key.project}'")
     runs = list_runs(session, project=key.project or project, tag=tag)
     return {"runs": runs}

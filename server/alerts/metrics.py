@@ -1,4 +1,4 @@
-"""The values a rule can watch (DESIGN.md §6): step metrics, window metrics, `reward_drop`,
+"""The values a rule can watch (docs/design.md §6): step metrics, window metrics, `reward_drop`,
 `scalars.NAME` and `stale`.
 
 Window values are computed incrementally (`Window`). Alert evaluation keeps the window as of
@@ -26,9 +26,8 @@ from vantage.client.acr import (
 )
 from vantage.client.schema import MAX_ID_CHARS
 
-from .locks import RunState
-from .models import Run, Step, as_utc
-from .queries import EMA_TAIL
+from ..locks import RunState
+from ..models import EMA_TAIL, Run, Step, as_utc
 
 STEP_METRICS = frozenset(STEP_METRIC_FIELDS)
 WINDOW_METRICS = frozenset(WINDOW_METRIC_FIELDS)
@@ -75,7 +74,7 @@ METRIC_RANGES: dict[str, tuple[float, float]] = {
 def condition_warning(metric: str, op: str, threshold: float) -> str | None:
     """What to say of a rule whose condition its metric's range decides: it never fires
     (``acr > 7``, ``stale < -1``) or fires at every evaluated step (``acr > -5``); None
-    otherwise. Such rules were taken without a word (a trial); they stay allowed, as a rule
+    otherwise. Such rules were taken without a word; they stay allowed, as a rule
     may be kept at hand with an impossible threshold."""
     if metric not in METRIC_RANGES:
         return None
@@ -152,7 +151,7 @@ def _unit(*xs: float) -> float:
 
 def _mean(xs: list[float]) -> float:
     """The mean of finite floats, rounded like ``fsum(xs) / n`` but never overflowing: five
-    rewards of 1e308 have the mean 1e308 instead of fsum's OverflowError (DESIGN.md §3's
+    rewards of 1e308 have the mean 1e308 instead of fsum's OverflowError (docs/design.md §3's
     overflow rule)."""
     scale = _unit(*xs)
     return math.fsum(x / scale for x in xs) / len(xs) * scale
@@ -160,12 +159,12 @@ def _mean(xs: list[float]) -> float:
 
 class Window:
     """The running state of the window metrics over a split's steps, walked in step order
-    (DESIGN.md §3 "Window metrics": newest-attempt view, steps with a null acr skipped) plus the
-    recent `reward_mean`s for `reward_drop`. Alert evaluation keeps it with the run's progress
-    (`runs.eval_progress`), so evaluating the next steps in order reads nothing; `dump`/`load`
-    are its JSON form (exact: floats round-trip, counts are integers)."""
+    (docs/design.md §3 "Window metrics": newest-attempt view, steps with a null acr
+    skipped) plus the recent `reward_mean`s for `reward_drop`. Alert evaluation keeps it with the
+    run's progress (`runs.eval_progress`), so evaluating the next steps in order reads nothing;
+    `dump`/`load` are its JSON form (exact: floats round-trip, counts are integers)."""
 
-    __slots__ = ("collapsed", "valid", "first", "acr_100", "last25", "streak", "ema", "rewards")
+    __slots__ = ("acr_100", "collapsed", "ema", "first", "last25", "rewards", "streak", "valid")
 
     def __init__(self) -> None:
         self.collapsed = self.valid = 0  # Σ n_collapsed, Σ n_valid over steps with an acr

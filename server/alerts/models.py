@@ -1,15 +1,26 @@
-"""Alert tables (DESIGN.md §6): rules, per-(rule, run) evaluation state, episodes, silences and
-the webhook outbox. Imported at the bottom of `models.py` so Alembic sees one metadata."""
+"""Alert tables (docs/design.md §6): rules, per-(rule, run) evaluation state, episodes, silences and
+the webhook outbox. They share `vantage.server.models.Base`'s
+metadata; Alembic's environment imports this module."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, false
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    false,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
-from .models import Base, BigId, Step, utcnow
+from ..models import Base, BigId, Step, utcnow
 
 # Ingest leaves new and re-owned steps with evaluated = false; evaluation looks only at those.
 Index(
@@ -23,7 +34,7 @@ Index(
 
 
 class AlertRule(Base):
-    """A rule: `metric op threshold` for `for_steps` evaluated steps (DESIGN.md §6)."""
+    """A rule: `metric op threshold` for `for_steps` evaluated steps (docs/design.md §6)."""
 
     __tablename__ = "alert_rules"
     __table_args__ = {"sqlite_autoincrement": True}  # ids are never reused (migration 0007)

@@ -1,4 +1,4 @@
-"""Which steps alert evaluation may look at now (DESIGN.md §6): a step is evaluated once, in
+"""Which steps alert evaluation may look at now (docs/design.md §6): a step is evaluated once, in
 step order, on the newest-attempt view, when it is complete across ranks, when a later step made
 waiting pointless, or when it has waited `step_complete_after_s`."""
 
@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import false, select, true
 from sqlalchemy.orm import Session
 
-from .locks import RunState
-from .models import Step, as_utc
+from ..locks import RunState
+from ..models import Step, as_utc
 
 
 def mark_evaluated(rows: list[Step]) -> None:

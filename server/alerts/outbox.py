@@ -1,4 +1,4 @@
-"""Webhook notifications through an outbox table (DESIGN.md §6).
+"""Webhook notifications through an outbox table (docs/design.md §6).
 
 A transition inserts one outbox row per URL in the evaluation's transaction, so a notification
 exists exactly when the transition does, and survives a restart. A sender (any replica) claims a
@@ -36,9 +36,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from .alert_models import WebhookMessage, WebhookTarget
-from .models import as_utc, utcnow
-from .settings import Settings
+from ..models import as_utc, utcnow
+from ..settings import Settings
+from .models import WebhookMessage, WebhookTarget
 
 log = logging.getLogger("vantage.notify")
 
@@ -195,7 +195,7 @@ class OutboxSender:
         (at most MAX_PARALLEL_URLS at once), each in a thread of its own, and return how many
         sends started without waiting for them: a slow target holds up its own URL only (a
         pass that waited for every send held a ready target's message up to the 5 s timeout of
-        a slow one: a trial). Daemon threads: a request in flight never delays the exit."""
+        a slow one). Daemon threads: a request in flight never delays the exit."""
         with self.session_factory() as session:
             urls = list(
                 session.scalars(
@@ -236,7 +236,7 @@ class OutboxSender:
             with self.session_factory() as session:
                 self._record(session, url, claimed.id, error, outcome)
             return int(outcome == "sent")
-        except Exception:  # noqa: BLE001 - one bad URL or a database hiccup must not stop the loop
+        except Exception:
             log.exception("webhook sender failed for %s", redact_url(url))
             return 0
 
@@ -331,8 +331,8 @@ class OutboxSender:
 
         A message the target took but did not answer within ``webhook_timeout_s`` counts as
         sent: it reached the target, and sending it again posted it again and again to a
-        receiver slower than the timeout (six copies in a minute: a trial). Messages never go
-        out twice on purpose (one on firing, one on resolving, DESIGN.md §6); a target that
+        receiver slower than the timeout (six copies in a minute). Messages never go
+        out twice on purpose (one on firing, one on resolving, docs/design.md §6); a target that
         took it and then failed has lost it, which the log says."""
         try:
             check_target(url, self.settings.webhook_allow)

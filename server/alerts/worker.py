@@ -1,6 +1,6 @@
 """Background work of one server process: the periodic alert pass (steps left incomplete, and
 `stale`) and the webhook outbox sender. Both are safe to run in every replica at once (see
-`alerts` and `notify`); both stop within a few seconds of shutdown."""
+`evaluation` and `outbox`); both stop within a few seconds of shutdown."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
-from .alerts import Evaluator
-from .db import first_line
-from .notify import OutboxSender
-from .settings import Settings
+from ..db import first_line
+from ..settings import Settings
+from .evaluation import Evaluator
+from .outbox import OutboxSender
 
 log = logging.getLogger("vantage.alerts")
 
@@ -66,7 +66,7 @@ class AlertWorker:
                 failing.ok()
             except Exception as exc:  # noqa: BLE001
                 # no wake-up while it fails: a poll every 0.25 s logged 5 tracebacks a second
-                # with the database down (a trial)
+                # with the database down
                 self.stopping.wait(failing.failed(exc))
             if not sent:
                 # Other replicas' transitions are found by polling; ours wake the sender.

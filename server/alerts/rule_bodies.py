@@ -1,0 +1,211 @@
+"""The bodies of the alert-rule routes and their validation (docs/design.md §6): what a rule
+may watch, how it compares, whom it tells and what command it issues."""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+import httpx
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+)
+from vantage.client.schema import (
+    Name,
+    Split,
+    label,
+    no_params_as_empty,
+    prose,
+    text,
+    validate_command_params,
+)
+
+from .metrics import check_metric
+
+Op = Literal[">", ">=", "<", "<="]
+RULE_FIELDS = (
+    "name",
+    "run_id",
+    "project",
+    "metric",
+    "op",
+    "threshold",
+    "for_steps",
+    "clear_threshold",
+    "clear_steps",
+    "min_valid_groups",
+    "severity",
+    "notify",
+    "mitigation",
+    "cooldown_steps",
+    "split",
+    "enabled",
+    "description",
+)
+
+
+class Mitigation(BaseModel):
+    """The command a firing rule issues (or offers, by the run's mitigation_mode)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    type: Literal["set_mitigation", "set_sampling", "checkpoint", "stop"]
+    """The command type, as in POST /runs/{run_id}/commands."""
+    params: Annotated[dict[str, Any], BeforeValidator(no_params_as_empty)] = Field(
+        default_factory=dict, validate_default=True
+    )
+    """The command's params, checked as a command's are (null: none)."""
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, params: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Checked against the type (when it is valid), so that an error's loc ends in
+        ``params``, not at the mitigation as a whole."""
+        if "type" in info.data:
+            validate_command_params(info.data["type"], params)
+        return params
+
+
+def _without_edge_blanks(what: str) -> Callable[[str], str]:
+    """A validator refusing ``what`` with a blank at either end: a silence matches rule names
+    exactly, and `"x "` beside `"x"` was a second rule that a silence of `x` missed; a
+    severity " warning" read "[ warning]" in chat."""
+
+    def trimmed(value: str) -> str:
+        if value != value.strip():
+            raise ValueError(f"{what} cannot start or end with a blank")
+        return value
+
+    return trimmed
+
+
+RuleName = Annotated[Name, AfterValidator(_without_edge_blanks("a rule's name"))]
+Severity = Annotated[label(32, 1), AfterValidator(_without_edge_blanks("a severity"))]
+
+
+def _target(url: str) -> str:
+    """Where ``url`` sends, spelled one way (RFC 3986 §6.2.2): scheme and host in lower case,
+    without the host's trailing dot, a default port, an empty query's ``?`` and the fragment
+    (which no request carries); unreserved characters percent-encoded in the path or query
+    decoded, other encodings' hex digits in upper case (`/%68ook` is `/hook`, `%2f` is `%2F`,
+    never `/`). ``url`` itself if it does not parse."""
+    try:
+        u = httpx.URL(url)
+        host = u.host.rstrip(".")
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return url
+    host = f"[{host}]" if ":" in host else host  # IPv6
+    port = "" if u.port in (None, _DEFAULT_PORTS.get(u.scheme)) else f":{u.port}"
+    user = f"{u.userinfo.decode()}@" if u.userinfo else ""
+    rest = _PERCENT.sub(_percent_normal, u.raw_path.decode("ascii").removesuffix("?"))
+    return f"{u.scheme}://{user}{host}{port}{rest}"
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+_UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
+
+
+def _percent_normal(match: re.Match[str]) -> str:
+    char = chr(int(match[1], 16))
+    return char if char in _UNRESERVED else f"%{match[1].upper()}"
+
+
+def _once(urls: Any) -> Any:
+    """A list of webhook URLs with each target once (`_target`: "HTTP://Chat/x#a" and
+    "http://chat/x" posted every message twice), in order, as first spelled; anything
+    else as it is."""
+    if isinstance(urls, list) and all(isinstance(u, str) for u in urls):
+        first: dict[str, str] = {}
+        for url in urls:
+            first.setdefault(_target(url), url)
+        return list(first.values())
+    return urls
+
+
+class RulePatch(BaseModel):
+    """Body of `PUT /api/v1/alert-rules/{id}`: the fields to change (others keep their value)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: RuleName | None = None
+    """Unique among the rules of the same run_id and project."""
+    run_id: text(64) | None = None
+    """Only this run (with neither run_id nor project: every run)."""
+    project: label(200) | None = None
+    """Only this project's runs."""
+    metric: text(200, 1) | None = None
+    """A step metric (acr, acr_all_pass, ...), a window metric (acr_ema, acr_100, acr_volatility,
+    acr_streak, acr_pooled), n_invalid, reward_drop, stale, or scalars.NAME."""
+    op: Op | None = None
+    """How the metric is compared with the threshold."""
+    threshold: Annotated[float, Strict()] | None = None
+    """The condition is `metric op threshold`."""
+    for_steps: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
+    """Consecutive evaluated steps the condition must hold before the alert fires (default 1)."""
+    clear_threshold: Annotated[float, Strict()] | None = None
+    """A firing alert resolves at the first step strictly past this value (default: the
+    threshold)."""
+    clear_steps: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
+    """Consecutive clear steps needed to resolve (default 1)."""
+    min_valid_groups: StrictInt | None = Field(default=None, ge=0, le=10**9)
+    """A step with fewer valid groups neither advances nor resets for_steps (default 1)."""
+    severity: Severity | None = None
+    """Free label sent with notifications (default warning)."""
+    notify: list[text(2000, 1)] | None = Field(default=None, max_length=20)
+    """Webhook URLs (up to 2,000 characters each) notified on firing and on resolving."""
+    mitigation: Mitigation | None = None
+    """A command issued when the alert fires (by the run's mitigation_mode: auto sends it, suggest
+    offers it on the dashboard, off does nothing)."""
+    cooldown_steps: StrictInt | None = Field(default=None, ge=0, le=10**12)
+    """Steps after a rule's command before it issues another (default 0)."""
+    split: Split | None = None  # the same rule as a record's split
+    """The split whose steps are evaluated (default train)."""
+    enabled: StrictBool | None = None
+    """A disabled rule is not evaluated."""
+    description: prose(2000) | None = None
+    """Free text."""
+
+    @field_validator("notify", mode="before")
+    @classmethod
+    def _notify_once(cls, v: Any) -> Any:
+        """A URL given twice counts once (100 copies of one URL are not "more than 20")."""
+        return _once(v)
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v: str | None) -> str | None:
+        return None if v is None else check_metric(v)
+
+    @field_validator("threshold", "clear_threshold")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("thresholds must be finite numbers")
+        return v
+
+
+class RuleCreate(RulePatch):
+    """Body of `POST /api/v1/alert-rules`; §6 defaults for what is left out."""
+
+    name: RuleName
+    """Unique among the rules of the same run_id and project."""
+    metric: text(200, 1)
+    """A step metric (acr, acr_all_pass, ...), a window metric (acr_ema, acr_100, acr_volatility,
+    acr_streak, acr_pooled), n_invalid, reward_drop, stale, or scalars.NAME."""
+    op: Op
+    """How the metric is compared with the threshold."""
+    threshold: Annotated[float, Strict()]
+    """The condition is `metric op threshold`."""

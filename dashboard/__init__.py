@@ -1,17 +1,10 @@
-"""The Vantage dashboard: a Dash app mounted by the server at /dashboard/ (DESIGN.md §2).
+"""The Vantage dashboard: a Dash app mounted by the server at /dashboard/ (docs/design.md §2).
 
-Importing this package is cheap; Dash is imported only when ``mount`` runs."""
+``vantage.dashboard.app.mount`` builds it. Importing this package is cheap (it imports nothing:
+Dash is imported only with ``app``), and no module of the dashboard imports the package root's
+contents, so the package has no import cycle through it.
 
-from __future__ import annotations
-
-from typing import Any
-
-
-def mount(app: Any, settings: Any, session_factory: Any) -> Any:
-    """Create the dashboard on the FastAPI ``app``: pages at /dashboard/, /dashboard →
-    /dashboard/, the API-key login, CSV downloads. ``settings`` gives ``auth_enabled``,
-    ``public_url`` and ``dashboard_refresh_s``; ``session_factory()`` opens a SQLAlchemy session.
-    Returns the Dash app."""
-    from .app import mount as _mount
-
-    return _mount(app, settings, session_factory)
+Layout: ``app`` (mount), ``auth`` (login and gate), ``context`` (each app's state, the caller's
+key), ``data`` (reads and writes), ``explain`` (the words), ``components`` and ``figures``
+(shared pieces), ``pages/<page>/`` (each page with what only it uses).
+"""

@@ -94,8 +94,7 @@ def _csv_routes(app: FastAPI) -> None:
         finally:
             reset_current_request(token)
 
-    # the API's parameters and checks: `?split=eval` was ignored here, and a bad side or split
-    # answered an empty CSV where the API answers 422 (a trial)
+    # the API's parameters and checks: `?split=` applies, and a bad side or split answers 422
     def metrics_csv(request: Request, run_id: str, split: Split | None = None) -> Response:
         text = as_caller(request, lambda info: data.metrics_csv(info, run_id, split))
         return csv_response(text, f"{run_id}.csv")
@@ -143,7 +142,7 @@ def _catchall(app: FastAPI, dash_app: Dash) -> None:
 
 
 def _log_callback_error(err: Exception) -> None:
-    """Dash answers a callback that raised with a 500 and logged nothing (a trial found one):
+    """Dash answers a callback that raised with a 500 and logs nothing:
     log its traceback, naming the callback's trigger, then let Dash answer as before."""
     log.error("dashboard callback failed (triggered by %s)", dash.ctx.triggered_id, exc_info=err)
     raise err
@@ -161,7 +160,10 @@ def _no_websocket(app: FastAPI, dash_app: Dash) -> None:
 
 
 def mount(app: FastAPI, settings: Any, session_factory) -> Dash:
-    """Create the dashboard on ``app`` at /dashboard/ (see ``vantage.dashboard.mount``)."""
+    """Create the dashboard on the FastAPI ``app``: pages at /dashboard/, /dashboard →
+    /dashboard/, the API-key login, CSV downloads. ``settings`` gives ``auth_enabled``,
+    ``public_url`` and ``dashboard_refresh_s``; ``session_factory()`` opens a SQLAlchemy session.
+    Returns the Dash app."""
     from dash import _callback
 
     context.configure(settings, session_factory, app)

@@ -1,7 +1,7 @@
 """Login with an API key, and the gate in front of every dashboard request.
 
 The login form posts a key; a key with the ``read`` scope is stored in an HttpOnly,
-SameSite=Strict cookie (Secure over HTTPS) limited to ``/dashboard/`` (DESIGN.md §8). The gate
+SameSite=Strict cookie (Secure over HTTPS) limited to ``/dashboard/`` (docs/design.md §8). The gate
 checks that cookie on every page and callback request: pages without it redirect to the login,
 callbacks get 401. Actions check the ``control`` scope again inside their callbacks.
 """
@@ -101,7 +101,7 @@ async def _serve(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> No
 
 async def _database_unavailable(scope: Scope, receive: Receive, send: Send, exc: Exception) -> None:
     """503 with Retry-After and one log line, as the API answers (an open page's live updates
-    got plain-text 500s and logged a traceback each, every 2 s: a trial); the page keeps its
+    got plain-text 500s and logged a traceback each, every 2 s); the page keeps its
     numbers and says they are old until the database is back."""
     log.warning("%s: database unavailable: %s", scope.get("path"), type(exc).__name__)
     headers = {"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)}

@@ -2,7 +2,7 @@
 
 Dash's callback route (``POST /dashboard/_dash-update-component``) trusts its body: a body that
 is not JSON, lacks ``output``, names no callback of this app, or carries fewer inputs than the
-callback declares raised inside Dash and answered 500 (found by a fresh-user trial). The
+callback declares raised inside Dash and answered 500. The
 browser never sends such a body, so this check refuses only what a script or a fuzzer sends.
 """
 
@@ -82,7 +82,7 @@ class CallbackRequests:
 
     def _value_problem(self, props: list[_Prop | list[_Prop]]) -> str | None:
         """What is wrong with a value that the browser always sends as text (a number for a run
-        id, or an address outside the dashboard for Dash Pages' router, was a 500: a trial)."""
+        id, or an address outside the dashboard for Dash Pages' router, was a 500)."""
         prefix = self.dash_app.config.requests_pathname_prefix.rstrip("/")
         for prop in _flat(props):
             if not isinstance(prop.id, str) or (prop.id, prop.property) not in _TEXT:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import base64
 from collections import Counter
 from typing import Any
 
-from dash import dcc, html
+from dash import html
 
-from . import explain, figures
+from . import explain
 
 URL_BASE = "/dashboard/"
 
@@ -31,7 +30,7 @@ def shown_id(run_id: str, limit: int = 40) -> str:
     """A run id from an address as a page shows it: whole, or its first ``limit`` characters
     and an ellipsis (a link can carry any text), with characters that are not printable
     (bidirectional controls, line breaks) as escapes: "\u202e…" showed its text reversed, so a
-    crafted link could put words on the page (a trial)."""
+    crafted link could put words on the page."""
     shown = run_id if len(run_id) <= limit else run_id[:limit] + "…"
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in shown)
 
@@ -44,7 +43,7 @@ def resolve_run_ids(asked: list[str], visible: list[str]) -> tuple[list[str], li
     """The runs a link names, as (chosen run ids in the link's order, each once; what names no
     visible run; what is the start of several). A name is a visible run's id, or the start of
     exactly one (at least SHORT_ID characters: the short id the pages show was refused in a
-    compare link, a trial); a start that several share is ambiguous, not "not found"."""
+    compare link); a start that several share is ambiguous, not "not found"."""
     known, chosen, missing, ambiguous = set(visible), [], [], []
     for name in asked:
         found = [name] if name in known else []
@@ -83,7 +82,7 @@ def mitigation_text(run: dict) -> tuple[str, str]:
     reports for it, what was requested and applied."""
     mode = run.get("mitigation_mode") or "?"
     requested = run.get("mitigation_requested") or {}
-    app, req = figures.mitigation_modes(run)
+    app, req = mitigation_modes(run)
     said = run.get("mitigation_reported") or {}
     reported = said.get("mode")
     current = current_mitigation(run)
@@ -97,12 +96,26 @@ def mitigation_text(run: dict) -> tuple[str, str]:
         f"reported: {reported or 'not reported'}; last acked: {app or 'none'}; last requested: "
         f"{req or 'none'}."
     )
-    # "· auto" read as nothing to a CTO (a trial): what the alerts do in this mode; the modes
+    # "· auto" read as nothing to a CTO: what the alerts do in this mode; the modes
     # are the trainer's own names, which may hold bidi controls (shown, not obeyed)
     return explain.visible(f"{state} · {ALERTS_DO.get(mode, mode)}"), explain.visible(help_text)
 
 
-current_mitigation = figures.current_mitigation
+def mitigation_modes(run: dict) -> tuple[str | None, str | None]:
+    """The mode of a run's applied and of its newest requested `set_mitigation` (None: none)."""
+    applied = run.get("mitigation_applied") or {}
+    requested = run.get("mitigation_requested") or {}
+    return (
+        applied.get("mode") if isinstance(applied, dict) else applied,
+        requested.get("mode") if isinstance(requested, dict) else requested,
+    )
+
+
+def current_mitigation(run: dict) -> str:
+    """The mitigation mode the run's trainer runs: the one it last reported with its steps
+    (the truth), else the last one it acked, else "none"."""
+    reported = (run.get("mitigation_reported") or {}).get("mode")
+    return reported or mitigation_modes(run)[0] or "none"
 
 
 ALERTS_DO = {"auto": "alerts act", "suggest": "alerts suggest", "off": "alerts notify only"}
@@ -116,8 +129,7 @@ def run_ended(run: dict) -> bool:
 def alert_chips(alerts: list[dict], ended: bool = False) -> list:
     """A chip per firing alert; grey, and said so, when the run has ended (no later step can
     resolve it: it was firing when the run ended). Rules of one name (a project's own
-    `acr_stall` beside the global one) are told apart by their scope (a trial saw "acr_stall
-    acr_stall")."""
+    `acr_stall` beside the global one) are told apart by their scope."""
     when = "firing when the run ended; " if ended else ""
     names = Counter(a.get("rule") for a in alerts)
     return [
@@ -141,127 +153,6 @@ def _scope(alert: dict) -> str:
 
 def _chip_label(alert: dict) -> str:
     return f"{alert.get('rule', 'alert')} ({_scope(alert)})"
-
-
-def health_cell(client: dict | None) -> Any:
-    client = client or {}
-    spooled = int(client.get("spooled_groups") or 0)
-    dropped = int(client.get("dropped_groups") or 0)
-    dead = int(client.get("dead_letter_batches") or 0)
-    if not (spooled or dropped or dead):
-        return html.Span("ok", title="The client delivers everything it logs.")
-    return html.Span(
-        f"{spooled} spooled · {dropped} dropped · {dead} refused",
-        className="health-warn",
-        title=(
-            "Spooled: groups waiting on the trainer's disk for the server (sent when it is "
-            "reachable). Dropped: groups the client could not send: rewards it could not read "
-            "(its log names them), or a full spool or queue. Refused: batches the "
-            "server rejected (see the client's dead-letter table). Dropped or refused data means "
-            "the charts miss steps."
-        ),
-    )
-
-
-def sparkline(values: list, latest: float | None = None) -> html.Img:
-    svg = figures.sparkline_svg(values, latest=latest)
-    src = "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
-    return html.Img(src=src, alt="ACR sparkline", title="ACR over the latest steps (dotted: 0.35)")
-
-
-RUNS_COLUMNS = [
-    ("Run", "Name and id; click for details."),
-    ("Status", "running, stale (no data lately), finished or failed."),
-    ("Project / tags", "Where the run belongs."),
-    ("Last step", "Newest training step received."),
-    ("Latest ACR", explain.ACR),
-    ("ACR trend", "ACR over the latest steps; the dotted line is the 0.35 stall threshold."),
-    (
-        "Mitigation",
-        "Applied mitigation (→ requested) · what alerts do: act (issue their "
-        "mitigation), suggest it, or notify only.",
-    ),
-    ("Alerts", "Alerts firing now (grey: firing when the run ended); hover for the value."),
-    ("Client", "Delivery health of the trainer's client: spooled, dropped or refused data."),
-    ("Started", "When the run was created (UTC)."),
-]
-
-
-def runs_table(runs: list[dict]) -> html.Div | html.P:
-    if not runs:
-        return html.P(
-            "No runs yet. Start one with `vantage demo`, or add the Monitor hook to a trainer.",
-            className="muted",
-            id="runs-empty",
-        )
-    header = html.Tr([html.Th(name, title=help_text) for name, help_text in RUNS_COLUMNS])
-    rows = []
-    for r in runs:
-        mit, mit_help = mitigation_text(r)
-        tags = ", ".join(r.get("tags") or [])
-        rows.append(
-            html.Tr(
-                [
-                    html.Td(
-                        [
-                            dcc.Link(r.get("name") or r["run_id"], href=run_href(r["run_id"])),
-                            html.Div(r["run_id"][:8], className="muted"),
-                        ],
-                        className="wrap",
-                    ),
-                    html.Td(status_badge(r.get("status"))),
-                    html.Td(
-                        [r.get("project") or "—", html.Div(tags, className="muted")],
-                        className="wrap",
-                    ),
-                    html.Td(explain.fmt(r.get("last_step"))),
-                    latest_acr_cell(r),
-                    html.Td(sparkline(r.get("spark") or [], r.get("latest_acr"))),
-                    html.Td(mit, title=mit_help),
-                    html.Td(alert_chips(r.get("alerts") or [], run_ended(r)) or "—"),
-                    html.Td(health_cell(r.get("client"))),
-                    html.Td((r.get("created_at") or "")[:16].replace("T", " ")),
-                ],
-                className="run-row",
-                **{"data-run-id": r["run_id"]},
-            )
-        )
-    # on a narrow window the table scrolls in its card, not the whole page
-    table = html.Table([html.Thead(header), html.Tbody(rows)], className="runs", id="runs-table")
-    return html.Div(table, className="table-scroll")
-
-
-def latest_acr_cell(run: dict) -> html.Td:
-    """A run's latest ACR; with a mitigation on, the same step's effective ACR below it in its
-    own colour (a run AVSPO brought to an effective 0 showed only a red ACR, the reddest on the
-    list: a trial)."""
-    acr = run.get("latest_acr")
-    effective = run.get("latest_effective") if current_mitigation(run) != "none" else None
-    if effective is None:
-        return html.Td(explain.fmt(acr), className=acr_class(acr), title=explain.ACR)
-    return html.Td(
-        [
-            html.Span(explain.fmt(acr), className=acr_class(acr)),
-            html.Div(f"effective {explain.fmt(effective)}", className=acr_class(effective)),
-        ],
-        title=f"{explain.ACR} Below it, the effective ACR: after the mitigation.",
-    )
-
-
-def kpi_cards(cards: list[dict]) -> list[html.Div]:
-    return [
-        html.Div(
-            [
-                html.Div(c["title"], className="kpi-title"),
-                html.Div(c["value"], className="kpi-value", id=f"kpi-{c['id']}-value"),
-                html.Div(c["sub"], className="kpi-sub"),
-            ],
-            className=f"kpi kpi-{c['level']}",
-            title=c["help"],
-            id=f"kpi-{c['id']}",
-        )
-        for c in cards
-    ]
 
 
 def primer(open_: bool = False) -> html.Details:

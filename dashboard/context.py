@@ -60,7 +60,7 @@ def state(app: Any = None) -> DashboardState:
     if found is not None:
         return found
     if _latest is None:
-        raise RuntimeError("vantage.dashboard.mount() has not been called")
+        raise RuntimeError("vantage.dashboard.app.mount() has not been called")
     return _latest
 
 

@@ -100,7 +100,7 @@ def _add_sparkline(session, q, run: dict) -> None:
         )
         spark = [p.get("acr") for p in m["points"]]
         # the newest step's, as the run page shows it (an older step's sat beside the newest
-        # ACR: a trial)
+        # ACR)
         run["latest_effective"] = m["points"][-1].get("acr_effective") if spark else None
     run["spark"] = spark
 

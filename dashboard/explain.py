@@ -2,7 +2,7 @@
 
 Kept in one place so that the cards, the chart hovers and the tests read the same words. The
 ACR → accuracy regression of the literature is deliberately absent: it held for one setting and
-is never shown as a prediction for other runs (DESIGN.md §1).
+is never shown as a prediction for other runs (docs/design.md §1).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def fmt(value, digits: int = 2) -> str:
     if not math.isfinite(number):
         return f"{number}"
     if abs(number) >= 1e6:  # 3.87e+18 steps a minute (steps that jumped), and 2221330.5 of a
-        return f"{number:.3g}"  # burst, ran off or wrapped in their card (trials)
+        return f"{number:.3g}"  # burst, ran off or wrapped in their card
     with localcontext(prec=400):  # enough digits for any float's integer part
         rounded = Decimal(number).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
     return f"{rounded:.{digits}f}"
@@ -132,7 +132,7 @@ def fmt(value, digits: int = 2) -> str:
 
 def visible(text: str) -> str:
     """``text`` with its bidirectional controls shown as ``<U+202E>`` (a prompt id holding
-    U+202E was drawn backwards in the prompts table: a trial; run names refuse them)."""
+    U+202E is drawn backwards otherwise; run names refuse them)."""
     return "".join(f"<U+{ord(c):04X}>" if c in BIDI_CONTROLS else c for c in text)
 
 
@@ -172,7 +172,7 @@ PRIMER = (
 def settings_text(params: dict, skip: tuple[str, ...] = ()) -> list[str]:
     """``key=value`` for each of a command's or mitigation's settings but those in ``skip``; a
     value that is not text as JSON (a nested setting the trainer reported read as a Python
-    dict, ``{'a': 1}``, in the run's header: a trial); bidirectional controls shown (`visible`:
+    dict, ``{'a': 1}``, in the run's header); bidirectional controls shown (`visible`:
     the trainer's own names and values are not checked for them)."""
 
     def shown(v: object) -> str:

@@ -43,7 +43,7 @@ def keep_in_address(store_id: str, params: dict[str, str]) -> dcc.Store:
 def one(value: str | list[str] | None) -> str | None:
     """A query parameter a page takes once, as its ``layout`` gets it: Dash passes a repeated
     one (``?order=a&order=b``, a hand-edited or merged link) as a list, which the page took
-    for a string and answered 500 (a trial). The last value counts, as the page writes it."""
+    for a string and answered 500. The last value counts, as the page writes it."""
     if isinstance(value, list):
         return value[-1] if value else None
     return value
@@ -59,7 +59,7 @@ def joined(value: str | list[str] | None) -> str | None:
 
 # What a callback receives is whatever the browser sent: the page's own components send these
 # types, but a hand-built request to /_dash-update-component sent a list for a dropdown's value,
-# text for a click count or objects for run ids, each a 500 with a traceback (a trial).
+# text for a click count or objects for run ids, each a 500 with a traceback.
 
 
 def sent_text(value: object) -> str | None:

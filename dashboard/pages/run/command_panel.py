@@ -6,19 +6,21 @@ log, whose status the trainer moves from pending to delivered to applied."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 from dash import dcc, html
+from pydantic import ValidationError
 from vantage.client.schema import (
     AVSPO_THRESHOLDS,
     MITIGATION_DEFAULTS,
     TEMPERATURE_RANGE,
+    errors_in_one_line,
     temperature_problem,
     validate_command_params,
 )
-
-from . import explain
+from vantage.dashboard import explain
 
 ACTIONS = {
     # action: (button text, command type, help key, danger)
@@ -70,11 +72,50 @@ def _command(action: str, values: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return kind, {}
 
 
+def asked_command(trigger: dict, values: dict[str, Any]) -> tuple[str, dict, int | None]:
+    """(type, params, alert id) of the command a click asks for: a suggestion's, which rides in
+    its button's id, or an action button's from the panel's ``values`` (`build_command`).
+    Raises ValueError, KeyError, IndexError or TypeError for a malformed one."""
+    if trigger["type"] == "suggest":
+        cmd = json.loads(trigger["command"])
+        return cmd["type"], cmd.get("params") or {}, cmd.get("alert_id")
+    kind, params = build_command(trigger["action"], values)
+    return kind, params, None
+
+
+def one_line(exc: Exception) -> str:
+    """An error as one line: pydantic's validation errors as "field: message" each."""
+    if isinstance(exc, ValidationError):
+        return errors_in_one_line(exc)
+    return str(exc)
+
+
+def pending_command(
+    pending: object, run_id: object, reason: object
+) -> tuple[str, dict, int | None]:
+    """The command the browser asks to send, checked: the store and fields come from the
+    browser, and a crafted request with a store of another shape was a 500.
+    Raises ValueError saying what is wrong."""
+    if not isinstance(run_id, str) or not (reason is None or isinstance(reason, str)):
+        raise ValueError("the page's run or reason is not text; reload the page")
+    if reason is not None and len(reason) > 1000:  # pydantic's dump said so
+        raise ValueError(f"the reason has {len(reason):,} characters; at most 1,000")
+    if not isinstance(pending, dict):
+        raise ValueError("the command to send is not a command; choose it again")
+    kind, params = pending.get("type"), pending.get("params")
+    if not isinstance(kind, str) or not isinstance(params, dict):
+        raise ValueError("the command to send has no type or parameters; choose it again")
+    alert_id = pending.get("alert_id")
+    if alert_id is not None and (type(alert_id) is not int or not 0 < alert_id < 2**31):
+        raise ValueError("the alert the command answers is not an alert id; choose it again")
+    return kind, params, alert_id
+
+
 def confirm_box() -> html.Div:
     """The confirmation of a command, hidden until an action asks for it: its sentence
     (`describe`), Send and Cancel. Part of the page, not the browser's confirm dialog, which
-    Dash's ConfirmDialog sometimes failed to open on the first click after a live update (a
-    trial), leaving "Stop run" looking dead."""
+    Dash's ConfirmDialog sometimes fails to open on the first click after a live update,
+    leaving "Stop run" looking dead."""
     return html.Div(
         html.Div(
             [
@@ -93,7 +134,7 @@ def confirm_box() -> html.Div:
 
 def describe(kind: str, params: dict[str, Any], run_name: str = "") -> str:
     """One sentence for the confirmation, naming the run (with several run pages open, a
-    confirmation that did not was easy to give on the wrong one: a trial)."""
+    confirmation that did not was easy to give on the wrong one)."""
     shown = ", ".join(explain.settings_text(params)) or "no parameters"
     what = {
         "set_mitigation": "switch the advantage estimator",
@@ -172,7 +213,7 @@ def current_temperature(run: dict, commands: list[dict], latest: dict | None = N
     """The run's sampling temperature as far as the server knows: the one the trainer reported
     (its ``temperature`` scalar) at the newest step ``latest``, when that step came after the
     newest applied `set_sampling` (a relaunch may have set another: the form kept offering the
-    command's value, a trial); else that command's (``commands`` newest first, as the log lists
+    command's value); else that command's (``commands`` newest first, as the log lists
     them); else the config's ``temperature``; else 1.0 (the trainer's default)."""
     applied = next(
         (c for c in commands if c.get("type") == "set_sampling" and c.get("status") == "applied"),
@@ -313,47 +354,4 @@ def panel(
             html.Div(id="cmd-input-error", className="result-error"),
             html.Div(id="cmd-result", style={"marginTop": ".4rem"}),
         ]
-    )
-
-
-STATUS_HELP = {
-    "pending": "Waiting for the trainer to pick it up (with its next batch or heartbeat).",
-    "delivered": "The trainer received it and applies it at the next step boundary.",
-    "applied": "The trainer applied it at the step shown.",
-    "rejected": "The trainer refused it; see the detail.",
-    "expired": "The trainer did not acknowledge it within the TTL (is it running?).",
-}
-
-
-def log_table(commands: list[dict]) -> Any:
-    if not commands:
-        return html.P("No commands yet.", className="muted", id="cmd-log-empty")
-    head = ["status", "command", "parameters", "issued by", "reason", "created (UTC)", "step",
-            "trainer's detail"]  # fmt: skip
-    rows = []
-    for c in commands:
-        params = ", ".join(explain.settings_text(c.get("params") or {}))
-        rows.append(
-            html.Tr(
-                [
-                    html.Td(
-                        c.get("status"),
-                        className=f"cmd-status cmd-status-{c.get('status')}",
-                        title=STATUS_HELP.get(c.get("status"), ""),
-                    ),
-                    html.Td(c.get("type")),
-                    html.Td(params),
-                    html.Td(c.get("issued_by")),
-                    html.Td(c.get("reason") or ""),
-                    html.Td((c.get("created_at") or "")[:19].replace("T", " ")),
-                    html.Td(explain.fmt(c.get("acked_step"))),
-                    html.Td(c.get("detail") or ""),
-                ],
-                **{"data-command-id": c.get("command_id")},
-            )
-        )
-    return html.Table(
-        [html.Thead(html.Tr([html.Th(h) for h in head])), html.Tbody(rows)],
-        className="runs",
-        id="cmd-log-table",
     )

@@ -3,23 +3,13 @@ commands with confirmation; prompts that keep collapsing; the run's config."""
 
 from __future__ import annotations
 
-import json
-from urllib.parse import unquote, urlencode
+from typing import Any, NamedTuple
+from urllib.parse import unquote
 
 import dash
-from dash import ALL, Input, Output, State, callback, ctx, dash_table, dcc, html, no_update
-from pydantic import ValidationError
-from vantage.client.schema import errors_in_one_line
-from vantage.dashboard import (
-    commands_ui,
-    components,
-    context,
-    data,
-    explain,
-    figures,
-    run_view,
-    url_state,
-)
+from dash import ALL, Input, Output, State, callback, ctx, dcc, html, no_update
+from vantage.dashboard import components, context, data, explain, url_state
+from vantage.dashboard.pages.run import command_log, command_panel, figures, prompts, view
 
 dash.register_page(
     __name__, path_template="/runs/<run_id>", name="Run", title="Vantage · run", order=1
@@ -59,7 +49,7 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
     run_id = run["run_id"]  # the whole id, when the address gave its start
     can_control = context.can(info, "control")
     ended = run["status"] if components.run_ended(run) else None
-    settings = commands_ui.current_settings(
+    settings = command_panel.current_settings(
         run, data.commands(info, run_id) or [], data.latest_point(run)
     )
     return html.Div(
@@ -71,7 +61,7 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
             dcc.Store(id="run-command-sent"),
             dcc.Store(id="run-ended-at-load", data=ended),
             dcc.Interval(id="run-interval", interval=context.refresh_ms(), disabled=True),
-            commands_ui.confirm_box(),
+            command_panel.confirm_box(),
             html.Div(id="run-header"),
             html.Div(id="run-banner"),
             html.Div(id="run-kpis", className="kpis"),
@@ -106,7 +96,7 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
                         children=html.Div(
                             [
                                 html.Div(
-                                    commands_ui.panel(can_control, ended, settings),
+                                    command_panel.panel(can_control, ended, settings),
                                     id="cmd-panel",
                                 ),
                                 html.H4("Command log"),
@@ -115,7 +105,7 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
                             className="card",
                         ),
                     ),
-                    dcc.Tab(label="Prompts", value="prompts", children=_prompts_tab(run_id)),
+                    dcc.Tab(label="Prompts", value="prompts", children=prompts.tab(run_id)),
                     dcc.Tab(
                         label="Config",
                         value="config",
@@ -145,7 +135,7 @@ def reload_when_visible(_n, run_id):
 
 def _named(info, run_id: str) -> tuple[dict | None, bool]:
     """The visible run an address names, by its id or the start of exactly one visible run's
-    id (the short id the pages show: it was "not found", a trial), and whether the address is
+    id (the short id the pages show: it was "not found"), and whether the address is
     the start of several runs' ids (then None)."""
     run = data.visible_run(info, run_id)
     if run is not None or len(run_id) < components.SHORT_ID:
@@ -177,48 +167,6 @@ def _missing(run_id: str, ambiguous: bool = False) -> html.Div:
     )
 
 
-def _prompts_tab(run_id: str | None) -> html.Div:
-    return html.Div(
-        [
-            html.P(
-                "Prompts whose groups collapsed most often. All-pass prompts are too easy for "
-                "the policy now (drop or down-weight them); all-fail prompts are too hard (move "
-                "them later in a curriculum, or check their answers and the reward function).",
-                className="muted",
-            ),
-            dcc.RadioItems(
-                id="prompts-side",
-                options=[
-                    {"label": "all prompts, most collapsed first", "value": ""},
-                    {"label": "all-pass", "value": "all_pass"},
-                    {"label": "all-fail", "value": "all_fail"},
-                    {"label": "constant", "value": "constant"},
-                ],
-                value="",
-                inline=True,
-            ),
-            dcc.RadioItems(
-                id="prompts-split",
-                options=[
-                    {"label": "training prompts", "value": "train"},
-                    {"label": "every split (eval too)", "value": ""},
-                ],
-                value="train",
-                inline=True,
-            ),
-            html.A("Download CSV", id="prompts-csv", href="", download=""),
-            " · ",
-            html.A(
-                "Download per-step metrics CSV",
-                href=f"/dashboard/export/{run_id}/metrics.csv",
-                download="",
-            ),
-            html.Div(id="prompts-body"),
-        ],
-        className="card",
-    )
-
-
 @callback(
     Output("run-header", "children"),
     Output("run-banner", "children"),
@@ -234,17 +182,26 @@ def _prompts_tab(run_id: str | None) -> html.Div:
     State("run-state", "data"),
 )
 @context.in_thread
-def update_run(run_id, _n, state):
+def update_run(run_id, _n, state) -> view.RunOutputs:
     info = context.current_key()
     if ctx.triggered_id == "run-interval" and state:
-        out = run_view.live_update(info, run_id, state)
+        out = view.live_update(info, run_id, state)
     else:
-        out = run_view.first_load(info, run_id, context.can(info, "control"))
+        out = view.first_load(info, run_id, context.can(info, "control"))
     if out is None:  # deleted, or moved to a project the key may not see, since the page loaded
         blank = {"data": [], "layout": {"height": 360}}
-        # nothing stale left; the page keeps asking, so a run that registers later appears (the
-        # demo's link said "not found" through the warm start and never recovered: a trial)
-        return _missing(run_id), [], [], None, blank, blank, blank, [], False
+        # nothing stale left; the page keeps asking, so a run that registers later appears
+        return view.RunOutputs(
+            header=_missing(run_id),
+            banner=[],
+            kpis=[],
+            state=None,
+            acr_figure=blank,
+            reward_figure=blank,
+            scalars_figure=blank,
+            config=[],
+            interval_disabled=False,
+        )
     return out
 
 
@@ -296,10 +253,30 @@ def disable_commands_when_the_run_ends(stopped, ended_at_load, run_id):
     run = data.visible_run(info, run_id)
     if run is None or not components.run_ended(run):
         return no_update
-    settings = commands_ui.current_settings(
+    settings = command_panel.current_settings(
         run, data.commands(info, run_id) or [], data.latest_point(run)
     )
-    return commands_ui.panel(context.can(info, "control"), run["status"], settings)
+    return command_panel.panel(context.can(info, "control"), run["status"], settings)
+
+
+class ConfirmOutputs(NamedTuple):
+    """The outputs of `ask_confirmation`, in the order of its ``Output``s."""
+
+    hidden: Any = no_update
+    message: Any = no_update
+    pending: Any = no_update
+    input_error: Any = no_update
+
+
+class SendOutputs(NamedTuple):
+    """The outputs of `send_command`, in the order of its ``Output``s; the confirmation closes
+    whatever happened."""
+
+    result: Any = no_update
+    sent: Any = no_update
+    reason: Any = no_update
+    confirm_hidden: bool = True
+    pending: Any = no_update
 
 
 @callback(
@@ -318,59 +295,32 @@ def disable_commands_when_the_run_ends(stopped, ended_at_load, run_id):
     State("run-name", "data"),
     prevent_initial_call=True,
 )
-def ask_confirmation(_cmd, _suggest, _cancel, threshold, alpha, d_low, d_high, temp, name):
+def ask_confirmation(
+    _cmd, _suggest, _cancel, threshold, alpha, d_low, d_high, temp, name
+) -> ConfirmOutputs:
     trigger = ctx.triggered_id
     if trigger == "cmd-confirm-cancel":
-        return True, no_update, None, ""
+        return ConfirmOutputs(hidden=True, pending=None, input_error="")
     if not trigger or not ctx.triggered or not ctx.triggered[0].get("value"):
-        return no_update, no_update, no_update, no_update
-    alert_id = None
+        return ConfirmOutputs()
+    values = {
+        "avspo_threshold": threshold,
+        "avspo_alpha": alpha,
+        "aapo_delta_low": d_low,
+        "aapo_delta_high": d_high,
+        "temperature": temp,
+    }
     try:
-        if trigger["type"] == "suggest":
-            cmd = json.loads(trigger["command"])
-            kind, params = cmd["type"], cmd.get("params") or {}
-            alert_id = cmd.get("alert_id")
-        else:
-            values = {
-                "avspo_threshold": threshold,
-                "avspo_alpha": alpha,
-                "aapo_delta_low": d_low,
-                "aapo_delta_high": d_high,
-                "temperature": temp,
-            }
-            kind, params = commands_ui.build_command(trigger["action"], values)
+        kind, params, alert_id = command_panel.asked_command(trigger, values)
     except (ValueError, KeyError, IndexError, TypeError) as exc:
-        return True, no_update, None, html.Span(str(exc), className="result-error")
-    pending = {"type": kind, "params": params, "alert_id": alert_id}
-    return False, commands_ui.describe(kind, params, str(name or "")), pending, ""
-
-
-def _said(exc: Exception) -> str:
-    """An error as one line: pydantic's validation errors as "field: message" each."""
-    if isinstance(exc, ValidationError):
-        return errors_in_one_line(exc)
-    return str(exc)
-
-
-def _pending_command(
-    pending: object, run_id: object, reason: object
-) -> tuple[str, dict, int | None]:
-    """The command the browser asks to send, checked: the store and fields come from the
-    browser, and a crafted request with a store of another shape was a 500 (a trial).
-    Raises ValueError saying what is wrong."""
-    if not isinstance(run_id, str) or not (reason is None or isinstance(reason, str)):
-        raise ValueError("the page's run or reason is not text; reload the page")
-    if reason is not None and len(reason) > 1000:  # pydantic's dump said so (a trial)
-        raise ValueError(f"the reason has {len(reason):,} characters; at most 1,000")
-    if not isinstance(pending, dict):
-        raise ValueError("the command to send is not a command; choose it again")
-    kind, params = pending.get("type"), pending.get("params")
-    if not isinstance(kind, str) or not isinstance(params, dict):
-        raise ValueError("the command to send has no type or parameters; choose it again")
-    alert_id = pending.get("alert_id")
-    if alert_id is not None and (type(alert_id) is not int or not 0 < alert_id < 2**31):
-        raise ValueError("the alert the command answers is not an alert id; choose it again")
-    return kind, params, alert_id
+        error = html.Span(str(exc), className="result-error")
+        return ConfirmOutputs(hidden=True, pending=None, input_error=error)
+    return ConfirmOutputs(
+        hidden=False,
+        message=command_panel.describe(kind, params, str(name or "")),
+        pending={"type": kind, "params": params, "alert_id": alert_id},
+        input_error="",
+    )
 
 
 @callback(
@@ -386,18 +336,19 @@ def _pending_command(
     prevent_initial_call=True,
 )
 @context.in_thread
-def send_command(_submit, pending, run_id, reason):
+def send_command(_submit, pending, run_id, reason) -> SendOutputs:
     if not pending:  # sent already (a second click on Send), or cancelled
-        return no_update, no_update, no_update, True, no_update
+        return SendOutputs()
     info = context.current_key()
     try:
-        kind, params, alert_id = _pending_command(pending, run_id, reason)
+        kind, params, alert_id = command_panel.pending_command(pending, run_id, reason)
         cmd = data.issue_command(
             info, run_id, kind, params, reason or "from the dashboard", alert_id=alert_id
         )
     except (PermissionError, ValueError, LookupError) as exc:
-        error = html.Span(f"Not sent: {_said(exc)}", className="result-error", id="cmd-error")
-        return error, None, no_update, True, None  # the reason stays for another try
+        said = command_panel.one_line(exc)
+        error = html.Span(f"Not sent: {said}", className="result-error", id="cmd-error")
+        return SendOutputs(result=error, sent=None, pending=None)  # the reason stays for a retry
     # the command log below follows its status; a status here stayed "pending" for good
     text = (
         f"Sent {cmd['type']} (command {cmd['command_id'][:8]}); the command log below shows "
@@ -405,7 +356,7 @@ def send_command(_submit, pending, run_id, reason):
     )
     # the reason went with this command; the next one gets its own
     sent = html.Span(text, className="result-ok", id="cmd-sent")
-    return sent, cmd["command_id"], "", True, None
+    return SendOutputs(result=sent, sent=cmd["command_id"], reason="", pending=None)
 
 
 @callback(
@@ -417,7 +368,7 @@ def send_command(_submit, pending, run_id, reason):
 @context.in_thread
 def refresh_command_log(run_id, _n, _sent):
     commands = data.commands(context.current_key(), run_id)
-    return commands_ui.log_table(commands or [])
+    return command_log.log_table(commands or [])
 
 
 @callback(
@@ -430,33 +381,10 @@ def refresh_command_log(run_id, _n, _sent):
 )
 @context.in_thread
 def show_prompts(tab, side, split, run_id):
-    # a hand-built request's list or number for a dropdown counts as nothing chosen (a 500)
+    # a hand-built request's list or number for a dropdown counts as nothing chosen
     side, split = url_state.sent_text(side), url_state.sent_text(split)
-    query = urlencode({k: v for k, v in (("side", side), ("split", split)) if v})
-    href = f"/dashboard/export/{run_id}/prompts.csv" + (f"?{query}" if query else "")
+    href = prompts.csv_href(run_id, side, split)
     if tab != "prompts":
         return no_update, href
     rows = data.prompts(context.current_key(), run_id, side or None, split=split or None) or []
-    if not rows:
-        return html.P("No prompt ids were sent with this run's groups.", className="muted"), href
-    columns = [{"name": c.replace("_", " "), "id": c} for c in data.PROMPT_COLUMNS]
-    for row in rows:
-        if isinstance(row.get("prompt_id"), str):
-            row["prompt_id"] = explain.visible(row["prompt_id"])
-        if row.get("collapse_rate") is not None:
-            row["collapse_rate"] = round(row["collapse_rate"], 3)
-    table = dash_table.DataTable(
-        id="prompts-table",
-        columns=columns,
-        data=rows[:1000],
-        sort_action="native",
-        filter_action="native",
-        page_size=25,
-        style_cell={"fontFamily": "system-ui", "fontSize": "0.85rem"},
-        tooltip_header={
-            "collapse_rate": "Share of this prompt's groups that collapsed.",
-            "all_pass": "Groups where every completion passed: too easy.",
-            "all_fail": "Groups where every completion failed: too hard.",
-        },
-    )
-    return table, href
+    return prompts.table(rows), href

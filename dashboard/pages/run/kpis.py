@@ -12,9 +12,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from dash import html
 from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, EMA_ALPHA, sample_std
-
-from . import explain, figures
+from vantage.dashboard import explain
+from vantage.dashboard.components import current_mitigation
 
 TAIL = 25  # steps kept for volatility, speed and the wasted share
 
@@ -57,7 +58,7 @@ def _latest(points: Sequence[dict], previous: dict | None = None) -> dict | None
     """The latest values the cards show: those of the newest of ``points`` that has an ACR,
     else ``previous`` (the cards' latest so far) if it has one, else the newest point. A step
     of scalars only, or of invalid groups only, keeps the ACR last known, as the runs list and
-    the API's ``latest_acr`` do: the card read "—" at such a step (helper 67)."""
+    the API's ``latest_acr`` do: the card read "—" at such a step."""
     keys = ("step", "acr", "acr_effective", "reward_mean", "pass_rate", "excess_acr")
     scored = next((p for p in reversed(points) if p.get("acr") is not None), None)
     if scored is None:
@@ -96,7 +97,7 @@ def advance(state: dict[str, Any], points: Sequence[dict]) -> dict[str, Any]:
 
 
 # The shortest span of step times a speed is told from (s): steps sent in one batch, a few
-# microseconds apart, read as 458,060 steps per minute (a trial).
+# microseconds apart, read as 458,060 steps per minute.
 MIN_SPEED_SPAN_S = 1.0
 
 
@@ -132,10 +133,10 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
     latest = state.get("latest") or {}
     acr = latest.get("acr")
     # What the policy learns from once a mitigation acts: a run whose AVSPO brought it to 0
-    # looked failing on every card (a trial), so the ACR cards say it and take its colour. A run
+    # looked failing on every card, so the ACR cards say it and take its colour. A run
     # with no mitigation is judged by its ACR (its trainer's effective ACR read "after
-    # mitigation" with "Mitigation: none": a trial).
-    mitigating = figures.current_mitigation(run) != "none"
+    # mitigation" with "Mitigation: none").
+    mitigating = current_mitigation(run) != "none"
     effective = latest.get("acr_effective") if mitigating else None
     mitigated = (
         f"effective {explain.fmt(effective)} after mitigation" if effective is not None else None
@@ -151,14 +152,14 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
         return "bad" if value > bad else "warn" if value > warn else "ok"
 
     # the raw cards (trend, streak, wasted) take the colour of what the policy learns from once
-    # a mitigation acts: a run AVSPO brought to 0 stayed red on them (a trial)
+    # a mitigation acts: a run AVSPO brought to 0 stayed red on them
     after_mitigation = level(effective, 0.3, explain.STALL_THRESHOLD)
     # no step with an ACR (every group invalid: all-NaN rewards): "0 steps above 0.35" and "0
-    # wasted" were green, as if the run were healthy (a trial)
+    # wasted" were green, as if the run were healthy
     scored = acr is not None or state.get("ema") is not None
 
     wasted_text = explain.fmt(None) if wasted is None else f"{explain.fmt(100 * wasted, 0)}%"
-    if wasted is None and tail and scored:  # no ACR at all: no "0.0/step" either (a trial)
+    if wasted is None and tail and scored:  # no ACR at all: no "0.0/step" either
         # Without a group size that fits the data, show completions wasted per step instead.
         wasted_text = f"{explain.fmt(sum(r[3] or 0 for r in tail) / len(tail), 1)}/step"
     return [
@@ -204,7 +205,7 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
             "id": "wasted",
             "title": "Wasted rollouts",
             "value": wasted_text,
-            # with AVSPO on and an effective ACR of 0, "93%" read as if it did nothing (a trial)
+            # with AVSPO on and an effective ACR of 0, "93%" read as if it did nothing
             "sub": f"last {len(tail)} steps" + (", before mitigation" if mitigated else ""),
             "help": explain.WASTED,
             "level": (level(wasted, 0.3, 0.5) if effective is None else after_mitigation)
@@ -230,45 +231,18 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
     ]
 
 
-def at_common_step(metrics: dict[str, Sequence[dict]]) -> tuple[int | None, dict[str, dict]]:
-    """Runs' numbers at the last step every one of them reached, so that they compare like for
-    like (their latest values were at steps 80 and 193: a trial). ``metrics``: run id → its
-    points (step order, maybe downsampled). Returns (that step, run id → {acr, acr_effective,
-    reward_mean, eval_accuracy, eval_accuracy_step}), each from the run's newest point at or
-    before the step; eval_accuracy is the newest `eval_accuracy` scalar by then (the bundled
-    trainer's held-out accuracy) and eval_accuracy_step the step it was logged at. A run
-    without points is left out of the step, its values None (one such run blanked every
-    run's: a trial); (None, {}) when no run has points."""
-    stepped = {run_id: points for run_id, points in metrics.items() if points}
-    if not stepped:
-        return None, {}
-    common = min(points[-1]["step"] for points in stepped.values())
-    out = {run_id: dict.fromkeys(("acr", "acr_effective", "reward_mean", "eval_accuracy",
-                                  "eval_accuracy_step"))
-           for run_id in metrics}  # fmt: skip
-    for run_id, points in stepped.items():
-        before = [p for p in points if p["step"] <= common]
-        point = before[-1] if before else {}
-        measured = next(
-            (
-                p
-                for p in reversed(before)
-                if isinstance((p.get("scalars") or {}).get("eval_accuracy"), int | float)
-            ),
-            None,
+def kpi_cards(cards: list[dict]) -> list[html.Div]:
+    """The cards of `cards` as components, each titled with its help text."""
+    return [
+        html.Div(
+            [
+                html.Div(c["title"], className="kpi-title"),
+                html.Div(c["value"], className="kpi-value", id=f"kpi-{c['id']}-value"),
+                html.Div(c["sub"], className="kpi-sub"),
+            ],
+            className=f"kpi kpi-{c['level']}",
+            title=c["help"],
+            id=f"kpi-{c['id']}",
         )
-        out[run_id] = {
-            **{k: point.get(k) for k in ("acr", "acr_effective", "reward_mean")},
-            "eval_accuracy": measured["scalars"]["eval_accuracy"] if measured else None,
-            "eval_accuracy_step": measured["step"] if measured else None,
-        }
-    return common, out
-
-
-def common_cell(values: dict[str, Any], key: str, common: int | None) -> str:
-    """A compare table cell of `at_common_step`'s ``values``: the number, and for the held-out
-    accuracy, measured every few steps, the step it was measured at when not ``common`` (the
-    column said "at step 80" of an accuracy from step 77: a trial)."""
-    text = explain.fmt(values.get(key))
-    at = values.get(f"{key}_step")
-    return f"{text} (step {at})" if at is not None and at != common else text
+        for c in cards
+    ]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import dash
 from dash import Input, Output, callback, dcc, html
 from vantage.dashboard import components, context, data, url_state
+from vantage.dashboard.pages.runs.table import runs_table
 
 dash.register_page(__name__, path="/", name="Runs", title="Vantage · runs", order=0)
 
@@ -43,7 +46,7 @@ def layout(
         [
             html.H2("Runs"),
             # a bookmarked filter that names nothing visible was dropped without a word; the
-            # others still apply ("showing all" read as if none did: a trial)
+            # others still apply ("showing all" read as if none did)
             html.P(
                 f"No run visible to this key has the {' or the '.join(unknown)}: "
                 f"{'that filter is' if len(unknown) == 1 else 'those filters are'} left out.",
@@ -116,6 +119,16 @@ def _filter(component_id: str, options: list[str], asked: str | None, everything
     )
 
 
+class RunsOutputs(NamedTuple):
+    """The outputs of `refresh_runs`, in the order of its ``Output``s."""
+
+    body: Any
+    project_options: list[str]
+    tag_options: list[str]
+    count: str
+    more_style: dict
+
+
 @callback(
     Output("runs-body", "children"),
     Output("runs-project", "options"),
@@ -130,7 +143,7 @@ def _filter(component_id: str, options: list[str], asked: str | None, everything
     Input("runs-more", "n_clicks"),
 )
 @context.in_thread
-def refresh_runs(_n, project, tag, status, order, more):
+def refresh_runs(_n, project, tag, status, order, more) -> RunsOutputs:
     info = context.current_key()
     project, tag, status, order = map(url_state.sent_text, (project, tag, status, order))
     limit = RUNS_SHOWN * (1 + url_state.sent_count(more))
@@ -139,7 +152,7 @@ def refresh_runs(_n, project, tag, status, order, more):
     if not runs and (project or tag or status):  # "No runs yet" read as an empty server
         body = html.P("No run matches these filters.", className="muted", id="runs-empty")
     else:
-        body = components.runs_table(runs)
+        body = runs_table(runs)
     count = f"{len(runs):,} of {total:,} runs" if total > len(runs) else ""
     more_style = {} if total > len(runs) else {"display": "none"}
-    return body, projects, tags, count, more_style
+    return RunsOutputs(body, projects, tags, count, more_style)

@@ -1,0 +1,2 @@
+"""The compare page (/dashboard/compare): ``page`` (layout and callback), its ``figures`` and
+its ``table``."""

@@ -1,0 +1,1 @@
+"""The runs page (/dashboard/): ``page`` (layout and callback) and the runs ``table``."""

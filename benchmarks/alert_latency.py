@@ -38,9 +38,7 @@ from pathlib import Path
 
 import httpx
 from vantage.client import Monitor
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.serving
-from tests.serving import free_port, start_server  # noqa: E402
+from vantage.server.launcher import free_port, start_server
 
 PG_ADMIN = os.environ.get(
     "VANTAGE_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

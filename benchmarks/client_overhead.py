@@ -20,42 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import torch
 from vantage.client import Monitor
-
-
-def start_server(folder: Path, nice: int) -> tuple[str, subprocess.Popen]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    exe = str(Path(sys.executable).with_name("vantage"))
-    log = (folder / "server.log").open("w")
-    proc = subprocess.Popen(
-        [exe, "serve", "--insecure-no-auth", "--host", "127.0.0.1", "--port", str(port),
-         "--database-url", f"sqlite:///{folder / 'bench.db'}"],
-        stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(nice),
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                return url, proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited: {(folder / 'server.log').read_text()[-2000:]}")
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("server did not start")
+from vantage.server.launcher import start_server
 
 
 def pct(sorted_values: list[float], q: float) -> float:
@@ -78,7 +50,7 @@ def latency(server: str, spool: Path, calls: int) -> dict[str, float]:
         times.append(time.perf_counter() - t0)
         torch.mm(a, b)  # a little work that releases the GIL, as a training step does
     loop_s = time.perf_counter() - t_start
-    backlog = mon.spooled_groups + mon._queued
+    backlog = mon.spooled_groups + mon._worker.queued
     mon.close(timeout=5, status=None)
     times.sort()
     return {
@@ -119,7 +91,7 @@ def overhead(server: str, spool: Path, steps: int, step_ms: float, blocks: int) 
     per_block = steps // blocks
     with_s, without_s = [], []
     cpu = {False: 0.0, True: 0.0}
-    sender_clock = time.pthread_getcpuclockid(mon._thread.ident)
+    sender_clock = time.pthread_getcpuclockid(mon._worker.thread.ident)
     sender_cpu0 = time.clock_gettime(sender_clock)
     step = 0
     for _ in range(blocks):
@@ -174,10 +146,18 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        proc = None
+        started = None
         server = args.server
         if server is None:
-            server, proc = start_server(folder, args.server_nice)
+            started = start_server(
+                f"sqlite:///{folder / 'bench.db'}",
+                folder,
+                "--insecure-no-auth",
+                log_name="server.log",
+                timeout=60,
+                nice=args.server_nice,
+            )
+            server = started.url
         try:
             # The loop first: the latency part leaves the server a backlog to ingest.
             ovh = overhead(server, folder / "spool-overhead", args.steps, args.step_ms, args.blocks)
@@ -190,9 +170,8 @@ def main() -> None:
                   f"{lat['log_groups_p50_us']:.1f} us, p99 {lat['log_groups_p99_us']:.1f} us, "
                   f"max {lat['log_groups_max_us']:.1f} us")  # fmt: skip
         finally:
-            if proc is not None:
-                proc.terminate()
-                proc.wait(15)
+            if started is not None:
+                started.stop()
     result = {**lat, **ovh, "cpus": os.cpu_count(), "torch_threads": args.threads}
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
 

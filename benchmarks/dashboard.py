@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-VANTAGE = str(Path(sys.executable).with_name("vantage"))
+from vantage.server.launcher import vantage_command
+
 GROUPS, SIZE = 16, 8
 CHUNK = 5000
 
@@ -98,11 +99,12 @@ def main() -> int:
     sizes = [int(s) for s in args.steps.split(",")]
     folder = Path(tempfile.mkdtemp(prefix="vantage-bench-"))
     db_url = args.database_url or f"sqlite:///{folder / 'bench.db'}"
-    subprocess.run([VANTAGE, "db", "upgrade", "--database-url", db_url], check=True)
+    subprocess.run([*vantage_command(), "db", "upgrade", "--database-url", db_url], check=True)
 
     from dash._utils import to_json
     from fastapi.testclient import TestClient
-    from vantage.dashboard import data, run_view
+    from vantage.dashboard import data
+    from vantage.dashboard.pages.run import view as run_view
     from vantage.server.keys import ALL_ACCESS
     from vantage.server.main import create_app
     from vantage.server.settings import Settings

@@ -9,17 +9,17 @@ PostgreSQL. One client process sends the same groups to each, in the same batch 
   points per call (MLflow allows 1,000 metrics per call, so --batch is at most 500).
 Both servers run ``--workers`` processes (default 2, one per core here), and the client sends from
 ``--concurrency`` threads (default 2) and from one thread, each thread over a kept-alive connection
-(``http.client``) of its own, spread over the server's workers in the same way for both servers
-(see `_PlacedSender`). By default each thread sends steps of its own, as fast as it can (the load
-of two ranks, without their synchronisation); with ``--lockstep`` the threads send as the ranks of
-one job do: the same steps, each its own rank's groups, meeting before each step. The two servers
-are measured in alternating rounds (these machines are noisy) after a warm-up, once the machine is
-quiet, and the ratio of their steady-state rates is printed. MLflow's stored point count is checked
-in its database. Also measured, beside the ratio: the same points sent through MLflow's own client
-(``MlflowClient.log_batch`` with ``Metric`` entities, as a training script sends them; its overhead
-and connection pool are MLflow's), and for Vantage the latency of 1,000-group batches from one
-sender and the read time of the metrics of a 20,000-step run; for both servers, the CPU time each
-round costs per group: this process, the server's processes and PostgreSQL's (`CpuMeter`).
+(``http.client``) of its own, spread over the server's workers in the same way for both servers (see
+`ingest_senders.PlacedSender`). By default each thread sends steps of its own, as fast as it can
+(the load of two ranks, without their synchronisation); with ``--lockstep`` the threads send as the
+ranks of one job do: the same steps, each its own rank's groups, meeting before each step. The two
+servers are measured in alternating rounds (these machines are noisy) after a warm-up, once the
+machine is quiet, and the ratio of their steady-state rates is printed. MLflow's stored point count
+is checked in its database. Also measured, beside the ratio: the same points sent through MLflow's
+own client (``MlflowClient.log_batch`` with ``Metric`` entities, as a training script sends them;
+its overhead and connection pool are MLflow's), and for Vantage the latency of 1,000-group batches
+from one sender and the read time of the metrics of a 20,000-step run; for both servers, the CPU
+time each round costs per group: this process, the server's processes and PostgreSQL's (`CpuMeter`).
 
     python benchmarks/ingest.py --quick      # under 5 minutes
 
@@ -29,7 +29,6 @@ The last line is JSON: {"vantage_groups_per_s", "mlflow_groups_per_s", "ratio", 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import random
@@ -45,23 +44,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import numpy as np
-import orjson
 import psutil
 import psycopg
+from ingest_senders import MlflowSender, Sender, StockMlflowSender, VantageSender
+from vantage.server.launcher import free_port, start_server
 
 PG_ADMIN = os.environ.get(
     "VANTAGE_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_db(admin: psycopg.Connection, prefix: str) -> str:
@@ -103,224 +94,6 @@ def make_groups(rng: random.Random, n: int, g: int) -> list[list[float]]:
     return out
 
 
-class _Sender:
-    """Sends batches from one or more senders, each with a client of its own; steps and
-    timestamps come from shared counters, so concurrent senders never repeat a step unless a
-    round gives each batch its step and rank (``--lockstep``)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.step = 0
-        self.latencies: list[float] = []
-
-    def next_step(self) -> int:
-        with self._lock:
-            self.step += 1
-            return self.step
-
-    def reserve_steps(self, n: int) -> int:
-        """The first of ``n`` fresh steps."""
-        with self._lock:
-            first, self.step = self.step + 1, self.step + n
-            return first
-
-    def prepare(self, senders: int) -> None:
-        """Make the clients of ``senders`` senders before a round's clock starts."""
-
-    def send(
-        self, groups: list[list[float]], sender: int = 0, step: int | None = None, ranks: int = 1
-    ) -> int:
-        """Send one batch from ``sender``; returns the number of groups stored. With ``step``
-        given, the sender sends it as rank ``sender`` of ``ranks``."""
-        raise NotImplementedError
-
-
-def server_worker(conn: http.client.HTTPConnection, port: int) -> int:
-    """The process id of the server worker holding ``conn``'s connection (this machine)."""
-    client_port = conn.sock.getsockname()[1]
-    for c in psutil.net_connections("tcp"):
-        if c.laddr and c.laddr.port == port and c.raddr and c.raddr.port == client_port:
-            return c.pid
-    raise RuntimeError(f"no server process holds the connection from port {client_port}")
-
-
-class Answer:
-    """An HTTP answer read whole: its status and body."""
-
-    def __init__(self, status: int, body: bytes) -> None:
-        self.status_code, self.content = status, body
-
-    def json(self) -> object:
-        return orjson.loads(self.content)
-
-
-def request(
-    conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None = None
-) -> Answer:
-    """One request over ``conn``, kept alive; raises for a status of 400 or more."""
-    headers = {"content-type": "application/json"} if body is not None else {}
-    conn.request(method, path, body=body, headers=headers)
-    r = conn.getresponse()
-    answer = Answer(r.status, r.read())
-    if r.status >= 400:
-        raise RuntimeError(f"{method} {path}: {r.status} {answer.content[:500]!r}")
-    return answer
-
-
-class _PlacedSender(_Sender):
-    """Senders with kept-alive connections spread over the server's workers: with several
-    workers, a connection stays with the worker that accepted it, and two senders' connections
-    land on one worker about half the time; that worker then runs both (about the one-sender
-    rate, measured here for both servers) while the other idles. Many ranks spread evenly, as a
-    load balancer would spread two; here each sender reconnects until its worker is one the
-    others use least. Both servers' senders are placed the same way, and placed again before
-    each round when the server closed a connection meanwhile: uvicorn closes a connection idle
-    for 5 s, as one server's are while the other's rounds run, and a new connection goes to
-    either worker (a third of one run's two-sender rounds ran at the one-sender rate).
-
-    The connections are the standard library's ``http.client``: the client process shares the
-    machine's two cores with the server under test, and httpx cost about 1.0 ms of CPU per
-    request against 0.4 ms (a 500-group batch, measured here): the difference was about a tenth
-    of all the CPU a Vantage batch cost on the machine, and half a percent of an MLflow one. In
-    a training job the client runs on the trainer's machine, not the server's."""
-
-    health = "/health"
-
-    def __init__(self, url: str, workers: int = 1):
-        super().__init__()
-        self.url, self.workers = url, workers
-        self.port = int(url.rsplit(":", 1)[1])
-        self.clients: list[http.client.HTTPConnection] = []
-        self.placement: list[int] = []  # the worker of each client
-        self.replaced = 0  # connections placed again (`prepare`)
-
-    def client(self, sender: int) -> http.client.HTTPConnection:
-        while len(self.clients) <= sender:
-            client, worker = self._spread_client(self.placement)
-            self.clients.append(client)
-            self.placement.append(worker)
-        return self.clients[sender]
-
-    def _spread_client(self, others: list[int]) -> tuple[http.client.HTTPConnection, int]:
-        """A connection on a worker that ``others`` (the workers of the other senders) use
-        least, and that worker."""
-        fair = -(-(len(others) + 1) // self.workers)  # ceil: senders per worker
-        for _ in range(100):
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-            request(conn, "GET", self.health)
-            worker = server_worker(conn, self.port)
-            if others.count(worker) < fair:
-                return conn, worker
-            conn.close()
-        raise RuntimeError(f"could not place a connection on a free worker of {self.url}")
-
-    def prepare(self, senders: int) -> None:
-        for i in range(senders):
-            try:
-                request(self.client(i), "GET", self.health)
-                continue
-            except (http.client.HTTPException, OSError):  # the server closed it
-                self.clients[i].close()
-            others = self.placement[:i] + self.placement[i + 1 :]
-            self.clients[i], self.placement[i] = self._spread_client(others)
-            self.replaced += 1
-
-    def post(self, sender: int, path: str, body: dict) -> Answer:
-        t0 = time.perf_counter()
-        answer = request(self.client(sender), "POST", path, orjson.dumps(body))
-        self.latencies.append(time.perf_counter() - t0)
-        return answer
-
-
-class VantageSender(_PlacedSender):
-    """``POST /api/v1/runs/{id}/steps``: one record of the batch's groups (raw rewards)."""
-
-    health = "/healthz"
-
-    def __init__(self, url: str, group_size: int, workers: int = 1):
-        super().__init__(url, workers)
-        with httpx.Client(base_url=url, timeout=60) as client:
-            body = {"name": "bench", "group_size": group_size}
-            run = client.post("/api/v1/runs", json=body).json()
-        self.run_id, self.attempt = run["run_id"], run["attempt"]
-
-    def send(
-        self, groups: list[list[float]], sender: int = 0, step: int | None = None, ranks: int = 1
-    ) -> int:
-        record = {"step": self.next_step() if step is None else step, "groups": groups}
-        if step is not None:
-            record |= {"rank": sender, "world_size": ranks}
-        body = {"attempt": self.attempt, "records": [record]}
-        accepted = self.post(sender, f"/api/v1/runs/{self.run_id}/steps", body).json()["accepted"]
-        assert accepted == len(groups), accepted
-        return accepted
-
-
-class MlflowSender(_PlacedSender):
-    """MLflow's ``log_batch`` REST call (``runs/log-batch``, what `MlflowClient.log_batch`
-    sends) with two metric points per group, computed with numpy; over the same kind of
-    placed connection as Vantage's, so that neither client's own overhead nor the placement
-    of its connections favours one server."""
-
-    def __init__(self, url: str, workers: int = 1):
-        from mlflow.tracking import MlflowClient
-
-        super().__init__(url, workers)
-        client = MlflowClient(tracking_uri=url)
-        exp = client.create_experiment(f"bench-{uuid.uuid4().hex[:6]}")
-        self.run_id = client.create_run(exp).info.run_id
-        self.ts = int(time.time() * 1000)
-        self.sent_points = 0
-
-    def _timestamps(self, n: int) -> range:
-        with self._lock:  # a distinct millisecond timestamp per group
-            start, self.ts = self.ts + 1, self.ts + n
-        return range(start, start + n)
-
-    def send(
-        self, groups: list[list[float]], sender: int = 0, step: int | None = None, ranks: int = 1
-    ) -> int:
-        step = self.next_step() if step is None else step
-        x = np.array(groups, dtype=np.float64)
-        means, stds = x.mean(axis=1).tolist(), x.std(axis=1, ddof=1).tolist()
-        points = [
-            (key, value, ts, step)
-            for mean, std, ts in zip(means, stds, self._timestamps(len(groups)), strict=True)
-            for key, value in (("group_mean", mean), ("group_std", std))
-        ]
-        self.log_batch(sender, points)
-        with self._lock:
-            self.sent_points += len(points)
-        return len(groups)
-
-    def log_batch(self, sender: int, points: list[tuple[str, float, int, int]]) -> None:
-        """Send ``(key, value, timestamp, step)`` points in one ``runs/log-batch`` call."""
-        metrics = [{"key": k, "value": v, "timestamp": t, "step": s} for k, v, t, s in points]
-        body = {"run_id": self.run_id, "metrics": metrics}
-        self.post(sender, "/api/2.0/mlflow/runs/log-batch", body)
-
-
-class StockMlflowSender(MlflowSender):
-    """The same points through MLflow's own client, as a training script sends them:
-    ``MlflowClient.log_batch`` with ``Metric`` entities, its shared connection pool, no placement
-    on workers. Reported beside the fair measure (its client's overhead and placement are
-    MLflow's, not the server's), not as the ratio."""
-
-    def __init__(self, url: str, workers: int = 1):
-        from mlflow.tracking import MlflowClient
-
-        super().__init__(url, workers)
-        self.stock = MlflowClient(tracking_uri=url)
-
-    def prepare(self, senders: int) -> None:
-        """Nothing to place: the stock client keeps its own pool."""
-
-    def log_batch(self, sender: int, points: list[tuple[str, float, int, int]]) -> None:
-        from mlflow.entities import Metric
-
-        self.stock.log_batch(self.run_id, metrics=[Metric(*p) for p in points])
-
-
 def round_batches(batches: list, concurrency: int, lockstep: bool) -> list:
     """The batches a round sends: in ``lockstep`` a whole number of steps (one batch per sender
     each), so the last incomplete step is left out."""
@@ -328,7 +101,7 @@ def round_batches(batches: list, concurrency: int, lockstep: bool) -> list:
 
 
 def timed_round(
-    sender: _Sender, batches: list[list[list[float]]], concurrency: int, lockstep: bool = False
+    sender: Sender, batches: list[list[list[float]]], concurrency: int, lockstep: bool = False
 ) -> float:
     """Groups per second sending ``batches`` from ``concurrency`` senders (threads), each with
     its own client and an equal share of the batches. ``lockstep``: sender i sends its k-th
@@ -384,7 +157,7 @@ class CpuMeter:
         database = [p for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres"]
         return _cpu_seconds([self.client]), _cpu_seconds(server), _cpu_seconds(database)
 
-    def round(self, sender: _Sender, batches: list, concurrency: int, lockstep: bool) -> tuple:
+    def round(self, sender: Sender, batches: list, concurrency: int, lockstep: bool) -> tuple:
         """`timed_round`'s rate, and the CPU µs per group of each part."""
         groups = sum(len(b) for b in round_batches(batches, concurrency, lockstep))
         before = self._now()
@@ -461,48 +234,40 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="vantage-bench-"))
     procs: list[subprocess.Popen] = []
     try:
-        vport, mport = free_port(), free_port()
-        vurl, murl = f"http://127.0.0.1:{vport}", f"http://127.0.0.1:{mport}"
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(BIN / "vantage"),
-                    "serve",
-                    "--insecure-no-auth",
-                    "--port",
-                    str(vport),
-                    "--database-url",
-                    f"{base}/{vdb}",
-                    "--workers",
-                    str(args.workers),
-                ],
-                stdout=(tmp / "vantage.log").open("w"),
-                stderr=subprocess.STDOUT,
-            )
-        )
+        mport = free_port()
+        murl = f"http://127.0.0.1:{mport}"
         murl_db = f"{base.replace('postgresql://', 'postgresql+psycopg://')}/{mdb}"
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(BIN / "mlflow"),
-                    "server",
-                    "--backend-store-uri",
-                    murl_db,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(mport),
-                    "--workers",
-                    str(args.workers),
-                    "--default-artifact-root",
-                    str(tmp / "art"),
-                ],
-                stdout=(tmp / "mlflow.log").open("w"),
-                stderr=subprocess.STDOUT,
-            )
+        mlflow_proc = subprocess.Popen(  # first: it takes the longer to start
+            [
+                str(BIN / "mlflow"),
+                "server",
+                "--backend-store-uri",
+                murl_db,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(mport),
+                "--workers",
+                str(args.workers),
+                "--default-artifact-root",
+                str(tmp / "art"),
+            ],
+            stdout=(tmp / "mlflow.log").open("w"),
+            stderr=subprocess.STDOUT,
         )
-        wait_http(f"{vurl}/readyz", procs[0])
-        wait_http(f"{murl}/health", procs[1], timeout=240)
+        procs.append(mlflow_proc)
+        vantage_server = start_server(
+            f"{base}/{vdb}",
+            tmp,
+            "--insecure-no-auth",
+            "--workers",
+            str(args.workers),
+            log_name="vantage.log",
+            timeout=120,
+        )
+        procs.append(vantage_server.proc)
+        vurl = vantage_server.url
+        wait_http(f"{murl}/health", mlflow_proc, timeout=240)
         print(f"servers up: vantage {vurl}, mlflow {murl}", flush=True)
         waited = settle()
         print(f"machine quiet after {waited:.0f} s (MLflow starts job runners after /health)")
@@ -519,7 +284,7 @@ def main() -> None:
                 stock.send(b, i)
         rates: dict[tuple[str, int], list[float]] = {}
         cpu: dict[tuple[str, int], list[dict[str, float]]] = {}
-        meters = {"vantage": CpuMeter(procs[0]), "mlflow": CpuMeter(procs[1])}
+        meters = {"vantage": CpuMeter(vantage_server.proc), "mlflow": CpuMeter(mlflow_proc)}
         levels = sorted({args.concurrency, 1}, reverse=True)
         for r in range(rounds):  # alternating rounds, same batches for both
             vb = [make_groups(rng, args.batch, args.group_size) for _ in range(v_batches)]

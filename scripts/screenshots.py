@@ -10,42 +10,16 @@ and photographs each page in headless Chromium (Debian's /usr/bin/chromium throu
 from __future__ import annotations
 
 import argparse
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 from vantage.dashboard import sample_data
+from vantage.server.launcher import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
-VANTAGE = str(Path(sys.executable).with_name("vantage"))
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(db_url: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [VANTAGE, "serve", "--host", "127.0.0.1", "--port", str(port), "--insecure-no-auth",
-         "--database-url", db_url, "--log-level", "warning"],
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    while True:
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            if proc.poll() is not None:
-                raise SystemExit("vantage serve did not start") from None
-            time.sleep(0.2)
 
 
 def seed(url: str) -> dict[str, str]:
@@ -96,15 +70,11 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "docs"))
     ap.add_argument("--chromium", default="/usr/bin/chromium")
     args = ap.parse_args()
-    db_url = f"sqlite:///{Path(tempfile.mkdtemp(prefix='vantage-shots-')) / 'shots.db'}"
-    proc, url = start_server(db_url)
-    try:
-        runs = seed(url)
-        for path in shoot(url, runs, Path(args.out), args.chromium):
+    work = Path(tempfile.mkdtemp(prefix="vantage-shots-"))
+    with start_server(f"sqlite:///{work / 'shots.db'}", work, "--insecure-no-auth") as server:
+        runs = seed(server.url)
+        for path in shoot(server.url, runs, Path(args.out), args.chromium):
             print(path)
-    finally:
-        proc.terminate()
-        proc.wait(15)
     return 0
 
 

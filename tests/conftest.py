@@ -1,67 +1,61 @@
-"""Shared fixtures: real databases (SQLite file, and a fresh PostgreSQL database per test run) and
-real `vantage serve` processes over HTTP (started by tests/serving.py).
+"""Fixtures shared by every suite: real databases (a SQLite file, and a fresh PostgreSQL database
+per test process) and a real `vantage serve` with auth on, plus the options of the test run.
 
-PostgreSQL: ``VANTAGE_TEST_POSTGRES_URL`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``)
-is the maintenance database used to create and drop a database per run. When it is unreachable
-the PostgreSQL tests skip, unless ``VANTAGE_REQUIRE_POSTGRES=1`` (set by .ci/run), where they fail.
+The helpers the tests call live in ``tests.helpers``; see its modules for the environment
+variables (PostgreSQL, Chromium) that they read.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import uuid
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-# free_port and start_server are re-exported: the test modules import them from here.
-from tests.serving import VANTAGE, ServerProcess, free_port, start_server  # noqa: F401
-
-PG_ADMIN_URL = os.environ.get(
-    "VANTAGE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
-REQUIRE_PG = os.environ.get("VANTAGE_REQUIRE_POSTGRES") == "1"
+from tests.helpers.cli import create_key, run_cli
+from tests.helpers.isolation import isolate_user_folders
+from tests.helpers.postgres import new_postgres_database, require_postgres
+from tests.helpers.server import ServerProcess, start_server
 
 
-def _pg_admin():  # noqa: ANN202
-    import psycopg
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--runslow",
+        action="store_true",
+        default=False,
+        help="also run the tests marked slow (over a minute each); VANTAGE_RUN_SLOW=1 does too",
+    )
 
-    return psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
+
+def pytest_configure(config: pytest.Config) -> None:
+    config._vantage_restore_environment = isolate_user_folders()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    restore = getattr(config, "_vantage_restore_environment", None)
+    if restore is not None:
+        restore()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked slow (SmolLM2, the collapse run) run only with --runslow, so the default
+    suite stays within a few minutes."""
+    if config.getoption("--runslow") or os.environ.get("VANTAGE_RUN_SLOW", "") not in ("", "0"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow (or VANTAGE_RUN_SLOW=1)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    """A fresh PostgreSQL database for this test run, dropped at the end."""
-    try:
-        admin = _pg_admin()
-    except Exception as exc:  # noqa: BLE001
-        if REQUIRE_PG:
-            pytest.fail(f"PostgreSQL is required (VANTAGE_REQUIRE_POSTGRES=1) but: {exc}")
-        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {exc}")
-    name = f"vantage_test_{uuid.uuid4().hex[:10]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN_URL.rsplit("/", 1)[0]
-    try:
-        yield f"{base}/{name}"
-    finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
-
-
-def new_postgres_database() -> tuple[str, callable]:
-    """Another fresh database (for tests that need an empty one); returns (url, drop)."""
-    admin = _pg_admin()
-    name = f"vantage_test_{uuid.uuid4().hex[:10]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN_URL.rsplit("/", 1)[0]
-
-    def drop() -> None:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
-
-    return f"{base}/{name}", drop
+    """A fresh PostgreSQL database for this test process, dropped at the end."""
+    require_postgres()
+    url, drop = new_postgres_database()
+    yield url
+    drop()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -77,7 +71,7 @@ def app_client(request: pytest.FixtureRequest, tmp_path) -> Iterator:  # noqa: A
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'app.db'}"
     else:
-        request.getfixturevalue("postgres_url")  # skips (or fails in CI) without PostgreSQL
+        require_postgres()
         url, drop = new_postgres_database()
     upgrade(url)
     app = create_app(Settings(database_url=url, auth_enabled=False, alert_worker=False))
@@ -92,45 +86,18 @@ def app_client(request: pytest.FixtureRequest, tmp_path) -> Iterator:  # noqa: A
 
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
 def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A database for this test process's `auth_server`, SQLite and PostgreSQL."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path_factory.mktemp('db') / 'vantage.db'}"
     return request.getfixturevalue("postgres_url")
 
 
-def run_cli(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [VANTAGE, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"vantage {' '.join(args)} failed: {proc.stderr}")
-    return proc
-
-
-def create_key(
-    database_url: str, scopes: str, name: str | None = None, project: str | None = None
-) -> str:
-    limited = ("--project", project) if project is not None else ()
-    out = run_cli(
-        "keys",
-        "create",
-        "--name",
-        name or f"k-{scopes}",
-        "--scopes",
-        scopes,
-        *limited,
-        "--database-url",
-        database_url,
-    )
-    return out.stdout.strip().splitlines()[-1]
-
-
 @pytest.fixture(scope="session")
-def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A real server with auth on, and one key per scope plus one with every scope."""
+def auth_server(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """A real server with auth on, and in ``keys`` one key per scope (named after it), one with
+    every scope ("all") and one limited to project team-a ("team-a")."""
     run_cli("db", "upgrade", "--database-url", database_url)
     keys = {s: create_key(database_url, s) for s in ("ingest", "read", "control", "admin")}
     keys["all"] = create_key(database_url, "ingest,read,control,admin", "all")
@@ -142,27 +109,7 @@ def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.fixture
-def api(server: ServerProcess) -> Iterator[httpx.Client]:
-    with server.client("all") as client:
+def api(auth_server: ServerProcess) -> Iterator[httpx.Client]:
+    """An HTTP client on `auth_server` with the every-scope key."""
+    with auth_server.client("all") as client:
         yield client
-
-
-def new_run(client: httpx.Client, **body) -> dict:
-    r = client.post("/api/v1/runs", json={"name": "test", **body})
-    assert r.status_code in (200, 201), r.text
-    return r.json()
-
-
-def post_steps(
-    client: httpx.Client,
-    run: dict,
-    records: list[dict],
-    attempt: int | None = None,
-    expect: int = 200,
-) -> dict:
-    r = client.post(
-        f"/api/v1/runs/{run['run_id']}/steps",
-        json={"attempt": attempt or run["attempt"], "records": records},
-    )
-    assert r.status_code == expect, r.text
-    return r.json()

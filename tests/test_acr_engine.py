@@ -1,4 +1,4 @@
-"""The ACR engine against DESIGN.md §3's examples and its invariants (hypothesis)."""
+"""The ACR engine against docs/design.md §3's examples and its invariants (hypothesis)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The HTTP API of DESIGN.md §4 against a real server process, on SQLite and on PostgreSQL."""
+"""The HTTP API of docs/design.md §4 against a real server process, on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -16,24 +16,24 @@ import httpx
 import pytest
 from vantage.client.acr import window_metrics
 
-from .conftest import new_run, post_steps
+from tests.helpers.api import new_run, post_steps
 
 
 def step_of(answer: dict, step: int, split: str = "train") -> dict:
     return next(s for s in answer["steps"] if s["step"] == step and s["split"] == split)
 
 
-def test_health_and_readiness(server):
-    with server.client(None) as c:
+def test_health_and_readiness(auth_server):
+    with auth_server.client(None) as c:
         assert c.get("/healthz").json() == {"status": "ok"}
         assert c.get("/readyz").status_code == 200
         assert c.get("/openapi.json").status_code == 200
 
 
-def test_docs_pages_load_their_scripts_from_the_server_not_a_cdn(server):
+def test_docs_pages_load_their_scripts_from_the_server_not_a_cdn(auth_server):
     """/docs and /redoc work without internet (found by a fresh-user trial: Swagger UI came
     from cdn.jsdelivr.net, so the page stayed blank on an air-gapped cluster)."""
-    with server.client(None) as c:
+    with auth_server.client(None) as c:
         for page in ("/docs", "/redoc"):
             html = c.get(page).text
             assets = re.findall(r'(?:src|href)="([^"]+)"', html) + re.findall(
@@ -52,8 +52,8 @@ DOCUMENTED_BODIES = (
 )  # fmt: skip
 
 
-def test_docs_describe_every_field_of_the_request_bodies(server):
-    with server.client(None) as c:
+def test_docs_describe_every_field_of_the_request_bodies(auth_server):
+    with auth_server.client(None) as c:
         schemas = c.get("/openapi.json").json()["components"]["schemas"]
     undocumented = [
         f"{name}.{field}"
@@ -581,7 +581,7 @@ def test_commands_delivered_to_rank0_until_acked(api):
     assert bad.status_code == 422
 
 
-def test_the_same_command_sent_twice_at_once_is_one_command(api, server):
+def test_the_same_command_sent_twice_at_once_is_one_command(api, auth_server):
     """Two identical stops sent back to back were both delivered and applied: the trainer
     saved two checkpoints (a trial). Sent again before it is acked, a command answers the
     first; another command, or the same one after the ack, is a new one."""
@@ -591,7 +591,7 @@ def test_the_same_command_sent_twice_at_once_is_one_command(api, server):
     path, stop = f"/api/v1/runs/{rid}/commands", {"type": "stop", "params": {}}
 
     def send(_i: int) -> httpx.Response:
-        with server.client("all") as client:
+        with auth_server.client("all") as client:
             return client.post(path, json=stop)
 
     with ThreadPoolExecutor(6) as pool:
@@ -781,13 +781,13 @@ def test_every_route_refuses_a_body_over_8_mib(api):
     r = api.post("/api/v1/runs", json={"name": "wide", "config": {"x": "a" * 70_000}})
     assert r.status_code == 422 and "at most 65,536" in r.text
     assert len(api.get("/api/v1/runs").json()["runs"]) == before
-    r = api.post("/api/v1/runs", json={"config": {}})  # DESIGN.md §4: name is required
+    r = api.post("/api/v1/runs", json={"config": {}})  # docs/design.md §4: name is required
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "name"]
     assert len(api.get("/api/v1/runs").json()["runs"]) == before
 
 
-def test_auth_matrix(server):
-    with server.client("all") as admin:
+def test_auth_matrix(auth_server):
+    with auth_server.client("all") as admin:
         rid = new_run(admin)["run_id"]
     routes = {
         "ingest": ("POST", f"/api/v1/runs/{rid}/heartbeat", {"attempt": 1}),
@@ -796,31 +796,31 @@ def test_auth_matrix(server):
         "admin": ("DELETE", f"/api/v1/runs/{str(uuid.uuid4())}", None),
     }
     for scope in ("ingest", "read", "control", "admin"):
-        with server.client(scope) as c:
+        with auth_server.client(scope) as c:
             for needed, (method, path, body) in routes.items():
                 r = c.request(method, path, json=body)
                 if needed == scope:
                     assert r.status_code in (200, 201, 204, 404), (scope, path, r.text)
                 else:
                     assert r.status_code == 403, (scope, path, r.status_code)
-    # DESIGN.md §4: ingest may "read and ack the run's commands" (it was 403, a trial)
+    # docs/design.md §4: ingest may "read and ack the run's commands" (it was 403, a trial)
     log = f"/api/v1/runs/{rid}/commands"
     for scope, status in (("ingest", 200), ("read", 200), ("control", 403), ("admin", 403)):
-        with server.client(scope) as c:
+        with auth_server.client(scope) as c:
             r = c.get(log)
             assert r.status_code == status, (scope, r.text)
     assert "lacks the 'read' or 'ingest' scope" in r.text
-    with server.client(None) as anon:
+    with auth_server.client(None) as anon:
         assert anon.get(f"/api/v1/runs/{rid}").status_code == 401
         bad = anon.get(f"/api/v1/runs/{rid}", headers={"Authorization": "Bearer vtg_nope"})
         assert bad.status_code == 401
         assert anon.get("/healthz").status_code == 200
 
 
-def test_prometheus_metrics(server, api):
+def test_prometheus_metrics(auth_server, api):
     run = new_run(api, name='quo"ted')
     post_steps(api, run, [{"step": 1, "groups": [[1, 1], [0, 1]]}])
-    with server.client(None) as anon:
+    with auth_server.client(None) as anon:
         text = anon.get("/metrics").text
     assert "# TYPE vantage_ingested_groups_total counter" in text
     assert "# TYPE vantage_run_latest_acr gauge" in text
@@ -858,16 +858,16 @@ def test_nul_characters_and_impossible_stats_are_422(api):
     assert api.get(f"/api/v1/runs/{rid}/metrics").json()["points"] == []
 
 
-def test_concurrent_launches_of_one_run_get_distinct_attempts(server):
+def test_concurrent_launches_of_one_run_get_distinct_attempts(auth_server):
     """Eight ranks of eight new launches register at once: each gets its own attempt, no 5xx
     (SQLite used to answer 500 on the race; found by a fresh-user trial)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with server.client() as c:
+    with auth_server.client() as c:
         run = new_run(c)
 
     def register(i: int) -> httpx.Response:
-        with server.client() as own:
+        with auth_server.client() as own:
             body = {"run_id": run["run_id"], "name": "x", "launch_id": f"launch-{i}"}
             return own.post("/api/v1/runs", json=body)
 
@@ -877,14 +877,14 @@ def test_concurrent_launches_of_one_run_get_distinct_attempts(server):
     assert sorted(r.json()["attempt"] for r in answers) == list(range(2, 10))
 
 
-def test_concurrent_batches_of_one_key_store_each_group_once(server):
+def test_concurrent_batches_of_one_key_store_each_group_once(auth_server):
     """Twelve batches for one (step, rank) at once: six copies of one batch (a client's retry
     racing the original) and six with ids of their own. Each group is stored once, the copies
     count as duplicates, and no batch fails (on PostgreSQL they collide on the key's block
     number and are redone)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with server.client() as c:
+    with auth_server.client() as c:
         run = new_run(c)
     copy = [{"group_id": f"c{i}", "rewards": [i % 2, 1]} for i in range(40)]
 
@@ -894,7 +894,7 @@ def test_concurrent_batches_of_one_key_store_each_group_once(server):
             "attempt": run["attempt"],
             "records": [{"step": 1, "groups": copy if k % 2 else own}],
         }
-        with server.client() as client:
+        with auth_server.client() as client:
             return client.post(f"/api/v1/runs/{run['run_id']}/steps", json=body)
 
     with ThreadPoolExecutor(12) as pool:
@@ -903,7 +903,7 @@ def test_concurrent_batches_of_one_key_store_each_group_once(server):
     counts = [(r.json()["accepted"], r.json()["duplicates"]) for r in answers]
     assert sorted(counts[1::2]) == [(0, 40)] * 5 + [(40, 0)]  # one copy stored, five repeats
     assert counts[0::2] == [(40, 0)] * 6
-    with server.client() as c:
+    with auth_server.client() as c:
         (point,) = c.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"]
     assert point["n_groups"] == 7 * 40 and point["n_collapsed"] == 6 * 40 + 20
 
@@ -940,7 +940,7 @@ def test_unstorable_values_in_records_heartbeats_and_acks_are_422(api):
     wordy = {"step": 1, "groups": [[1, 0]], "mitigation": {"mode": "avspo", "note": "m" * 5000}}
     r = api.post(f"/api/v1/runs/{rid}/steps", json={"attempt": 1, "records": [wordy]})
     assert r.status_code == 422 and "at most 4,096" in r.text, r.text
-    # {mode, ...} (DESIGN.md §4): without a mode it was shown as "none" on the dashboard
+    # {mode, ...} (docs/design.md §4): without a mode it was shown as "none" on the dashboard
     for bad in ({"alpha": 0.5}, {"mode": ""}, {"mode": 3}, {"mode": "m" * 65}):
         record = {"step": 1, "groups": [[1, 0]], "mitigation": bad}
         r = api.post(f"/api/v1/runs/{rid}/steps", json={"attempt": 1, "records": [record]})
@@ -984,7 +984,7 @@ def test_registering_a_run_again_with_other_reward_bounds_is_409(api):
     assert api.post("/api/v1/runs", json={"run_id": run["run_id"]}).json()["attempt"] == 3
 
 
-def test_registering_a_run_again_in_another_project_is_409(api, server):
+def test_registering_a_run_again_in_another_project_is_409(api, auth_server):
     """It answered 200 and kept the run where it was, so the launch reported to a run outside
     the project it named (a trial)."""
     run = new_run(api, project="team-b")
@@ -994,7 +994,7 @@ def test_registering_a_run_again_in_another_project_is_409(api, server):
     assert api.get(f"/api/v1/runs/{run['run_id']}").json()["project"] == "team-b"
     assert api.post("/api/v1/runs", json={**again, "project": "team-b"}).json()["attempt"] == 2
     assert api.post("/api/v1/runs", json=again).json()["attempt"] == 2  # left out: kept
-    with server.client("team-a") as team:  # another project's key learns no project name
+    with auth_server.client("team-a") as team:  # another project's key learns no project name
         r = team.post("/api/v1/runs", json={**again, "project": "team-a"})
         assert r.status_code == 409 and "team-b" not in r.text, r.text
 
@@ -1031,30 +1031,30 @@ def test_a_run_deleted_and_created_again_is_scored_with_its_new_bounds(api):
     assert (step["acr_constant"], step["acr_all_pass"]) == (0.5, 0.5)
 
 
-def test_the_api_takes_its_key_from_the_authorization_header_only(server):
+def test_the_api_takes_its_key_from_the_authorization_header_only(auth_server):
     """A key in a cookie is not a credential for the API (another site's form could send it)."""
-    key = server.keys["all"]
-    with httpx.Client(base_url=server.url, cookies={"vantage_key": key}) as c:
+    key = auth_server.keys["all"]
+    with httpx.Client(base_url=auth_server.url, cookies={"vantage_key": key}) as c:
         assert c.get("/api/v1/runs").status_code == 401
         assert c.post("/api/v1/runs", json={"name": "x"}).status_code == 401
-    with httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {key}"}) as c:
+    with httpx.Client(base_url=auth_server.url, headers={"authorization": f"Bearer {key}"}) as c:
         assert c.get("/api/v1/runs").status_code == 200
 
 
-def test_a_client_that_leaves_mid_body_stores_nothing_and_logs_no_traceback(server, api):
+def test_a_client_that_leaves_mid_body_stores_nothing_and_logs_no_traceback(auth_server, api):
     run = new_run(api)
-    logged_before = len(server.log_path.read_text())
-    where = urlsplit(server.url)
+    logged_before = len(auth_server.log_path.read_text())
+    where = urlsplit(auth_server.url)
     head = (
         f"POST /api/v1/runs/{run['run_id']}/steps HTTP/1.1\r\nHost: x\r\n"
-        f"Authorization: Bearer {server.keys['all']}\r\n"
+        f"Authorization: Bearer {auth_server.keys['all']}\r\n"
         "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
     )
     with socket.create_connection((where.hostname, where.port)) as sock:
         sock.sendall(head.encode() + b'{"attempt": 1, "records": ')
     time.sleep(0.5)
     assert api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"] == []
-    log = server.log_path.read_text()[logged_before:]
+    log = auth_server.log_path.read_text()[logged_before:]
     assert "ClientDisconnect" not in log and "Exception in ASGI application" not in log
 
 
@@ -1346,12 +1346,12 @@ def test_a_long_unknown_run_id_is_not_repeated_whole(api):
         assert r.json()["detail"] == f"run {'r' * 80}… not found"
 
 
-def test_a_project_key_asking_for_another_project_is_told_so(server, api):
+def test_a_project_key_asking_for_another_project_is_told_so(auth_server, api):
     """A team's key (limited to project team-a): `GET /runs?project=team-b` listed team-a's
     runs as if they were team-b's, and creating a run under an id another project holds said
     404 'not found' (a trial)."""
     taken = new_run(api, project="team-b", run_id=f"taken-{uuid.uuid4().hex[:8]}")
-    with server.client("team-a") as team:
+    with auth_server.client("team-a") as team:
         mine = new_run(team, name="mine")
         assert mine["project"] == "team-a"
         typo = team.get("/api/v1/runs", params={"projct": "team-a"})  # listed every run
@@ -1458,7 +1458,7 @@ def test_tags_are_kept_once_and_never_empty(api):
     assert r.status_code == 422 and "at least 1 character" in r.text, r.text
 
 
-def test_every_api_read_refuses_a_parameter_it_does_not_take(server, api):
+def test_every_api_read_refuses_a_parameter_it_does_not_take(auth_server, api):
     """`prompts?sid=all_pass` listed every side and `export.csv?splt=eval` every split: only the
     runs list and alerts refused an unknown parameter (a trial). Every GET under /api/v1/ now
     answers 422 naming each unknown one, and one of its own given twice (`?project=a&project=b`

@@ -60,7 +60,7 @@ def test_vectorised_classification_equals_the_scalar_engine(groups, acr_settings
 
 
 def test_float32_rounded_example_of_design():
-    # DESIGN §3: [0, .95 × 7] and [.35] × 8 → acr 0.5, also when the .35 values are float32
+    # docs/design.md §3: [0, .95 × 7] and [.35] × 8 → acr 0.5, also when the .35 values are float32
     x35 = float(np.float32(0.35))
     groups = [NormalGroup("0", None, [0] + [0.95] * 7), NormalGroup("1", None, [x35] * 8)]
     cols = classify_groups(groups, ACRSettings())

@@ -18,7 +18,9 @@ from pydantic import ValidationError
 from vantage.client.schema import RawGroup, StatsGroup, StepRecord
 from vantage.server.settings import SECRET_SETTINGS
 
-from .conftest import VANTAGE, create_key, new_run, post_steps, run_cli, start_server
+from tests.helpers.api import new_run, post_steps
+from tests.helpers.cli import VANTAGE, create_key, run_cli
+from tests.helpers.server import start_server
 
 
 def test_keys_create_prints_key_alone_on_last_line(tmp_path):
@@ -158,11 +160,11 @@ def test_keys_on_a_database_that_is_not_vantages_say_so_in_one_line(tmp_path):
     assert "revoked 1\ta" in pasted.stderr
 
 
-def test_revoked_key_is_refused(server):
-    key = create_key(server.database_url, "read", "to-revoke")
-    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}) as c:
+def test_revoked_key_is_refused(auth_server):
+    key = create_key(auth_server.database_url, "read", "to-revoke")
+    with httpx.Client(base_url=auth_server.url, headers={"Authorization": f"Bearer {key}"}) as c:
         assert c.get("/api/v1/runs").status_code == 200
-        run_cli("keys", "revoke", "to-revoke", "--database-url", server.database_url)
+        run_cli("keys", "revoke", "to-revoke", "--database-url", auth_server.database_url)
         assert c.get("/api/v1/runs").status_code == 401
 
 
@@ -356,8 +358,8 @@ def test_importing_the_server_leaves_other_prometheus_counters_alone():
     assert "app_jobs_total 1.0" in proc.stdout and "app_jobs_created" in proc.stdout
 
 
-def test_schemathesis_finds_no_server_error(server, tmp_path):
-    port = server.url.rsplit(":", 1)[1]
+def test_schemathesis_finds_no_server_error(auth_server, tmp_path):
+    port = auth_server.url.rsplit(":", 1)[1]
     st = VANTAGE.replace("/vantage", "/st")
     proc = subprocess.run(
         [
@@ -367,7 +369,7 @@ def test_schemathesis_finds_no_server_error(server, tmp_path):
             "--checks",
             "not_a_server_error",
             "-H",
-            f"Authorization: Bearer {server.keys['all']}",
+            f"Authorization: Bearer {auth_server.keys['all']}",
             "--max-examples",
             "25",
             "--generation-deterministic",
@@ -389,7 +391,7 @@ def test_serve_with_workers_on_postgres(postgres_url, tmp_path):
     them all whichever worker answers; SIGTERM stops them all within 10 s."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .conftest import new_postgres_database
+    from tests.helpers.postgres import new_postgres_database
 
     url, drop = new_postgres_database()
     # VANTAGE_WORKERS is `--workers` from the environment
@@ -462,18 +464,20 @@ def test_a_records_time_is_unix_seconds():
             StepRecord.model_validate({"step": 1, "time": bad})
 
 
-def test_sync_without_a_key_to_a_server_that_wants_one_says_how_to_give_it(server, tmp_path):
+def test_sync_without_a_key_to_a_server_that_wants_one_says_how_to_give_it(auth_server, tmp_path):
     from vantage.client import Monitor
 
     offline = Monitor(None, None, run_name="keyless", spool_dir=tmp_path / "spool")
     offline.log_groups(0, [[1.0, 0.0]])
     offline.close(timeout=5)
     env = {"VANTAGE_API_KEY": ""}
-    out = run_cli("sync", str(tmp_path / "spool"), "--server", server.url, env=env, check=False)
+    out = run_cli(
+        "sync", str(tmp_path / "spool"), "--server", auth_server.url, env=env, check=False
+    )
     assert out.returncode == 1 and "HTTP 401" in out.stdout, out
     assert "hint: the server asks for an API key: pass --api-key KEY" in out.stderr, out.stderr
-    out = run_cli("sync", str(tmp_path / "spool"), "--server", server.url, "--api-key",
-                  server.keys["all"], check=False)  # fmt: skip
+    out = run_cli("sync", str(tmp_path / "spool"), "--server", auth_server.url, "--api-key",
+                  auth_server.keys["all"], check=False)  # fmt: skip
     assert out.returncode == 0 and "hint" not in out.stderr, out
 
 

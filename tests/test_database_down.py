@@ -12,7 +12,9 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.conftest import PG_ADMIN_URL, create_key, new_postgres_database, run_cli, start_server
+from tests.helpers.cli import create_key, run_cli
+from tests.helpers.postgres import PG_ADMIN_URL, new_postgres_database
+from tests.helpers.server import start_server
 
 
 def _set_connections(database_url: str, allowed: bool) -> None:

@@ -12,7 +12,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import OperationalError
 from vantage.server import db
 
-from tests.conftest import PG_ADMIN_URL
+from tests.helpers.postgres import PG_ADMIN_URL
 
 BACKEND = text("SELECT pg_backend_pid()")
 
@@ -116,8 +116,8 @@ def test_a_database_that_cannot_come_is_not_waited_for(postgres_url, tmp_path):
     """`vantage db upgrade` waits up to 60 s for a database that does not answer yet (a
     refused connection), but fails at once, naming why, for one that never will: a SQLite
     file in a missing folder, a PostgreSQL database or role that does not exist."""
-    from tests.conftest import run_cli
-    from tests.serving import free_port
+    from tests.helpers.cli import run_cli
+    from tests.helpers.server import free_port
 
     base = postgres_url.rsplit("/", 1)[0]
     lasting = [

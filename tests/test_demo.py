@@ -1,4 +1,4 @@
-"""The main job end to end: `vantage demo --quick` on PostgreSQL (DESIGN.md §8, issue 7)."""
+"""The main job end to end: `vantage demo --quick` on PostgreSQL (docs/design.md §8, issue 7)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import subprocess
 import httpx
 import pytest
 
-from .conftest import VANTAGE, new_postgres_database
+from tests.helpers.cli import VANTAGE
+from tests.helpers.postgres import new_postgres_database
 
 
 def test_demo_quick_detects_and_mitigates_collapse(postgres_url, tmp_path):

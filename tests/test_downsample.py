@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from vantage.server.queries import _downsample
 
-from tests.conftest import new_run, post_steps
+from tests.helpers.api import new_run, post_steps
 
 
 def reference(steps: list[int], acrs: list[float | None], max_points: int) -> list[int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event, text
 from sqlalchemy.exc import OperationalError
-from vantage.server.routes import ingest as ingest_route
+from vantage.server.ingest import transaction as ingest_route
 
 from tests.test_ingest_reads import _send
 

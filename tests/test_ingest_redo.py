@@ -7,8 +7,9 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 from vantage.client.acr import ACRSettings
-from vantage.server import alerts, ingest
-from vantage.server.alert_models import WebhookMessage
+from vantage.server.alerts import evaluation as alerts
+from vantage.server.alerts.models import WebhookMessage
+from vantage.server.ingest import groups as ingest
 from vantage.server.models import GroupBlock, Run, Step
 
 
@@ -96,7 +97,7 @@ def test_a_batch_that_keeps_colliding_gets_503_with_retry_after(app_client, monk
     """Many concurrent senders of one step's groups can outrun the redo; the 503 tells the
     client's sender how long to wait (a trial saw 27 of 80 such 503s without a Retry-After)."""
     from vantage.server.ingest import GroupsExist
-    from vantage.server.routes import ingest as ingest_route
+    from vantage.server.ingest import transaction as ingest_route
 
     run_id = app_client.post("/api/v1/runs", json={"name": "busy"}).json()["run_id"]
 

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select, update
-from vantage.server.ingest import dump_exact, load_exact
+from vantage.server.ingest.steps import dump_exact, load_exact
 from vantage.server.models import Step
 from vantage.server.queries import point_json
 

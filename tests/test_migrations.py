@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, text
 from vantage.server.db import normalize_url
 from vantage.server.migrate import alembic_config
 
-from tests.conftest import new_postgres_database
+from tests.helpers.postgres import new_postgres_database
 
 OLD_GROUP = (
     "INSERT INTO groups (run_id, attempt, step, split, rank, group_id, prompt_id, cls, side, n, "
@@ -262,7 +262,7 @@ def test_the_migrations_build_the_schema_the_models_describe(empty_database: str
     tests that build the schema one way and fail on a database upgraded the other."""
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
-    from vantage.server import alert_models  # noqa: F401  (its tables join the metadata)
+    from vantage.server.alerts import models  # noqa: F401  (its tables join the metadata)
     from vantage.server.models import Base
 
     command.upgrade(alembic_config(empty_database), "head")

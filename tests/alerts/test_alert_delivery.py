@@ -1,4 +1,4 @@
-"""Delivery and scale-out (DESIGN.md §6): webhooks that survive a receiver outage and a server
+"""Delivery and scale-out (docs/design.md §6): webhooks that survive a receiver outage and a server
 restart, the periodic pass (incomplete steps, `stale`), and two server processes on one
 PostgreSQL database that never double-fire an alert, a webhook or a command."""
 
@@ -10,16 +10,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.alerts.helpers import Receiver, alerts_of, make_rule
-from tests.conftest import (
-    create_key,
-    free_port,
-    new_postgres_database,
-    new_run,
-    post_steps,
-    run_cli,
-    start_server,
-)
+from tests.helpers.alerts import Receiver, alerts_of, make_rule
+from tests.helpers.api import new_run, post_steps
+from tests.helpers.cli import create_key, run_cli
+from tests.helpers.postgres import new_postgres_database
+from tests.helpers.server import free_port, start_server
 
 ALL_FAIL = [[0, 0, 0, 0]] * 4
 LIVE = [[0, 1, 0, 1]] * 4
@@ -161,7 +156,7 @@ def test_a_slow_target_gets_one_copy_and_holds_up_no_other(fast_server):
             fired = time.monotonic()
             fire(api, "ready-target", ready.url)
             assert ready.wait_for(1, timeout=10)
-            assert ready.times[0] - fired < 2.0  # DESIGN §6: within 2 s of the transition
+            assert ready.times[0] - fired < 2.0  # docs/design.md §6: within 2 s of the transition
             fire(api, "moved-target", moved.url)
             assert moved.wait_for(1, timeout=10)
         time.sleep(7)  # past the timeout, a retry's backoff and the give-up time (2 s)

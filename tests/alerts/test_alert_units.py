@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 from vantage.client.acr import window_metrics
-from vantage.server.alert_metrics import Window, reward_drop, series_values
+from vantage.server.alerts.metrics import Window, reward_drop, series_values
+from vantage.server.alerts.outbox import RefusedTarget, check_target
 from vantage.server.db import make_engine
 from vantage.server.migrate import upgrade
 from vantage.server.models import Run, Step
-from vantage.server.notify import RefusedTarget, check_target
 
 
 def test_reward_drop_by_hand():

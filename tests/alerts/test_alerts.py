@@ -1,4 +1,4 @@
-"""Alerts, webhooks and automatic mitigation (DESIGN.md §6) against a real server process, on
+"""Alerts, webhooks and automatic mitigation (docs/design.md §6) against a real server process, on
 SQLite and PostgreSQL. Webhooks go to a real HTTP receiver on 127.0.0.1.
 
 The module has a database and server of its own: rules and silences are global state, and other
@@ -14,16 +14,11 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from tests.alerts.helpers import Receiver, alerts_of, make_rule
-from tests.conftest import (
-    REQUIRE_PG,
-    create_key,
-    new_postgres_database,
-    new_run,
-    post_steps,
-    run_cli,
-    start_server,
-)
+from tests.helpers.alerts import Receiver, alerts_of, make_rule
+from tests.helpers.api import new_run, post_steps
+from tests.helpers.cli import create_key, run_cli
+from tests.helpers.postgres import REQUIRE_POSTGRES, new_postgres_database
+from tests.helpers.server import start_server
 
 ALL_FAIL = [[0, 0, 0, 0]] * 4
 LIVE = [[0, 1, 0, 1]] * 4
@@ -36,7 +31,7 @@ def groups_with_acr(acr: float) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def server(request, tmp_path_factory):
+def alerts_server(request, tmp_path_factory):
     drop = None
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path_factory.mktemp('alerts-db') / 'vantage.db'}"
@@ -44,7 +39,7 @@ def server(request, tmp_path_factory):
         try:
             url, drop = new_postgres_database()
         except Exception as exc:  # noqa: BLE001
-            if REQUIRE_PG:
+            if REQUIRE_POSTGRES:
                 pytest.fail(f"PostgreSQL is required but: {exc}")
             pytest.skip(f"PostgreSQL not reachable: {exc}")
     run_cli("db", "upgrade", "--database-url", url)
@@ -64,8 +59,8 @@ def server(request, tmp_path_factory):
 
 
 @pytest.fixture
-def api(server):
-    with server.client("all") as client:
+def api(alerts_server):
+    with alerts_server.client("all") as client:
         yield client
 
 
@@ -97,7 +92,7 @@ def test_default_rules_exist_and_are_editable(api):
     api.put(f"/api/v1/alert-rules/{stall['id']}", json={"severity": "warning"})
 
 
-def test_rule_crud_defaults_and_scopes(server, api):
+def test_rule_crud_defaults_and_scopes(alerts_server, api):
     rule = make_rule(api, name="crud", metric="acr", op=">", threshold=0.5)
     assert rule["id"] and rule["for_steps"] == 1 and rule["min_valid_groups"] == 1
     assert rule["cooldown_steps"] == 0 and rule["severity"] == "warning"
@@ -106,7 +101,7 @@ def test_rule_crud_defaults_and_scopes(server, api):
     r = api.put(f"/api/v1/alert-rules/{rule['id']}", json={"notify": twice})
     assert r.status_code == 200 and r.json()["notify"] == twice[:2], r.text  # each URL once
     assert api.put(f"/api/v1/alert-rules/{rule['id']}", json={"notify": []}).status_code == 200
-    with server.client("read") as reader:
+    with alerts_server.client("read") as reader:
         assert (
             reader.post(
                 "/api/v1/alert-rules",
@@ -635,7 +630,7 @@ def test_a_rule_that_stops_watching_a_firing_alert_resolves_it(api, receiver, ch
         assert sorted(states) == ["firing", "resolved"]
 
 
-def test_rules_changed_while_their_runs_ingest_never_fail(server, api):
+def test_rules_changed_while_their_runs_ingest_never_fail(alerts_server, api):
     """Rules disabled, re-enabled, re-pointed and moved between projects while their runs
     ingest: no request fails (a change that locked its runs one by one between writes met
     ingest and other changes in deadlocks on PostgreSQL, and "database is locked" on SQLite:
@@ -650,7 +645,7 @@ def test_rules_changed_while_their_runs_ingest_never_fail(server, api):
     stop = threading.Event()
 
     def ingest(run: dict) -> None:
-        with server.client("all") as client:
+        with alerts_server.client("all") as client:
             for step in range(1, 1000):
                 if stop.is_set():
                     return
@@ -662,7 +657,7 @@ def test_rules_changed_while_their_runs_ingest_never_fail(server, api):
 
     def change(rule: dict, seed: int) -> None:
         rng = random.Random(seed)
-        with server.client("all") as client:
+        with alerts_server.client("all") as client:
             while not stop.is_set():
                 body = rng.choice(changes)
                 r = client.put(f"/api/v1/alert-rules/{rule['id']}", json=body)
@@ -882,7 +877,7 @@ def test_project_rules_apply_to_their_project_only(api):
     assert everything == []
 
 
-def test_a_project_key_changes_and_mutes_its_projects_alerts_only(server, api):
+def test_a_project_key_changes_and_mutes_its_projects_alerts_only(alerts_server, api):
     """A key limited to a project reads the rules of every run but changes only its
     project's; its silences mute its project's alerts only; it sees no other project's."""
     rule = {"metric": "acr", "op": ">", "threshold": 0.9}
@@ -895,7 +890,7 @@ def test_a_project_key_changes_and_mutes_its_projects_alerts_only(server, api):
     language_silence = api.post(
         "/api/v1/silences", json={"matchers": {"project": "language"}, "until": until}
     ).json()
-    with server.client("vision") as key:
+    with alerts_server.client("vision") as key:
         rules = f"/api/v1/alert-rules/{everyone['id']}"
         assert key.get(rules).status_code == 200
         r = key.put(rules, json={"enabled": False})
@@ -955,7 +950,7 @@ def test_a_project_key_changes_and_mutes_its_projects_alerts_only(server, api):
         assert api.delete(f"/api/v1/alert-rules/{made['id']}").status_code == 204
 
 
-def test_webhook_urls_are_shown_in_full_only_to_keys_that_may_change_the_rule(server, api):
+def test_webhook_urls_are_shown_in_full_only_to_keys_that_may_change_the_rule(alerts_server, api):
     """A webhook URL often holds a secret in its path (Slack's do): a read key, and a project
     key reading a global rule, see its scheme, host and port only (a trial: every read key,
     the dashboard's included, read them)."""
@@ -966,14 +961,14 @@ def test_webhook_urls_are_shown_in_full_only_to_keys_that_may_change_the_rule(se
     ipv6 = make_rule(api, name="secret-v6", **{**body, "notify": ["http://[::1]:8080/p/q"]})
     shown = "http://127.0.0.1:9/…"
     assert api.get(f"/api/v1/alert-rules/{everyone['id']}").json()["notify"] == [secret]
-    with server.client("read") as reader:
+    with alerts_server.client("read") as reader:
         for rule in (everyone, vision):
             assert reader.get(f"/api/v1/alert-rules/{rule['id']}").json()["notify"] == [shown]
         listed = {r["id"]: r["notify"] for r in reader.get("/api/v1/alert-rules").json()["rules"]}
         assert listed[everyone["id"]] == listed[vision["id"]] == [shown]
         assert listed[ipv6["id"]] == ["http://[::1]:8080/…"]
         assert secret not in reader.get("/api/v1/alert-rules").text
-    with server.client("vision") as key:  # read and control, limited to project vision
+    with alerts_server.client("vision") as key:  # read and control, limited to project vision
         listed = {r["id"]: r["notify"] for r in key.get("/api/v1/alert-rules").json()["rules"]}
         assert listed[vision["id"]] == [secret] and listed[everyone["id"]] == [shown]
     for made in (everyone, vision, ipv6):
@@ -1075,7 +1070,7 @@ def test_an_offer_disappears_once_the_run_asks_for_it(api):
     assert ep["state"] == "firing" and ep["mitigation"] is None
 
 
-def test_names_at_their_limit_issue_commands(server, api):
+def test_names_at_their_limit_issue_commands(alerts_server, api):
     """A rule and a key named with the 200 characters their names may have issue commands: the
     command's issued_by ("alert:" or "key:" and the name) overflowed its column on PostgreSQL,
     which failed the alert pass of every run the rule covered (a trial)."""
@@ -1096,15 +1091,17 @@ def test_names_at_their_limit_issue_commands(server, api):
     assert [c["issued_by"] for c in log] == [f"alert:{name}"]
     assert [a["state"] for a in alerts_of(api, run["run_id"], name)] == ["firing"]
 
-    key = create_key(server.database_url, "control,read", name="k" * 200)
-    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}) as client:
+    key = create_key(alerts_server.database_url, "control,read", name="k" * 200)
+    with httpx.Client(
+        base_url=alerts_server.url, headers={"Authorization": f"Bearer {key}"}
+    ) as client:
         r = client.post(f"/api/v1/runs/{run['run_id']}/commands", json={"type": "stop"})
         assert r.status_code == 201, r.text
     log = api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"]
     assert log[0]["issued_by"] == "key:" + "k" * 200
 
 
-def test_parallel_writes_of_one_rule_name_store_it_once(server, api):
+def test_parallel_writes_of_one_rule_name_store_it_once(alerts_server, api):
     """16 parallel creates of one name stored it 5 times on PostgreSQL, and two rules renamed
     to one name in parallel both got a 200 (a trial): each request had found the name free."""
     from concurrent.futures import ThreadPoolExecutor
@@ -1112,7 +1109,7 @@ def test_parallel_writes_of_one_rule_name_store_it_once(server, api):
     body = {"name": "raced", "metric": "acr", "op": ">", "threshold": 0.5}
 
     def create(_i: int) -> int:
-        with server.client("all") as client:
+        with alerts_server.client("all") as client:
             return client.post("/api/v1/alert-rules", json=body).status_code
 
     with ThreadPoolExecutor(16) as pool:
@@ -1121,7 +1118,7 @@ def test_parallel_writes_of_one_rule_name_store_it_once(server, api):
     ids = [make_rule(api, **{**body, "name": f"raced-{i}"})["id"] for i in range(2)]
 
     def rename(rule_id: int) -> int:
-        with server.client("all") as client:
+        with alerts_server.client("all") as client:
             return client.put(
                 f"/api/v1/alert-rules/{rule_id}", json={"name": "renamed"}
             ).status_code

@@ -8,10 +8,10 @@ import re
 
 import httpx
 import pytest
-from client_helpers import queue_refused_record
 from vantage.client import Monitor, checks
 
-from tests.conftest import start_server
+from tests.helpers.client import queue_refused_record
+from tests.helpers.server import start_server
 
 
 def test_unreadable_rewards_drop_only_their_call(tmp_path):

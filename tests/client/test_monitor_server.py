@@ -1,4 +1,4 @@
-"""The Monitor against a real `vantage serve` process over HTTP (DESIGN.md §5, issue 3 item 6):
+"""The Monitor against a real `vantage serve` process over HTTP (docs/design.md §5, issue 3 item 6):
 outages, restarts, retries, dead letters, ranks, launches, commands, bounded close, sync."""
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from client_helpers import Server, free_port, queue_refused_record
 from vantage.client import Monitor
-from vantage.client.spool import SPOOL_SUFFIX, Spool, sync
+from vantage.client.spool import SPOOL_SUFFIX, Spool
+from vantage.client.sync import sync
+
+from tests.helpers.client import queue_refused_record
+from tests.helpers.server import RestartableServer, free_port
 
 
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05) -> bool:
@@ -42,23 +45,25 @@ def step_rewards(step: int, p: int = 8, g: int = 4) -> list[list[float]]:
     return [[float(rng.random() < 0.5) for _ in range(g)] for _ in range(p)]
 
 
-def test_stream_survives_sigterm_and_restart_every_group_once(own_server: Server, tmp_path: Path):
-    server = own_server
-    mon = monitor(server.url, tmp_path, batch_interval_s=0.2)
+def test_stream_survives_sigterm_and_restart_every_group_once(
+    own_noauth_server: RestartableServer, tmp_path: Path
+):
+    noauth_server = own_noauth_server
+    mon = monitor(noauth_server.url, tmp_path, batch_interval_s=0.2)
     expected = {}
     for step in range(200):
         rewards = step_rewards(step)
         expected[step] = rewards
         mon.log_groups(step, rewards)
         if step == 60:
-            server.stop()  # SIGTERM mid-stream
+            noauth_server.stop()  # SIGTERM mid-stream
         if step == 140:
-            server.start()
+            noauth_server.start()
         time.sleep(0.01)
     assert mon.stats["retries"] > 0, "the outage was never noticed"
     mon.close(timeout=60)
     assert mon.spooled_groups == 0 and mon.dropped_groups == 0
-    points = server.metrics(mon.run_id)
+    points = noauth_server.metrics(mon.run_id)
     assert [p["step"] for p in points] == list(range(200))
     assert all(p["n_groups"] == 8 for p in points), [p for p in points if p["n_groups"] != 8]
     assert {p["attempt"] for p in points} == {1}
@@ -158,8 +163,8 @@ class FlakyProxy:
         self.httpd.shutdown()
 
 
-def test_500_after_store_then_200_no_duplicates(server: Server, tmp_path: Path):
-    proxy = FlakyProxy(server.url, fail_first=3, status=500, forward_failures=True)
+def test_500_after_store_then_200_no_duplicates(noauth_server: RestartableServer, tmp_path: Path):
+    proxy = FlakyProxy(noauth_server.url, fail_first=3, status=500, forward_failures=True)
     try:
         mon = monitor(proxy.url, tmp_path, batch_interval_s=0.1)
         for step in range(30):
@@ -173,14 +178,14 @@ def test_500_after_store_then_200_no_duplicates(server: Server, tmp_path: Path):
     # group was either new to the server in an answer we saw or a duplicate of a hidden one.
     assert mon.stats["duplicates"] > 0
     assert mon.stats["accepted"] + mon.stats["duplicates"] == 30 * 8
-    points = server.metrics(mon.run_id)
+    points = noauth_server.metrics(mon.run_id)
     assert [p["step"] for p in points] == list(range(30))
     assert all(p["n_groups"] == 8 for p in points)
 
 
-def test_retry_after_is_honoured(server: Server, tmp_path: Path):
+def test_retry_after_is_honoured(noauth_server: RestartableServer, tmp_path: Path):
     proxy = FlakyProxy(
-        server.url, fail_first=1, status=503, forward_failures=False, retry_after="2"
+        noauth_server.url, fail_first=1, status=503, forward_failures=False, retry_after="2"
     )
     try:
         mon = monitor(proxy.url, tmp_path)
@@ -195,14 +200,14 @@ def test_retry_after_is_honoured(server: Server, tmp_path: Path):
 
 
 def test_full_spool_counts_and_reports_drops(tmp_path: Path):
-    srv = Server(tmp_path)  # not started yet: the server is down while the run logs
+    srv = RestartableServer(tmp_path)  # not started yet: the server is down while the run logs
     mon = monitor(srv.url, tmp_path, spool_max_bytes=20_000, batch_interval_s=0.05)
     total = 0
     for step in range(60):
         mon.log_groups(step, step_rewards(step, p=16, g=8))
         total += 16
         time.sleep(0.005)
-    assert wait_for(lambda: mon.dropped_groups > 0 and not mon._queue, 10)
+    assert wait_for(lambda: mon.dropped_groups > 0 and not mon._worker.queue, 10)
     dropped = mon.dropped_groups
     kept = mon.spooled_groups
     assert dropped + kept == total
@@ -227,8 +232,10 @@ def test_full_spool_counts_and_reports_drops(tmp_path: Path):
         srv.cleanup()
 
 
-def test_refused_batch_goes_to_dead_letter_training_unaffected(server: Server, tmp_path: Path):
-    mon = monitor(server.url, tmp_path, batch_interval_s=0.5)
+def test_refused_batch_goes_to_dead_letter_training_unaffected(
+    noauth_server: RestartableServer, tmp_path: Path
+):
+    mon = monitor(noauth_server.url, tmp_path, batch_interval_s=0.5)
     for step in range(10):
         if step == 4:
             queue_refused_record(mon, step)
@@ -238,14 +245,14 @@ def test_refused_batch_goes_to_dead_letter_training_unaffected(server: Server, t
     assert mon.dead_letter_batches == 1
     path = mon.spool_path
     time.sleep(1.2)
-    with server.api() as api:
+    with noauth_server.api() as api:
         assert wait_for(
             lambda: (
                 api.get(f"/api/v1/runs/{mon.run_id}").json()["client"]["dead_letter_batches"] == 1
             )
         )
     mon.close(timeout=10)
-    steps = [p["step"] for p in server.metrics(mon.run_id)]
+    steps = [p["step"] for p in noauth_server.metrics(mon.run_id)]
     assert steps == [s for s in range(10) if s != 4]  # the good records of that batch got in
     spool = Spool(path)
     (dead,) = spool.dead_letters()
@@ -267,7 +274,9 @@ mon.close(timeout=10, status=None)
 """
 
 
-def test_two_rank_processes_share_one_attempt_and_pool(server: Server, tmp_path: Path):
+def test_two_rank_processes_share_one_attempt_and_pool(
+    noauth_server: RestartableServer, tmp_path: Path
+):
     run_id = str(uuid.uuid4())
     env = {**os.environ, "VANTAGE_LAUNCH_ID": "launch-" + run_id[:8]}
     procs = [
@@ -277,7 +286,7 @@ def test_two_rank_processes_share_one_attempt_and_pool(server: Server, tmp_path:
                 "-c",
                 RANK_SCRIPT,
                 str(rank),
-                server.url,
+                noauth_server.url,
                 run_id,
                 str(tmp_path / f"spool{rank}"),
             ],
@@ -291,37 +300,43 @@ def test_two_rank_processes_share_one_attempt_and_pool(server: Server, tmp_path:
     outs = [p.communicate(timeout=60)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     assert all("ATTEMPT 1" in o for o in outs), outs
-    (point,) = server.metrics(run_id)
+    (point,) = noauth_server.metrics(run_id)
     assert point["step"] == 5 and point["n_groups"] == 4
     assert point["acr"] == 0.5  # pooled over both ranks, not 0.667
 
 
-def test_second_launch_is_a_new_attempt_that_supersedes(server: Server, tmp_path: Path):
-    first = monitor(server.url, tmp_path, launch_id="L1")
+def test_second_launch_is_a_new_attempt_that_supersedes(
+    noauth_server: RestartableServer, tmp_path: Path
+):
+    first = monitor(noauth_server.url, tmp_path, launch_id="L1")
     for step in range(20):
         first.log_groups(step, [[0.0, 0.0], [0.0, 1.0]])
     first.close(timeout=20)
     assert first.attempt == 1
-    second = monitor(server.url, tmp_path, run_id=first.run_id, launch_id="L2")
+    second = monitor(noauth_server.url, tmp_path, run_id=first.run_id, launch_id="L2")
     for step in range(10, 20):
         second.log_groups(step, [[1.0, 0.0], [0.0, 1.0]])
     second.close(timeout=20)
     assert second.attempt == 2
-    points = server.metrics(first.run_id)
+    points = noauth_server.metrics(first.run_id)
     assert [p["step"] for p in points] == list(range(20))
     assert [p["attempt"] for p in points] == [1] * 10 + [2] * 10
     assert [p["acr"] for p in points] == [0.5] * 10 + [0.0] * 10
     # a rank of the second launch that starts later joins the same attempt
-    late = monitor(server.url, tmp_path, run_id=first.run_id, launch_id="L2", rank=1, world_size=2)
+    late = monitor(
+        noauth_server.url, tmp_path, run_id=first.run_id, launch_id="L2", rank=1, world_size=2
+    )
     assert late.flush(20) and late.attempt == 2
     late.close(timeout=10, status=None)
 
 
-def test_a_launch_superseded_while_it_sends_is_warned(server: Server, tmp_path: Path, caplog):
-    first = monitor(server.url, tmp_path, launch_id="L1")
+def test_a_launch_superseded_while_it_sends_is_warned(
+    noauth_server: RestartableServer, tmp_path: Path, caplog
+):
+    first = monitor(noauth_server.url, tmp_path, launch_id="L1")
     first.log_groups(0, [[0.0, 1.0]])
     assert first.flush(20) and first.attempt == 1
-    with server.api() as api:
+    with noauth_server.api() as api:
         body = {"run_id": first.run_id, "launch_id": "L2"}
         assert api.post("/api/v1/runs", json=body).json()["attempt"] == 2
     with caplog.at_level(logging.WARNING, logger="vantage"):
@@ -334,13 +349,13 @@ def test_a_launch_superseded_while_it_sends_is_warned(server: Server, tmp_path: 
     first.close(timeout=10, status=None)
 
 
-def test_commands_delivered_once_and_acknowledged(server: Server, tmp_path: Path):
-    mon = monitor(server.url, tmp_path, heartbeat_s=0.3)
+def test_commands_delivered_once_and_acknowledged(noauth_server: RestartableServer, tmp_path: Path):
+    mon = monitor(noauth_server.url, tmp_path, heartbeat_s=0.3)
     seen = []
     mon.on_command(seen.append)
     mon.log_groups(0, [[1.0, 0.0]])
     assert mon.flush(20)
-    with server.api() as api:
+    with noauth_server.api() as api:
         r = api.post(
             f"/api/v1/runs/{mon.run_id}/commands",
             json={"type": "set_sampling", "params": {"temperature": 0.7}, "reason": "t"},
@@ -370,7 +385,7 @@ def test_commands_delivered_once_and_acknowledged(server: Server, tmp_path: Path
 def test_close_finds_a_server_back_within_seconds(tmp_path: Path):
     """A server that comes back during close() is found within seconds: close retried on its
     backoff, which had grown to 15-30 s while the server was down (a trial waited 16 s)."""
-    srv = Server(tmp_path)  # down
+    srv = RestartableServer(tmp_path)  # down
     mon = monitor(srv.url, tmp_path)
     for step in range(5):
         mon.log_groups(step, step_rewards(step))
@@ -388,7 +403,7 @@ def test_close_finds_a_server_back_within_seconds(tmp_path: Path):
 
 
 def test_close_is_bounded_when_the_server_is_down_then_sync_uploads(tmp_path: Path):
-    srv = Server(tmp_path)
+    srv = RestartableServer(tmp_path)
     mon = monitor(srv.url, tmp_path)
     for step in range(50):
         mon.log_groups(step, step_rewards(step))
@@ -421,10 +436,10 @@ def test_close_is_bounded_when_the_server_is_down_then_sync_uploads(tmp_path: Pa
 
 def test_an_outage_is_reported_while_it_lasts_and_when_it_ends(tmp_path: Path, caplog, monkeypatch):
     """The user learns that the server is down during the run, not only at close."""
-    import vantage.client.monitor as monitor_module
+    import vantage.client.worker as worker_module
 
-    monkeypatch.setattr(monitor_module, "OUTAGE_WARN_S", 1.0)
-    srv = Server(tmp_path)  # not started yet
+    monkeypatch.setattr(worker_module, "OUTAGE_WARN_S", 1.0)
+    srv = RestartableServer(tmp_path)  # not started yet
     mon = monitor(srv.url, tmp_path, batch_interval_s=0.2)
 
     def said(text: str) -> list[str]:
@@ -472,32 +487,36 @@ def test_unreachable_server_never_blocks_logging(tmp_path: Path):
     mon.close(timeout=0.5)
 
 
-def test_effective_scalars_and_finish_reach_the_server(server: Server, tmp_path: Path):
+def test_effective_scalars_and_finish_reach_the_server(
+    noauth_server: RestartableServer, tmp_path: Path
+):
     config = {"lr": 1e-4, "obj": object()}
-    with monitor(server.url, tmp_path, config=config, tags="prod") as mon:
+    with monitor(noauth_server.url, tmp_path, config=config, tags="prod") as mon:
         mon.log_groups(0, [[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [0.5, 0.0]])
         mon.log_effective(0, n_valid=4, n_zero_advantage=1, n_virtual=2)
         mon.log_scalars(0, {"loss": 0.5, "kl": torch_free_number(0.01)})
-    (point,) = server.metrics(mon.run_id)
+    (point,) = noauth_server.metrics(mon.run_id)
     assert point["acr"] == 0.5 and point["acr_effective"] == 0.25
     assert point["scalars"] == {"loss": 0.5, "kl": 0.01}
-    with server.api() as api:
+    with noauth_server.api() as api:
         run = api.get(f"/api/v1/runs/{mon.run_id}").json()
     assert run["status"] == "finished" and run["attempt"] == 1
     assert run["tags"] == ["prod"]  # one string is one tag (it was one tag per character)
 
 
-def test_a_steps_first_effective_report_is_kept_within_a_batch_too(server: Server, tmp_path):
+def test_a_steps_first_effective_report_is_kept_within_a_batch_too(
+    noauth_server: RestartableServer, tmp_path
+):
     """Two reports for one step in one batch: the client kept the last, the server keeps a
     rank's first (README), so the answer hung on the batching. The mitigation in effect is
     the latest reported, in a batch or not."""
-    with monitor(server.url, tmp_path, batch_interval_s=60) as mon:
+    with monitor(noauth_server.url, tmp_path, batch_interval_s=60) as mon:
         mon.log_groups(2, [[1.0, 0.0]] * 4)
         mon.log_effective(2, n_valid=4, n_zero_advantage=1, mitigation={"mode": "avspo"})
         mon.log_effective(2, n_valid=4, n_zero_advantage=3, mitigation={"mode": "none"})
-    (point,) = server.metrics(mon.run_id)
+    (point,) = noauth_server.metrics(mon.run_id)
     assert point["acr_effective"] == 0.25
-    with server.api() as api:
+    with noauth_server.api() as api:
         run = api.get(f"/api/v1/runs/{mon.run_id}").json()
     assert run["mitigation_reported"] == {"mode": "none"}
 
@@ -513,12 +532,12 @@ def test_a_steps_first_effective_report_is_kept_within_a_batch_too(server: Serve
     ("sys.exit(3)", True, "failed"),
 ])  # fmt: skip
 def test_the_run_ends_failed_when_an_error_ends_the_program(
-    server: Server, tmp_path: Path, ending: str, with_block: bool, status: str
+    noauth_server: RestartableServer, tmp_path: Path, ending: str, with_block: bool, status: str
 ):
     """A program that never calls close() had its run marked `finished` at exit even when an
     exception or Ctrl-C ended it (a trial): an uncaught error now marks it `failed`, and so does
     `sys.exit(n)` out of a `with Monitor(...)` block, for n other than 0."""
-    make = f"Monitor({server.url!r}, None, run_name='ending', spool_dir={str(tmp_path)!r})"
+    make = f"Monitor({noauth_server.url!r}, None, run_name='ending', spool_dir={str(tmp_path)!r})"
     lines = ["import sys", "from vantage.client import Monitor"]
     lines += [f"with {make} as mon:"] if with_block else [f"mon = {make}", "if True:"]
     lines += ["    print(mon.run_id, flush=True)", "    mon.log_groups(0, [[1, 0], [1, 1]])"]
@@ -526,19 +545,21 @@ def test_the_run_ends_failed_when_an_error_ends_the_program(
     proc = subprocess.run([sys.executable, "-c", "\n".join(lines)], capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     run_id = proc.stdout.split()[0]
-    with server.api() as api:
+    with noauth_server.api() as api:
         run = api.get(f"/api/v1/runs/{run_id}").json()
     assert run["status"] == status, proc.stderr
     assert run["last_step"] == 0
 
 
-def test_a_forked_child_that_exits_leaves_the_run_to_its_parent(server: Server, tmp_path):
+def test_a_forked_child_that_exits_leaves_the_run_to_its_parent(
+    noauth_server: RestartableServer, tmp_path
+):
     """A child forked after the Monitor was made ran its exit hook: it warned of groups "not
     on the server yet" that the parent had sent, and could end the run under the parent."""
     script = f"""
 import os, sys
 from vantage.client import Monitor
-mon = Monitor({server.url!r}, None, run_name='forked', spool_dir={str(tmp_path)!r})
+mon = Monitor({noauth_server.url!r}, None, run_name='forked', spool_dir={str(tmp_path)!r})
 print(mon.run_id, flush=True)
 for step in range(5):
     mon.log_groups(step, [[1, 0], [1, 1]])
@@ -553,7 +574,7 @@ os.waitpid(pid, 0)
     assert "not on the server" not in proc.stderr, proc.stderr
     assert proc.stderr.count("vantage:") == 0, proc.stderr
     run_id = proc.stdout.split()[0]
-    with server.api() as api:
+    with noauth_server.api() as api:
         run = api.get(f"/api/v1/runs/{run_id}").json()
     assert run["status"] == "finished" and run["last_step"] == 4
 
@@ -568,13 +589,15 @@ def torch_free_number(x: float):
     return Number()
 
 
-def test_sender_sleeps_when_idle_and_when_backing_off(server: Server, tmp_path: Path):
+def test_sender_sleeps_when_idle_and_when_backing_off(
+    noauth_server: RestartableServer, tmp_path: Path
+):
     """The sender thread waits on events and timers; it never spins."""
-    for url in (server.url, f"http://127.0.0.1:{free_port()}"):  # server up, then down
+    for url in (noauth_server.url, f"http://127.0.0.1:{free_port()}"):  # server up, then down
         mon = monitor(url, tmp_path / str(len(url)), heartbeat_s=0.5)
         mon.log_groups(0, [[1.0, 0.0]])
         time.sleep(0.5)
-        clock = time.pthread_getcpuclockid(mon._thread.ident)
+        clock = time.pthread_getcpuclockid(mon._worker.thread.ident)
         cpu0 = time.clock_gettime(clock)
         time.sleep(2.0)
         used = time.clock_gettime(clock) - cpu0
@@ -582,25 +605,29 @@ def test_sender_sleeps_when_idle_and_when_backing_off(server: Server, tmp_path: 
         assert used < 0.1, f"sender used {used:.3f} s of CPU in 2 s against {url}"
 
 
-def test_server_with_a_new_database_gets_the_run_created_again(own_server: Server, tmp_path: Path):
-    server = own_server
-    mon = monitor(server.url, tmp_path, batch_interval_s=0.1)
+def test_server_with_a_new_database_gets_the_run_created_again(
+    own_noauth_server: RestartableServer, tmp_path: Path
+):
+    noauth_server = own_noauth_server
+    mon = monitor(noauth_server.url, tmp_path, batch_interval_s=0.1)
     for step in range(10):
         mon.log_groups(step, step_rewards(step))
     assert mon.flush(20)
-    server.stop()
-    server.wipe_database()  # the server loses everything
-    server.start()
+    noauth_server.stop()
+    noauth_server.wipe_database()  # the server loses everything
+    noauth_server.start()
     for step in range(10, 20):
         mon.log_groups(step, step_rewards(step))
     mon.close(timeout=30)
     assert mon.dead_letter_batches == 0 and mon.spooled_groups == 0
-    points = server.metrics(mon.run_id)
+    points = noauth_server.metrics(mon.run_id)
     assert [p["step"] for p in points] == list(range(10, 20))  # 404 → run created again → sent
     assert all(p["n_groups"] == 8 for p in points)
 
 
-def test_a_spool_kept_for_its_drops_goes_once_the_server_has_them(server: Server, tmp_path: Path):
+def test_a_spool_kept_for_its_drops_goes_once_the_server_has_them(
+    noauth_server: RestartableServer, tmp_path: Path
+):
     """An offline run with an unreadable group keeps its file after close (the server has not
     heard of the drop); the sync that reports it removes the file, so a second sync finds
     nothing (every sync of the folder reported the same drop again: a trial)."""
@@ -609,48 +636,50 @@ def test_a_spool_kept_for_its_drops_goes_once_the_server_has_them(server: Server
     offline.log_groups(1, [["1", "0"]])  # strings: dropped by the sender, counted
     offline.close(timeout=5)
     assert offline.spool_path.exists() and offline.dropped_groups == 1
-    first = sync(tmp_path / "spool", server.url)
+    first = sync(tmp_path / "spool", noauth_server.url)
     assert first["sent_groups"] == 2 and first["dropped_groups"] == 1 and not first["failed"]
-    with server.api() as api:
+    with noauth_server.api() as api:
         assert api.get(f"/api/v1/runs/{offline.run_id}").json()["client"]["dropped_groups"] == 1
     assert not offline.spool_path.exists()
-    assert sync(tmp_path / "spool", server.url)["dropped_groups"] == 0
+    assert sync(tmp_path / "spool", noauth_server.url)["dropped_groups"] == 0
     # nothing but an unreadable group: the run the sync registers ends too (it stayed running)
     unread = Monitor(None, None, run_name="unread", spool_dir=tmp_path / "spool")
     unread.log_groups(0, [["x", "y"]])
     unread.close(timeout=5)
-    assert sync(tmp_path / "spool", server.url)["dropped_groups"] == 1
-    with server.api() as api:
+    assert sync(tmp_path / "spool", noauth_server.url)["dropped_groups"] == 1
+    with noauth_server.api() as api:
         run = api.get(f"/api/v1/runs/{unread.run_id}").json()
     assert run["status"] == "finished" and run["client"]["dropped_groups"] == 1
 
 
-def test_vantage_sync_cli_uploads_an_offline_spool(server: Server, tmp_path: Path):
+def test_vantage_sync_cli_uploads_an_offline_spool(
+    noauth_server: RestartableServer, tmp_path: Path
+):
     offline = Monitor(None, None, run_name="offline", spool_dir=tmp_path / "spool")
     for step in range(5):
         offline.log_groups(step, step_rewards(step))
     offline.close(timeout=5)
     vantage = str(Path(sys.executable).with_name("vantage"))
-    proc = subprocess.run([vantage, "sync", str(tmp_path / "spool"), "--server", server.url],
+    proc = subprocess.run([vantage, "sync", str(tmp_path / "spool"), "--server", noauth_server.url],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["sent_groups"] == 40 and not result["failed"]
-    assert [p["n_groups"] for p in server.metrics(offline.run_id)] == [8] * 5
-    with server.api() as api:
+    assert [p["n_groups"] for p in noauth_server.metrics(offline.run_id)] == [8] * 5
+    with noauth_server.api() as api:
         assert api.get(f"/api/v1/runs/{offline.run_id}").json()["status"] == "finished"
-    env = {**os.environ, "VANTAGE_SERVER": server.url}  # the default of --server
+    env = {**os.environ, "VANTAGE_SERVER": noauth_server.url}  # the default of --server
     proc = subprocess.run([vantage, "sync", str(tmp_path / "spool")],
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     again = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (again["files"], again["server"]) == (0, server.url)  # nothing left
+    assert (again["files"], again["server"]) == (0, noauth_server.url)  # nothing left
     proc = subprocess.run([vantage, "sync", str(tmp_path / "spool"), "--server", "127.0.0.1:8000"],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and "not an http:// or https:// URL" in proc.stderr, proc.stderr
 
 
 def test_sync_of_a_launch_older_than_the_runs_newest_attempt_keeps_it(
-    server: Server, tmp_path: Path
+    noauth_server: RestartableServer, tmp_path: Path
 ):
     """A spool written while the server was down, synced after a relaunch had registered,
     became the newest attempt: its old steps replaced the relaunch's and the finished run
@@ -664,24 +693,24 @@ def test_sync_of_a_launch_older_than_the_runs_newest_attempt_keeps_it(
     spool = Spool(old.spool_path)  # began two hours ago (a test cannot wait that long)
     spool.set_meta("run", {**spool.get_meta("run"), "started_at": time.time() - 7200})
     spool.close()
-    relaunch = Monitor(server.url, None, run_id=old.run_id, run_name="relaunched",
+    relaunch = Monitor(noauth_server.url, None, run_id=old.run_id, run_name="relaunched",
                        launch_id="second", spool_dir=tmp_path / "live")  # fmt: skip
     for step in range(3, 6):
         relaunch.log_groups(step, [[0.0, 1.0]] * 8)
     relaunch.close(timeout=10)
-    result = sync(tmp_path / "spool", server.url, None)
+    result = sync(tmp_path / "spool", noauth_server.url, None)
     assert result["failed"] and result["sent_groups"] == 0, result
     (error,) = result["errors"]
     assert "before attempt 1" in error and old.spool_path.name in error, error
     assert old.spool_path.exists() and Spool(old.spool_path).pending_groups == 40
-    with server.api() as api:
+    with noauth_server.api() as api:
         run = api.get(f"/api/v1/runs/{old.run_id}").json()
     assert (run["attempt"], run["status"], run["last_step"]) == (1, "finished", 5)
-    assert all(p["acr"] == 0.0 for p in server.metrics(old.run_id))
+    assert all(p["acr"] == 0.0 for p in noauth_server.metrics(old.run_id))
 
 
 def test_sync_skips_a_spool_file_it_cannot_read_and_uploads_the_others(
-    server: Server, tmp_path: Path
+    noauth_server: RestartableServer, tmp_path: Path
 ):
     spool_dir = tmp_path / "spool"
     offline = Monitor(None, None, run_name="next-to-garbage", spool_dir=spool_dir)
@@ -690,19 +719,19 @@ def test_sync_skips_a_spool_file_it_cannot_read_and_uploads_the_others(
     (good,) = spool_dir.glob("*.vantage-spool")
     (spool_dir / "aaaa.r0.vantage-spool").write_bytes(b"garbage\n")  # not SQLite at all
     (spool_dir / "zzzz.r0.vantage-spool").write_bytes(good.read_bytes()[:6000])  # cut short
-    result = sync(spool_dir, server.url, None)  # the test server runs without auth
+    result = sync(spool_dir, noauth_server.url, None)  # the test server runs without auth
     # one file, as a Monitor's close warning names it: the folder's others are not touched
-    only = sync(spool_dir / "aaaa.r0.vantage-spool", server.url, None)
+    only = sync(spool_dir / "aaaa.r0.vantage-spool", noauth_server.url, None)
     assert only["files"] == 1 and "aaaa.r0.vantage-spool" in only["errors"][0]
     assert result["files"] == 3 and result["sent_groups"] == 8 and result["failed"]
     unreadable = [e for e in result["errors"] if "not a readable spool file" in e]
     assert len(unreadable) == 2 and "aaaa.r0.vantage-spool" in unreadable[0], result["errors"]
-    assert [p["n_groups"] for p in server.metrics(offline.run_id)] == [8]
+    assert [p["n_groups"] for p in noauth_server.metrics(offline.run_id)] == [8]
     assert (spool_dir / "aaaa.r0.vantage-spool").exists()  # left for a person to look at
 
 
 def test_sync_names_and_keeps_damaged_or_foreign_files_and_uploads_the_others(
-    server: Server, tmp_path: Path
+    noauth_server: RestartableServer, tmp_path: Path
 ):
     """A batch whose body was damaged crashed `vantage sync` with a traceback, and an empty or
     foreign SQLite file was deleted after being named in `errors` (a trial)."""
@@ -722,7 +751,7 @@ def test_sync_names_and_keeps_damaged_or_foreign_files_and_uploads_the_others(
     with sqlite3.connect(spool_dir / f"foreign{SPOOL_SUFFIX}") as db:
         db.execute("CREATE TABLE t (x)")
     (spool_dir / f"empty{SPOOL_SUFFIX}").write_bytes(b"")
-    result = sync(spool_dir, server.url, None)
+    result = sync(spool_dir, noauth_server.url, None)
     assert result["files"] == 4 and result["sent_groups"] == 8 and result["failed"]
     named = " ".join(result["errors"])
     for path in (spool_dir / damaged.name, spool_dir / f"foreign{SPOOL_SUFFIX}",
@@ -732,18 +761,20 @@ def test_sync_names_and_keeps_damaged_or_foreign_files_and_uploads_the_others(
     assert not (spool_dir / good.name).exists()  # uploaded and done
 
 
-def test_every_rank_reports_its_spool_empty_when_it_closes(server: Server, tmp_path: Path):
+def test_every_rank_reports_its_spool_empty_when_it_closes(
+    noauth_server: RestartableServer, tmp_path: Path
+):
     """Rank 1 never sends the final status, but its last counts still reach the run's client
     health (the earlier heartbeat's 20 waiting groups stayed on the run page for good)."""
-    rank0 = monitor(server.url, tmp_path / "r0", rank=0, world_size=2, launch_id="two-ranks")
+    rank0 = monitor(noauth_server.url, tmp_path / "r0", rank=0, world_size=2, launch_id="two-ranks")
     run_id = rank0.run_id
-    rank1 = monitor(server.url, tmp_path / "r1", rank=1, world_size=2, launch_id="two-ranks",
+    rank1 = monitor(noauth_server.url, tmp_path / "r1", rank=1, world_size=2, launch_id="two-ranks",
                     run_id=run_id)  # fmt: skip
     ranks = [rank0, rank1]
     for mon in ranks:
         mon.log_groups(0, step_rewards(0))
         assert mon.flush(30), mon.last_error
-    with server.api() as api:  # what a heartbeat said while rank 1's queue was full
+    with noauth_server.api() as api:  # what a heartbeat said while rank 1's queue was full
         body = {"attempt": 1, "rank": 1, "spooled_groups": 20}
         api.post(f"/api/v1/runs/{run_id}/heartbeat", json=body).raise_for_status()
         assert api.get(f"/api/v1/runs/{run_id}").json()["client"]["spooled_groups"] == 20
@@ -768,8 +799,10 @@ def test_sync_to_a_server_that_never_answers_stops_after_the_first_file(tmp_path
     assert sum("gave up: ConnectError" in e for e in result["errors"]) == 1, result["errors"]
 
 
-def test_random_faults_on_every_endpoint_store_every_group_once(server: Server, tmp_path: Path):
-    proxy = FlakyProxy(server.url, fail_first=0, chaos=0.3)
+def test_random_faults_on_every_endpoint_store_every_group_once(
+    noauth_server: RestartableServer, tmp_path: Path
+):
+    proxy = FlakyProxy(noauth_server.url, fail_first=0, chaos=0.3)
     try:
         mon = monitor(proxy.url, tmp_path, batch_interval_s=0.05, heartbeat_s=0.2)
         for step in range(30):
@@ -781,7 +814,7 @@ def test_random_faults_on_every_endpoint_store_every_group_once(server: Server, 
         proxy.close()
     assert proxy.faults > 5
     assert mon.spooled_groups == 0 and mon.dead_letter_batches == 0
-    points = server.metrics(mon.run_id)
+    points = noauth_server.metrics(mon.run_id)
     assert [p["step"] for p in points] == list(range(30))
     assert all(p["n_groups"] == 8 for p in points)
     assert {p["attempt"] for p in points} == {1}  # retried run creation kept one attempt
@@ -790,7 +823,7 @@ def test_random_faults_on_every_endpoint_store_every_group_once(server: Server, 
 def test_close_says_the_run_was_refused_not_that_the_server_was_unreachable(tmp_path: Path, caplog):
     """A wrong key: the server answers 401 to the run, and the warning at close names that
     refusal (it used to blame the network), with the groups kept in the spool to sync."""
-    from tests.serving import start_server
+    from tests.helpers.server import start_server
 
     srv = start_server(f"sqlite:///{tmp_path / 'auth.db'}", tmp_path)  # auth on, no keys
     try:
@@ -808,8 +841,8 @@ def test_close_says_the_run_was_refused_not_that_the_server_was_unreachable(tmp_
 def test_close_says_when_only_the_runs_end_is_left(tmp_path: Path, caplog):
     """Every group on the server, the server gone before the finish: close said nothing and the
     run stayed `running`; it now says so, and `vantage sync` sends the end."""
-    from tests.conftest import run_cli
-    from tests.serving import start_server
+    from tests.helpers.cli import run_cli
+    from tests.helpers.server import start_server
 
     url = f"sqlite:///{tmp_path / 'end.db'}"
     srv = start_server(url, tmp_path, "--insecure-no-auth")
@@ -845,15 +878,16 @@ def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path, capl
     """A 401 refuses the key, not the batch: the batch stays in the spool (flush() is False),
     and `vantage sync` with a good key uploads it. It was a dead letter that nothing resent,
     while flush() said True (found by a fresh-user trial)."""
-    from tests.conftest import create_key, run_cli, start_server
+    from tests.helpers.cli import create_key, run_cli
+    from tests.helpers.server import start_server
 
     url = f"sqlite:///{tmp_path}/k.db"
     run_cli("db", "upgrade", "--database-url", url)
     temp, good = create_key(url, "ingest,read", "temp"), create_key(url, "ingest,read", "good")
     srv = start_server(url, tmp_path)
-    from vantage.client import monitor as monitor_module
+    from vantage.client import worker as worker_module
 
-    monkeypatch.setattr(monitor_module, "OUTAGE_WARN_S", 0.5)
+    monkeypatch.setattr(worker_module, "OUTAGE_WARN_S", 0.5)
     try:
         mon = Monitor(srv.url, temp, run_name="revoked", spool_dir=tmp_path / "spool")
         mon.log_groups(1, [[0, 1]])
@@ -884,14 +918,20 @@ def test_a_revoked_key_keeps_the_data_in_the_spool_for_sync(tmp_path: Path, capl
         srv.stop()
 
 
-def test_close_without_a_time_limit_waits_for_the_server(server: Server, tmp_path: Path):
+def test_close_without_a_time_limit_waits_for_the_server(
+    noauth_server: RestartableServer, tmp_path: Path
+):
     """close(timeout=math.inf) raised OverflowError (a trial); it now waits until all is sent,
     and a timeout of NaN or below 0 spools at once."""
-    mon = monitor(server.url, tmp_path)
+    mon = monitor(noauth_server.url, tmp_path)
     for step in range(3):
         mon.log_groups(step, step_rewards(step))
     mon.close(timeout=float("inf"))
-    assert mon.spooled_groups == 0 and [p["step"] for p in server.metrics(mon.run_id)] == [0, 1, 2]
+    assert mon.spooled_groups == 0 and [p["step"] for p in noauth_server.metrics(mon.run_id)] == [
+        0,
+        1,
+        2,
+    ]
     for timeout in (float("nan"), -1.0):
         late = Monitor(None, run_name="no-wait", spool_dir=str(tmp_path / "s2"))
         late.log_groups(0, step_rewards(0))
@@ -921,23 +961,27 @@ def test_close_with_no_time_then_exit_spools_everything(tmp_path: Path):
         spool.close()
 
 
-def test_close_without_waiting_says_the_sender_goes_on(server: Server, tmp_path: Path, caplog):
+def test_close_without_waiting_says_the_sender_goes_on(
+    noauth_server: RestartableServer, tmp_path: Path, caplog
+):
     """close(timeout=0) returns at once, but the sender goes on sending while the process lives,
     so the spool file that the warning names may be sent and gone by the time a user runs the
     sync it suggests (a trial): the warning says so."""
-    mon = monitor(server.url, tmp_path)
+    mon = monitor(noauth_server.url, tmp_path)
     for step in range(3):
         mon.log_groups(step, step_rewards(step))
     mon.close(timeout=0)
     message = next(r.getMessage() for r in caplog.records if "not on the server yet" in r.message)
     assert "the sender goes on while this process lives" in message, message
     deadline = time.monotonic() + 20
-    while len(server.metrics(mon.run_id)) < 3 and time.monotonic() < deadline:
+    while len(noauth_server.metrics(mon.run_id)) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert [p["step"] for p in server.metrics(mon.run_id)] == [0, 1, 2]
+    assert [p["step"] for p in noauth_server.metrics(mon.run_id)] == [0, 1, 2]
 
 
-def test_sync_leaves_a_spool_that_a_live_monitor_is_writing(server: Server, tmp_path: Path):
+def test_sync_leaves_a_spool_that_a_live_monitor_is_writing(
+    noauth_server: RestartableServer, tmp_path: Path
+):
     """`vantage sync` of the spool folder replayed and deleted the file of a trainer still
     running against a dead server: everything it logged afterwards was lost (two trials). A
     live Monitor holds its file; sync names it and leaves it, and uploads it once the trainer
@@ -970,7 +1014,7 @@ mon.close(timeout=1)
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
     run_id = proc.stdout.readline().strip()
     vantage = str(Path(sys.executable).with_name("vantage"))
-    synced = subprocess.run([vantage, "sync", str(spool_dir), "--server", server.url],
+    synced = subprocess.run([vantage, "sync", str(spool_dir), "--server", noauth_server.url],
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     proc.communicate("go on\n", timeout=120)
     # not a failure (a cron sync of a shared folder exits 0); the file is named and left
@@ -978,6 +1022,6 @@ mon.close(timeout=1)
     result = json.loads(synced.stdout.strip().splitlines()[-1])
     assert (result["sent_groups"], result["errors"]) == (0, []), result
     assert len(result["in_use"]) == 1 and "a running process holds" in synced.stderr
-    result = sync(spool_dir, server.url, None)  # the trainer has ended
+    result = sync(spool_dir, noauth_server.url, None)  # the trainer has ended
     assert (result["sent_groups"], result["failed"]) == (48, False), result
-    assert [p["n_groups"] for p in server.metrics(run_id)] == [8] * 6
+    assert [p["n_groups"] for p in noauth_server.metrics(run_id)] == [8] * 6

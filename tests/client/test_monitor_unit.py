@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from vantage.client import Monitor, derive_launch_id
 from vantage.client.schema import StepsBatch
-from vantage.client.sender import (
+from vantage.client.spool import Spool
+from vantage.client.transport import (
     Backoff,
     Outage,
     _retry_after,
@@ -25,7 +26,6 @@ from vantage.client.sender import (
     server_url_problem,
     steps_body,
 )
-from vantage.client.spool import Spool
 
 
 def offline(tmp_path: Path, **kw) -> Monitor:
@@ -562,15 +562,15 @@ def test_a_heartbeat_counts_a_backlog_not_a_batch_in_flight(tmp_path: Path):
         mon.log_groups(step, [[0.0, 1.0]] * groups)
         deadline = time.monotonic() + 10
         while mon.spooled_groups < waiting:  # the sender moves them to the spool
-            assert time.monotonic() < deadline, (step, mon.spooled_groups, mon._queued)
+            assert time.monotonic() < deadline, (step, mon.spooled_groups, mon._worker.queued)
             time.sleep(0.02)
-        return orjson.loads(mon._health())["spooled_groups"]
+        return orjson.loads(mon._worker.health())["spooled_groups"]
 
     try:
         assert health_after(0, 12) == 0  # within a batch, with nothing failing: in flight
-        mon._outage.failed(time.monotonic())
+        mon._worker.outage.failed(time.monotonic())
         assert health_after(1, 2) == 14  # while the server fails, every waiting group
-        mon._outage.succeeded(time.monotonic())
+        mon._worker.outage.succeeded(time.monotonic())
         assert health_after(2, 12) == 26  # more than a batch waits
     finally:
         mon.close(timeout=0)

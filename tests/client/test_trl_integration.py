@@ -17,13 +17,14 @@ import pytest
 pytest.importorskip("trl")
 
 import torch  # noqa: E402
-from client_helpers import Server, free_port  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from vantage.client import Monitor  # noqa: E402
 from vantage.client.integrations.trl import attach  # noqa: E402
+
+from tests.helpers.server import RestartableServer, free_port  # noqa: E402
 
 CHARS = list("0123456789+-*= ")
 
@@ -71,15 +72,17 @@ def grpo_trainer(tmp_path: Path, max_steps: int) -> GRPOTrainer:
                        processing_class=tok)  # fmt: skip
 
 
-def test_stored_acr_equals_trl_frac_reward_zero_std(server: Server, tmp_path: Path):
+def test_stored_acr_equals_trl_frac_reward_zero_std(
+    noauth_server: RestartableServer, tmp_path: Path
+):
     trainer = grpo_trainer(tmp_path, max_steps=8)
-    mon = Monitor(server.url, None, run_name="trl", spool_dir=tmp_path / "spool")
+    mon = Monitor(noauth_server.url, None, run_name="trl", spool_dir=tmp_path / "spool")
     callback = attach(trainer, mon)
     trainer.train()
     mon.close(timeout=30)
     assert callback.rewards.logged_steps == list(range(1, 9))
     trl = {h["step"]: h for h in trainer.state.log_history if "frac_reward_zero_std" in h}
-    points = {p["step"]: p for p in server.metrics(mon.run_id)}
+    points = {p["step"]: p for p in noauth_server.metrics(mon.run_id)}
     assert sorted(points) == sorted(trl) == list(range(1, 9))
     for step, h in trl.items():
         p = points[step]
@@ -91,13 +94,13 @@ def test_stored_acr_equals_trl_frac_reward_zero_std(server: Server, tmp_path: Pa
     assert any(0 < points[s]["acr"] < 1 for s in points)  # a meaningful comparison
 
 
-def test_commands_reach_the_trainer_and_are_acked(server: Server, tmp_path: Path):
+def test_commands_reach_the_trainer_and_are_acked(noauth_server: RestartableServer, tmp_path: Path):
     trainer = grpo_trainer(tmp_path, max_steps=500)
-    mon = Monitor(server.url, None, run_name="trl-stop", spool_dir=tmp_path / "spool",
+    mon = Monitor(noauth_server.url, None, run_name="trl-stop", spool_dir=tmp_path / "spool",
                   heartbeat_s=0.2)  # fmt: skip
     callback = attach(trainer, mon)
     assert mon.flush(20)  # the run exists
-    with server.api() as api:
+    with noauth_server.api() as api:
         ids = []
         for body in (
             {"type": "set_sampling", "params": {"temperature": 0.7}},
@@ -130,8 +133,8 @@ def test_commands_reach_the_trainer_and_are_acked(server: Server, tmp_path: Path
 DDP_SCRIPT = """
 import json, sys
 from pathlib import Path
-sys.path[:0] = [sys.argv[5], str(Path(sys.argv[5]).parents[1])]  # tests/client, the repo root
-from test_trl_integration import has_one, sure_or_parity, tiny_model_and_tokenizer
+sys.path.insert(0, str(Path(sys.argv[5]).parents[1]))  # the repository root, for tests.client
+from tests.client.test_trl_integration import has_one, sure_or_parity, tiny_model_and_tokenizer
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 from vantage.client import Monitor
@@ -161,14 +164,16 @@ if mon.rank == 0:
 """
 
 
-def test_two_processes_gather_groups_that_span_processes(server: Server, tmp_path: Path):
+def test_two_processes_gather_groups_that_span_processes(
+    noauth_server: RestartableServer, tmp_path: Path
+):
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
     out, run_id = tmp_path / "out.json", str(uuid.uuid4())
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     proc = subprocess.run(
         [torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()), str(script),
-         server.url, str(tmp_path / "spool"), str(out), run_id, str(Path(__file__).parent)],
+         noauth_server.url, str(tmp_path / "spool"), str(out), run_id, str(Path(__file__).parent)],
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -178,7 +183,7 @@ def test_two_processes_gather_groups_that_span_processes(server: Server, tmp_pat
     assert result["world_size"] == 2 and result["attempt"] == 1
     assert result["logged_steps"] == [1, 2, 3, 4]
     trl = {h["step"]: h for h in result["log_history"] if "frac_reward_zero_std" in h}
-    points = {p["step"]: p for p in server.metrics(run_id)}
+    points = {p["step"]: p for p in noauth_server.metrics(run_id)}
     assert sorted(points) == sorted(trl) == [1, 2, 3, 4]
     for step, h in trl.items():
         assert points[step]["n_groups"] == 3  # whole groups, gathered from both processes

@@ -1,4 +1,4 @@
-"""Login, cookies (DESIGN.md §8), the gate in front of pages and callbacks, CSV downloads."""
+"""Login, cookies (docs/design.md §8), the gate in front of pages and callbacks, CSV downloads."""
 
 from __future__ import annotations
 
@@ -9,34 +9,36 @@ import httpx
 import orjson
 
 
-def client(server, **kw) -> httpx.Client:
-    return httpx.Client(base_url=server.url, timeout=30, follow_redirects=False, **kw)
+def client(dashboard_server, **kw) -> httpx.Client:
+    return httpx.Client(base_url=dashboard_server.url, timeout=30, follow_redirects=False, **kw)
 
 
 @contextmanager
-def logged_in(server, key_name: str):
+def logged_in(dashboard_server, key_name: str):
     """A client holding the login cookie of one of the server's keys."""
-    with client(server) as c:
-        r = c.post("/dashboard/login", data={"key": server.keys[key_name], "next": "/dashboard/"})
+    with client(dashboard_server) as c:
+        r = c.post(
+            "/dashboard/login", data={"key": dashboard_server.keys[key_name], "next": "/dashboard/"}
+        )
         assert r.status_code == 303
         yield c
 
 
-def test_the_favicon_browsers_ask_for_is_found(server):
-    with client(server) as c:
+def test_the_favicon_browsers_ask_for_is_found(dashboard_server):
+    with client(dashboard_server) as c:
         r = c.get("/favicon.ico", follow_redirects=True)
         assert r.status_code == 200 and r.content and r.url.path == "/dashboard/_favicon.ico"
 
 
-def test_dashboard_redirects_to_the_slash(server):
-    with client(server) as c:
+def test_dashboard_redirects_to_the_slash(dashboard_server):
+    with client(dashboard_server) as c:
         r = c.get("/dashboard")
         assert r.status_code in (301, 302, 307, 308)
         assert r.headers["location"].endswith("/dashboard/")
 
 
-def test_pages_need_a_login_and_come_back_after_it(server):
-    with client(server) as c:
+def test_pages_need_a_login_and_come_back_after_it(dashboard_server):
+    with client(dashboard_server) as c:
         r = c.get("/dashboard/compare?runs=a")
         assert r.status_code == 303
         assert r.headers["location"] == "/dashboard/login?next=/dashboard/compare%3Fruns%3Da"
@@ -46,7 +48,7 @@ def test_pages_need_a_login_and_come_back_after_it(server):
         assert c.get("/dashboard/_dash-layout").status_code in (401, 303)
 
 
-def test_a_malformed_callback_request_is_a_400_not_dashs_500(server, runs_request):
+def test_a_malformed_callback_request_is_a_400_not_dashs_500(dashboard_server, runs_request):
     """Found by a fresh-user trial: Dash answered 500 to any body it could not read."""
     runs, output = runs_request["inputs"][0], runs_request["output"]
     n_inputs = len(runs_request["inputs"])
@@ -59,7 +61,7 @@ def test_a_malformed_callback_request_is_a_400_not_dashs_500(server, runs_reques
         (orjson.dumps({"output": output, "outputs": [], "inputs": [runs]}),
          f"the callback takes {n_inputs} inputs and states; 1 were sent"),
     ]  # fmt: skip
-    with logged_in(server, "read") as c:
+    with logged_in(dashboard_server, "read") as c:
         for body, says in cases:
             r = c.post("/dashboard/_dash-update-component", content=body)
             assert r.status_code == 400 and says in r.json()["detail"], (body, r.text)
@@ -70,11 +72,11 @@ def test_a_malformed_callback_request_is_a_400_not_dashs_500(server, runs_reques
         assert r.status_code == 200 and "runs-body" in r.json()["response"]
 
 
-def test_login_sets_a_strict_httponly_cookie(server):
-    with client(server) as c:
+def test_login_sets_a_strict_httponly_cookie(dashboard_server):
+    with client(dashboard_server) as c:
         r = c.post(
             "/dashboard/login",
-            data={"key": server.keys["read"], "next": "/dashboard/runs/x"},
+            data={"key": dashboard_server.keys["read"], "next": "/dashboard/runs/x"},
         )
         assert r.status_code == 303 and r.headers["location"] == "/dashboard/runs/x"
         cookie = r.headers["set-cookie"].lower()
@@ -82,40 +84,44 @@ def test_login_sets_a_strict_httponly_cookie(server):
         assert "secure" not in cookie  # plain HTTP on loopback
         assert c.get("/dashboard/").status_code == 200
         assert c.get("/dashboard/runs/anything").status_code == 200  # Dash renders the page
-    with client(server) as c:
+    with client(dashboard_server) as c:
         r = c.post(
             "/dashboard/login",
-            data={"key": server.keys["read"]},
+            data={"key": dashboard_server.keys["read"]},
             headers={"x-forwarded-proto": "https"},
         )
         assert "secure" in r.headers["set-cookie"].lower()
 
 
-def test_bad_keys_and_open_redirects_are_refused(server):
-    with client(server) as c:
+def test_bad_keys_and_open_redirects_are_refused(dashboard_server):
+    with client(dashboard_server) as c:
         r = c.post("/dashboard/login", data={"key": "vtg_nope", "next": "/dashboard/"})
         assert r.status_code == 401 and "Unknown or revoked" in r.text
-        r = c.post("/dashboard/login", data={"key": server.keys["read"], "next": "//evil.example"})
+        r = c.post(
+            "/dashboard/login",
+            data={"key": dashboard_server.keys["read"], "next": "//evil.example"},
+        )
         assert r.headers["location"] == "/dashboard/"
         r = c.post(
-            "/dashboard/login", data={"key": server.keys["read"], "next": "https://evil.example/"}
+            "/dashboard/login",
+            data={"key": dashboard_server.keys["read"], "next": "https://evil.example/"},
         )
         assert r.headers["location"] == "/dashboard/"
 
 
-def test_logout_forgets_the_key(server):
-    with logged_in(server, "read") as c:
+def test_logout_forgets_the_key(dashboard_server):
+    with logged_in(dashboard_server, "read") as c:
         assert c.get("/dashboard/").status_code == 200
         r = c.get("/dashboard/logout")
         assert r.status_code == 303
         assert c.get("/dashboard/").status_code == 303
 
 
-def test_csv_downloads_use_the_login_cookie(server):
-    run_id = server.runs["qwen-grpo"]
-    with client(server) as c:
+def test_csv_downloads_use_the_login_cookie(dashboard_server):
+    run_id = dashboard_server.runs["qwen-grpo"]
+    with client(dashboard_server) as c:
         assert c.get(f"/dashboard/export/{run_id}/metrics.csv").status_code == 303
-    with logged_in(server, "read") as c:
+    with logged_in(dashboard_server, "read") as c:
         r = c.get(f"/dashboard/export/{run_id}/metrics.csv")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
         header = r.text.splitlines()[0].split(",")
@@ -129,7 +135,7 @@ def test_csv_downloads_use_the_login_cookie(server):
         assert c.get("/dashboard/export/no-such-run/metrics.csv").status_code == 404
         # as the API: a split filters (it was ignored), a bad side or split is a 422 (an empty
         # CSV), and another file name a 404 (the page's HTML, as 200): a trial
-        with server.api("read") as api:
+        with dashboard_server.api("read") as api:
             for split in ("train", "eval"):
                 ours = c.get(f"/dashboard/export/{run_id}/metrics.csv?split={split}").text
                 theirs = api.get(f"/api/v1/runs/{run_id}/export.csv?split={split}").text
@@ -140,13 +146,13 @@ def test_csv_downloads_use_the_login_cookie(server):
         assert c.get(f"/dashboard/export/{run_id}/other.csv").status_code == 404
 
 
-def test_a_crafted_send_of_a_malformed_command_is_said_not_a_500(server):
+def test_a_crafted_send_of_a_malformed_command_is_said_not_a_500(dashboard_server):
     """The Send button's callback takes the command from a store in the browser: a crafted
     request with a store of another shape was a 500 with nothing in the log, and one without
     params said "Not sent: 'params'" (a trial). Each is said, and nothing is sent."""
-    with server.api("ingest") as api:
+    with dashboard_server.api("ingest") as api:
         run = api.post("/api/v1/runs", json={"name": "crafted"}).json()
-    with logged_in(server, "control") as c:
+    with logged_in(dashboard_server, "control") as c:
         deps = c.get("/dashboard/_dash-dependencies").json()
         (send,) = [d for d in deps if any(i["id"] == "cmd-confirm-send" for i in d["inputs"])]
         outputs = []
@@ -178,7 +184,7 @@ def test_a_crafted_send_of_a_malformed_command_is_said_not_a_500(server):
             r = c.post("/dashboard/_dash-update-component", json=body)
             assert r.status_code == 200, (pending, r.text)
             assert "Not sent" in r.text and says in r.text, (pending, r.text)
-    with server.api("control") as api:
+    with dashboard_server.api("control") as api:
         assert api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"] == []
 
 
@@ -204,11 +210,11 @@ def _crafted_call(c, deps: list, output_part: str, values: dict) -> object:  # n
     return c.post("/dashboard/_dash-update-component", json=body)
 
 
-def test_crafted_values_for_the_runs_and_compare_callbacks_are_no_500(server):
+def test_crafted_values_for_the_runs_and_compare_callbacks_are_no_500(dashboard_server):
     """A list for a dropdown's value, text for a click count, objects or a number for run ids
     (and, for the prompts tab, a list or a number for its side or split): each was a 500 with
     a traceback (trials); they count as nothing chosen."""
-    with logged_in(server, "read") as c:
+    with logged_in(dashboard_server, "read") as c:
         deps = c.get("/dashboard/_dash-dependencies").json()
         for values in (
             {"runs-project.value": ["demo", "other"]},
@@ -221,7 +227,7 @@ def test_crafted_values_for_the_runs_and_compare_callbacks_are_no_500(server):
             r = _crafted_call(c, deps, "compare-graph.figure", {"compare-runs.value": runs})
             assert r.status_code == 200, (runs, r.text[:300])
         # the prompts tab's dropdowns: a list, an object or a number was bound into its query
-        run_id = next(iter(server.runs.values()))
+        run_id = next(iter(dashboard_server.runs.values()))
         for side, split in ((["a"], "train"), ({"a": 1}, ["x"]), (None, 1e30), ("all_pass", {})):
             values = {"run-tabs.value": "prompts", "prompts-side.value": side,
                       "prompts-split.value": split, "run-id.data": run_id}  # fmt: skip
@@ -229,12 +235,12 @@ def test_crafted_values_for_the_runs_and_compare_callbacks_are_no_500(server):
             assert r.status_code == 200, (side, split, r.text[:300])
 
 
-def test_values_a_browser_sends_as_text_and_browser_side_callbacks_are_400s(server):
+def test_values_a_browser_sends_as_text_and_browser_side_callbacks_are_400s(dashboard_server):
     """A number, a list or null for the run page's run id, an address outside the dashboard
     for Dash Pages' router, and a call of a callback that runs in the browser were 500s with a
     traceback (a trial): each is a 400 saying what is wrong; the real values still work."""
-    run_id = next(iter(server.runs.values()))
-    with logged_in(server, "read") as c:
+    run_id = next(iter(dashboard_server.runs.values()))
+    with logged_in(dashboard_server, "read") as c:
         deps = c.get("/dashboard/_dash-dependencies").json()
         for value in (None, 5, [], {"a": 1}):
             r = _crafted_call(c, deps, "cmd-log.children", {"run-id.data": value})
@@ -251,13 +257,13 @@ def test_values_a_browser_sends_as_text_and_browser_side_callbacks_are_400s(serv
         assert r.status_code == 400 and "is computed in the browser" in r.text, r.text[:300]
 
 
-def test_a_callback_that_fails_is_logged_with_its_traceback(server):
+def test_a_callback_that_fails_is_logged_with_its_traceback(dashboard_server):
     """Dash answered a failing callback with a 500 and logged nothing (a trial): the server
     log names the callback's trigger and holds the traceback. The failure: the groups the
     prompts tab reads are unreadable (cut short for the request, then restored)."""
-    database = sqlite3.connect(server.db_url.removeprefix("sqlite:///"))
-    run_id = next(iter(server.runs.values()))
-    with logged_in(server, "read") as c, _corrupted(database):
+    database = sqlite3.connect(dashboard_server.db_url.removeprefix("sqlite:///"))
+    run_id = next(iter(dashboard_server.runs.values()))
+    with logged_in(dashboard_server, "read") as c, _corrupted(database):
         deps = c.get("/dashboard/_dash-dependencies").json()
         (prompts,) = [d for d in deps if d["output"].startswith("..prompts-body.children")]
         outputs = []
@@ -277,7 +283,7 @@ def test_a_callback_that_fails_is_logged_with_its_traceback(server):
         }
         r = c.post("/dashboard/_dash-update-component", json=body)
     assert r.status_code == 500, r.text
-    logged = server.log_path.read_text()
+    logged = dashboard_server.log_path.read_text()
     assert "dashboard callback failed (triggered by run-tabs)" in logged, logged[-2000:]
     assert "Traceback (most recent call last)" in logged
 

@@ -11,10 +11,10 @@ from vantage.dashboard import sample_data
 pytestmark = pytest.mark.browser
 
 
-def test_runs_page_lists_the_seeded_runs(control_page, server):
+def test_runs_page_lists_the_seeded_runs(control_page, dashboard_server):
     page = control_page
     page.wait_for_selector("#runs-table")
-    for name, run_id in server.runs.items():
+    for name, run_id in dashboard_server.runs.items():
         row = page.locator(f"tr[data-run-id='{run_id}']")
         row.wait_for()
         assert name in row.inner_text()
@@ -22,12 +22,12 @@ def test_runs_page_lists_the_seeded_runs(control_page, server):
     assert "same reward" in page.locator("th", has_text="Latest ACR").get_attribute("title")
 
 
-def test_run_page_shows_the_acr_the_api_reports(control_page, server):
-    run_id = server.runs["qwen-grpo"]
-    with server.api() as api:
+def test_run_page_shows_the_acr_the_api_reports(control_page, dashboard_server):
+    run_id = dashboard_server.runs["qwen-grpo"]
+    with dashboard_server.api() as api:
         run = api.get(f"/api/v1/runs/{run_id}").json()
     page = control_page
-    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.goto(f"{dashboard_server.url}/dashboard/runs/{run_id}")
     value = page.locator("#kpi-acr-value")
     value.wait_for()
     assert value.inner_text() == f"{run['latest_acr']:.2f}"
@@ -46,12 +46,12 @@ def test_run_page_shows_the_acr_the_api_reports(control_page, server):
         assert box["height"] >= 300 and abs(box["height"] - svg["height"]) < 2, (graph, box, svg)
 
 
-def test_new_steps_appear_without_a_reload(control_page, server):
-    with server.api() as api:
+def test_new_steps_appear_without_a_reload(control_page, dashboard_server):
+    with dashboard_server.api() as api:
         run_id, attempt = sample_data.create_run(api, "live-run", tags=("live",))
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 30, seed=7))
         page = control_page
-        page.goto(f"{server.url}/dashboard/runs/{run_id}")
+        page.goto(f"{dashboard_server.url}/dashboard/runs/{run_id}")
         page.wait_for_selector("#kpi-acr-value")
         page.wait_for_function("document.querySelector('#kpi-acr').innerText.includes('step 29')")
         page.evaluate("window.__not_reloaded = true")
@@ -69,10 +69,10 @@ def test_new_steps_appear_without_a_reload(control_page, server):
     assert page.inner_text("#kpi-acr-value") == f"{acr_34:.2f}"
 
 
-def test_avspo_click_with_a_control_key_creates_the_command(control_page, server):
-    run_id = server.runs["qwen-avspo"]
+def test_avspo_click_with_a_control_key_creates_the_command(control_page, dashboard_server):
+    run_id = dashboard_server.runs["qwen-avspo"]
     page = control_page
-    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.goto(f"{dashboard_server.url}/dashboard/runs/{run_id}")
     button = page.locator("button.action", has_text="Enable AVSPO")
     button.wait_for()
     assert button.is_enabled()
@@ -80,7 +80,7 @@ def test_avspo_click_with_a_control_key_creates_the_command(control_page, server
     button.click()
     page.click("#cmd-confirm-send")
     page.wait_for_selector("#cmd-sent")
-    with server.api() as api:
+    with dashboard_server.api() as api:
         commands = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
     assert commands[0]["reason"] == "collapse above 0.5"
     assert page.input_value("#cmd-reason") == ""  # the next command gets a reason of its own
@@ -93,7 +93,7 @@ def test_avspo_click_with_a_control_key_creates_the_command(control_page, server
     row.wait_for()
     assert "pending" in row.inner_text()
     # When the trainer acks it, the log follows without a reload.
-    with server.api() as api:
+    with dashboard_server.api() as api:
         api.post(
             f"/api/v1/runs/{run_id}/commands/{commands[0]['command_id']}/ack",
             json={"status": "applied", "step": 119},
@@ -105,15 +105,15 @@ def test_avspo_click_with_a_control_key_creates_the_command(control_page, server
     assert "collapse above 0.5" in row.inner_text()  # the reason stays beside the ack
 
 
-def test_each_click_asks_once_and_cancel_sends_nothing(control_page, server):
+def test_each_click_asks_once_and_cancel_sends_nothing(control_page, dashboard_server):
     """Dash's ConfirmDialog sometimes stayed shut on the first click after live updates, and a
     later click then opened two (a trial): the confirmation is now part of the page."""
-    run_id = server.runs["qwen-aapo"]
+    run_id = dashboard_server.runs["qwen-aapo"]
     page = control_page
-    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.goto(f"{dashboard_server.url}/dashboard/runs/{run_id}")
     page.wait_for_function("document.querySelector('#kpi-acr') !== null")
     time.sleep(3)  # a few live updates
-    with server.api() as api:
+    with dashboard_server.api() as api:
         count = len(api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"])
     checkpoint = page.locator("button.action", has_text="Save checkpoint")
     for _ in range(2):
@@ -125,20 +125,22 @@ def test_each_click_asks_once_and_cancel_sends_nothing(control_page, server):
     checkpoint.click()
     page.click("#cmd-confirm-send")
     page.wait_for_selector("#cmd-sent")
-    with server.api() as api:
+    with dashboard_server.api() as api:
         commands = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
     assert len(commands) == count + 1 and commands[0]["type"] == "checkpoint"
 
 
-def test_a_temperature_that_cannot_work_is_said_before_any_confirmation(control_page, server):
+def test_a_temperature_that_cannot_work_is_said_before_any_confirmation(
+    control_page, dashboard_server
+):
     """-1 was confirmed and then refused with pydantic's dump; an empty box said nothing (a
     trial). Both are said under the form, and nothing is asked or sent."""
-    run_id = server.runs["qwen-grpo"]
+    run_id = dashboard_server.runs["qwen-grpo"]
     page = control_page
-    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.goto(f"{dashboard_server.url}/dashboard/runs/{run_id}")
     button = page.locator("button.action", has_text="Set temperature")
     button.wait_for()
-    with server.api() as api:
+    with dashboard_server.api() as api:
         count = len(api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"])
     for typed, said in (("-1", "must be a number from 0.01 to 10"), ("", "enter a temperature")):
         page.fill("#temperature-value", typed)
@@ -148,14 +150,14 @@ def test_a_temperature_that_cannot_work_is_said_before_any_confirmation(control_
             f"document.querySelector('#cmd-input-error').innerText.includes('{said}')"
         )
         assert page.locator("#cmd-confirm").get_attribute("hidden") is not None
-    with server.api() as api:
+    with dashboard_server.api() as api:
         assert len(api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]) == count
 
 
-def test_a_read_only_key_sees_no_enabled_action(read_page, server):
-    run_id = server.runs["qwen-grpo"]
+def test_a_read_only_key_sees_no_enabled_action(read_page, dashboard_server):
+    run_id = dashboard_server.runs["qwen-grpo"]
     page = read_page
-    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.goto(f"{dashboard_server.url}/dashboard/runs/{run_id}")
     page.wait_for_selector("#cmd-readonly")
     buttons = page.locator("button.action")
     assert buttons.count() >= 6
@@ -163,17 +165,19 @@ def test_a_read_only_key_sees_no_enabled_action(read_page, server):
     assert "viewer (read)" in page.inner_text("#whoami")
 
 
-def test_a_run_deleted_while_its_page_is_open_leaves_nothing_stale(read_page, server, make_key):
+def test_a_run_deleted_while_its_page_is_open_leaves_nothing_stale(
+    read_page, dashboard_server, make_key
+):
     """The heading said "Run not found" while the alerts banner, the KPIs and the charts stayed
     below it (a trial)."""
     make_key("deleter", "admin")
-    with server.api() as api:
+    with dashboard_server.api() as api:
         run_id, attempt = sample_data.create_run(api, "to-delete")
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 10))
     page = read_page
-    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.goto(f"{dashboard_server.url}/dashboard/runs/{run_id}")
     page.wait_for_selector("#kpi-acr")
-    with server.api("deleter") as admin:
+    with dashboard_server.api("deleter") as admin:
         assert admin.delete(f"/api/v1/runs/{run_id}").status_code == 204
     page.wait_for_selector("#run-missing", timeout=10_000)
     assert page.locator("#kpi-acr").count() == 0 and page.inner_text("#run-banner") == ""
@@ -181,16 +185,18 @@ def test_a_run_deleted_while_its_page_is_open_leaves_nothing_stale(read_page, se
     assert traces == 0
 
 
-def test_a_run_page_opened_before_its_run_exists_shows_it_when_it_registers(read_page, server):
+def test_a_run_page_opened_before_its_run_exists_shows_it_when_it_registers(
+    read_page, dashboard_server
+):
     """The demo prints its run's link before the warm start; the page said "Run not found" and
     never recovered without a reload (a trial)."""
     import uuid
 
     run_id = str(uuid.uuid4())
     page = read_page
-    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.goto(f"{dashboard_server.url}/dashboard/runs/{run_id}")
     page.wait_for_selector("#run-missing")
-    with server.api() as api:
+    with dashboard_server.api() as api:
         body = {"run_id": run_id, "name": "late-run", "project": "demo"}
         run = api.post("/api/v1/runs", json=body).json()
         sample_data.send_steps(api, run_id, run["attempt"], sample_data.step_records(0, 5))
@@ -198,13 +204,13 @@ def test_a_run_page_opened_before_its_run_exists_shows_it_when_it_registers(read
     assert page.locator("#run-missing").count() == 0
 
 
-def test_a_finished_runs_actions_are_disabled_and_say_why(control_page, server):
-    with server.api() as api:
+def test_a_finished_runs_actions_are_disabled_and_say_why(control_page, dashboard_server):
+    with dashboard_server.api() as api:
         body = {"name": "finished-page", "config": {"temperature": 0.7, "aapo_delta_low": -0.1}}
         run_id = api.post("/api/v1/runs", json=body).json()["run_id"]
         api.post(f"/api/v1/runs/{run_id}/finish", json={"status": "finished"}).raise_for_status()
     page = control_page
-    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.goto(f"{dashboard_server.url}/dashboard/runs/{run_id}")
     note = page.wait_for_selector("#cmd-ended")
     assert "This run has finished" in note.inner_text()
     buttons = page.locator("button.action")
@@ -215,24 +221,26 @@ def test_a_finished_runs_actions_are_disabled_and_say_why(control_page, server):
     assert page.input_value("#aapo-delta-low") == "-0.1"
 
 
-def open_new_run(page, server, name: str, steps: int = 3) -> str:
+def open_new_run(page, dashboard_server, name: str, steps: int = 3) -> str:
     """Register a run named ``name`` with ``steps`` steps and open its page; returns its id."""
-    with server.api() as api:
+    with dashboard_server.api() as api:
         run_id = api.post("/api/v1/runs", json={"name": name}).json()["run_id"]
         if steps:
             sample_data.send_steps(api, run_id, 1, sample_data.step_records(0, steps))
-    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.goto(f"{dashboard_server.url}/dashboard/runs/{run_id}")
     page.wait_for_selector("#kpi-acr")
     return run_id
 
 
-def test_a_run_that_ends_while_its_page_is_open_disables_its_actions(control_page, server):
+def test_a_run_that_ends_while_its_page_is_open_disables_its_actions(
+    control_page, dashboard_server
+):
     """The actions stayed enabled after the run ended under an open page, until a reload."""
     page = control_page
-    run_id = open_new_run(page, server, "ends-while-open")
+    run_id = open_new_run(page, dashboard_server, "ends-while-open")
     assert page.locator("#cmd-ended").count() == 0
     assert page.locator("button.action").first.is_enabled()
-    with server.api() as api:
+    with dashboard_server.api() as api:
         api.post(f"/api/v1/runs/{run_id}/finish", json={"status": "failed"}).raise_for_status()
     note = page.wait_for_selector("#cmd-ended", timeout=15_000)
     assert "This run has failed" in note.inner_text()
@@ -240,17 +248,17 @@ def test_a_run_that_ends_while_its_page_is_open_disables_its_actions(control_pag
     assert all(not buttons.nth(i).is_enabled() for i in range(buttons.count()))
 
 
-def test_compare_page_overlays_chosen_runs(login_as, server):
-    first = next(iter(server.runs.values()))
+def test_compare_page_overlays_chosen_runs(login_as, dashboard_server):
+    first = next(iter(dashboard_server.runs.values()))
     # each run once however often the link names it; an unknown id is said, not dropped silently
     unknown = [f"gone-{i}" for i in range(12)]  # past 10, counted (2,000 were all listed)
-    ids = ",".join([*server.runs.values(), first, "no-such-run", *unknown])
+    ids = ",".join([*dashboard_server.runs.values(), first, "no-such-run", *unknown])
     page = login_as("read", f"/dashboard/compare?runs={ids}")
     try:
         page.wait_for_selector("#compare-tbl")
         text = page.inner_text("#compare-tbl")
-        assert all(name in text for name in server.runs)
-        assert page.locator("#compare-tbl tbody tr").count() == len(server.runs)
+        assert all(name in text for name in dashboard_server.runs)
+        assert page.locator("#compare-tbl tbody tr").count() == len(dashboard_server.runs)
         missing = page.inner_text("#compare-missing")
         assert "no-such-run" in missing and missing.endswith(" and 3 more"), missing
         # a reward trace a run (its ACR too, and, where the run has them, its effective ACR
@@ -262,10 +270,10 @@ def test_compare_page_overlays_chosen_runs(login_as, server):
         page.close()
 
 
-def test_the_compare_page_follows_live_runs(login_as, server):
+def test_the_compare_page_follows_live_runs(login_as, dashboard_server):
     """The compare page drew its runs once: a run that went on training stayed at the step the
     page was opened at."""
-    with server.api() as api:
+    with dashboard_server.api() as api:
         run_id = api.post("/api/v1/runs", json={"name": "compared-live"}).json()["run_id"]
         sample_data.send_steps(api, run_id, 1, sample_data.step_records(0, 3))
         page = login_as("read", f"/dashboard/compare?runs={run_id}")
@@ -280,11 +288,11 @@ def test_the_compare_page_follows_live_runs(login_as, server):
             page.close()
 
 
-def test_filters_are_kept_in_the_address(login_as, server):
+def test_filters_are_kept_in_the_address(login_as, dashboard_server):
     """A filtered runs list or a comparison can be bookmarked and shared: the page reads its
     filters from the address and writes them back as they change (they were lost on reload)."""
     rows = "document.querySelectorAll('#runs-table tbody tr[data-run-id=\"{}\"]').length"
-    avspo, grpo = (rows.format(server.runs[n]) for n in ("qwen-avspo", "qwen-grpo"))
+    avspo, grpo = (rows.format(dashboard_server.runs[n]) for n in ("qwen-avspo", "qwen-grpo"))
     page = login_as("read", "/dashboard/?tag=avspo")
     try:
         page.wait_for_function(f"{avspo} == 1 && {grpo} == 0")  # other tests' runs: no avspo tag
@@ -297,12 +305,12 @@ def test_filters_are_kept_in_the_address(login_as, server):
         page.wait_for_function(f"{avspo} == 1 && {grpo} == 1")
         assert page.evaluate("location.search") == "?project=demo"
 
-        page.goto(f"{server.url}/dashboard/?project=nowhere")
+        page.goto(f"{dashboard_server.url}/dashboard/?project=nowhere")
         said = page.inner_text("#runs-unknown-filter")
         assert "project 'nowhere'" in said and "that filter is left out" in said
 
-        first, second = server.runs["qwen-grpo"], server.runs["qwen-aapo"]
-        page.goto(f"{server.url}/dashboard/compare?runs={first}")
+        first, second = dashboard_server.runs["qwen-grpo"], dashboard_server.runs["qwen-aapo"]
+        page.goto(f"{dashboard_server.url}/dashboard/compare?runs={first}")
         page.wait_for_selector("#compare-tbl")
         page.evaluate(
             f"window.dash_clientside.set_props('compare-runs', {{value: ['{first}', '{second}']}})"
@@ -314,12 +322,12 @@ def test_filters_are_kept_in_the_address(login_as, server):
         page.close()
 
 
-def test_odd_addresses_are_said_not_answered_500(login_as, server):
+def test_odd_addresses_are_said_not_answered_500(login_as, dashboard_server):
     """A repeated parameter (`?order=a&order=b`, `?runs=A&runs=B`: a hand-edited or merged
     link) answered 500; an unknown order was dropped without a word; a short id two runs
     share said "not found", and so did a run page addressed by a run's short id (trials)."""
-    first, second = server.runs["qwen-grpo"], server.runs["qwen-aapo"]
-    with server.api() as api:
+    first, second = dashboard_server.runs["qwen-grpo"], dashboard_server.runs["qwen-aapo"]
+    with dashboard_server.api() as api:
         for suffix in ("a", "b"):
             body = {"run_id": f"twinprefix-{suffix}", "name": f"twin-{suffix}"}
             api.post("/api/v1/runs", json=body).raise_for_status()
@@ -328,33 +336,35 @@ def test_odd_addresses_are_said_not_answered_500(login_as, server):
         said = page.inner_text("#runs-unknown-order")
         assert "No order 'sideways'" in said and "newest first" in said, said
         assert page.locator("#runs-unknown-filter").count() == 0  # the last status: running
-        page.goto(f"{server.url}/dashboard/compare?runs={first}&runs={second}&runs=twinpref")
+        page.goto(
+            f"{dashboard_server.url}/dashboard/compare?runs={first}&runs={second}&runs=twinpref"
+        )
         page.wait_for_function("document.querySelectorAll('#compare-tbl tbody tr').length == 2")
         assert "twinpref" in page.inner_text("#compare-ambiguous")
-        page.goto(f"{server.url}/dashboard/runs/twinpref")
+        page.goto(f"{dashboard_server.url}/dashboard/runs/twinpref")
         assert "Several runs match" in page.inner_text("#run-missing")
-        page.goto(f"{server.url}/dashboard/runs/{first[:8]}")
+        page.goto(f"{dashboard_server.url}/dashboard/runs/{first[:8]}")
         page.wait_for_selector("#kpi-acr")
         assert "qwen-grpo" in page.inner_text("#run-header")
     finally:
         page.close()
 
 
-def test_pages_load_without_script_errors(login_as, server):
+def test_pages_load_without_script_errors(login_as, dashboard_server):
     """Straight to each page, as a bookmark does, with no JavaScript error on the way."""
     page = login_as("read")
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
     try:
-        run_id = server.runs["qwen-aapo"]
+        run_id = dashboard_server.runs["qwen-aapo"]
         for path, ready in (
             (f"/dashboard/compare?runs={run_id}", "#compare-tbl"),
             (f"/dashboard/runs/{run_id}", "#kpi-acr-value"),
             ("/dashboard/runs/no-such-run", "#run-missing"),
             ("/dashboard/", "#runs-table"),
         ):
-            page.goto(server.url + path)
+            page.goto(dashboard_server.url + path)
             page.wait_for_selector(ready)
             page.wait_for_timeout(500)
             if ready == "#run-missing":  # nothing to act on for a run that is not there
@@ -365,11 +375,11 @@ def test_pages_load_without_script_errors(login_as, server):
         page.close()
 
 
-def test_a_suggested_mitigation_is_one_click_away(control_page, server):
+def test_a_suggested_mitigation_is_one_click_away(control_page, dashboard_server):
     """A firing rule with a mitigation, on a run in 'suggest' mode, offers it on the run page;
     accepting it creates the command, linked to the alert."""
-    lead = server.api("control")
-    with server.api() as api, lead:
+    lead = dashboard_server.api("control")
+    with dashboard_server.api() as api, lead:
         run_id, attempt = sample_data.create_run(api, "suggest-run", tags=("suggest",))
         lead.patch(f"/api/v1/runs/{run_id}", json={"mitigation_mode": "suggest"}).raise_for_status()
         lead.post(
@@ -382,23 +392,23 @@ def test_a_suggested_mitigation_is_one_click_away(control_page, server):
         alerts = lead.get("/api/v1/alerts", params={"run_id": run_id, "state": "firing"}).json()
     assert alerts["alerts"], "the rule should fire on the seeded steps"
     page = control_page
-    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.goto(f"{dashboard_server.url}/dashboard/runs/{run_id}")
     page.wait_for_selector("#run-alerts")
     assert "any_collapse" in page.inner_text("#run-alerts")
     button = page.locator("button.action", has_text="Apply AAPO")
     button.click()
     page.click("#cmd-confirm-send")
     page.wait_for_selector("#cmd-sent")
-    with server.api() as api:
+    with dashboard_server.api() as api:
         command = api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"][0]
     assert command["params"]["mode"] == "aapo"
     assert command["alert_id"] == alerts["alerts"][0]["alert_id"]
 
 
-def test_prompts_tab_lists_prompts_that_keep_collapsing(control_page, server):
-    run_id = server.runs["qwen-grpo"]
+def test_prompts_tab_lists_prompts_that_keep_collapsing(control_page, dashboard_server):
+    run_id = dashboard_server.runs["qwen-grpo"]
     page = control_page
-    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.goto(f"{dashboard_server.url}/dashboard/runs/{run_id}")
     page.locator("#run-tabs").get_by_text("Prompts").click()
     page.wait_for_selector("#prompts-table")
     assert "prompt-" in page.inner_text("#prompts-table")
@@ -413,12 +423,12 @@ def test_prompts_tab_lists_prompts_that_keep_collapsing(control_page, server):
     )
 
 
-def test_api_docs_render_without_internet(browser, server):
+def test_api_docs_render_without_internet(browser, dashboard_server):
     """/docs renders the API with its field descriptions from files the server ships (this
     machine's Chromium reaches no CDN; found by a fresh-user trial)."""
     page = browser.new_page()
     try:
-        page.goto(server.url + "/docs")
+        page.goto(dashboard_server.url + "/docs")
         page.wait_for_selector(".opblock", timeout=20_000)
         assert page.locator(".opblock-summary-path", has_text="/api/v1/runs/{run_id}/steps").count()
         assert page.locator("button.authorize").count()  # the key as a bearer token
@@ -429,11 +439,11 @@ def test_api_docs_render_without_internet(browser, server):
         page.close()
 
 
-def test_a_page_whose_key_is_revoked_goes_to_the_login_page(login_as, make_key, server):
+def test_a_page_whose_key_is_revoked_goes_to_the_login_page(login_as, make_key, dashboard_server):
     """Its live updates are refused (401): the page says so instead of showing its last data
     for good (found by a fresh-user trial)."""
     revoke = make_key("short-lived", "read")
-    run_id = server.runs["qwen-grpo"]
+    run_id = dashboard_server.runs["qwen-grpo"]
     page = login_as("short-lived", f"/dashboard/runs/{run_id}")
     try:
         page.wait_for_selector("#kpi-acr-value")
@@ -445,11 +455,11 @@ def test_a_page_whose_key_is_revoked_goes_to_the_login_page(login_as, make_key, 
         page.close()
 
 
-def test_a_page_that_loses_the_server_says_so_and_recovers(read_page, server):
+def test_a_page_that_loses_the_server_says_so_and_recovers(read_page, dashboard_server):
     """With the server unreachable the page froze on its last numbers without a word, which
     reads as a quiet run (a trial): a banner says since when, and goes when updates return."""
     page = read_page
-    open_new_run(page, server, "loses-server")
+    open_new_run(page, dashboard_server, "loses-server")
     assert page.locator("#connection-lost").count() == 0
     page.route("**/_dash-update-component*", lambda route: route.abort())
     banner = page.wait_for_selector("#connection-lost", timeout=15_000)
@@ -460,11 +470,11 @@ def test_a_page_that_loses_the_server_says_so_and_recovers(read_page, server):
     page.wait_for_selector("#connection-lost", state="detached", timeout=15_000)
 
 
-def test_long_names_and_tags_wrap_in_the_runs_table(login_as, server):
+def test_long_names_and_tags_wrap_in_the_runs_table(login_as, dashboard_server):
     """A 100-character tag without a space widened the runs table past the page."""
     long = "x" * 100
     body = {"name": "n" * 200, "project": "p" * 100, "tags": [long, long[1:] + "y"]}
-    with server.api() as api:
+    with dashboard_server.api() as api:
         run_id = api.post("/api/v1/runs", json=body).json()["run_id"]
     page = login_as("read", "/dashboard/")
     try:
@@ -485,30 +495,30 @@ def test_long_names_and_tags_wrap_in_the_runs_table(login_as, server):
         page.close()
 
 
-def test_a_run_without_steps_says_so_until_its_first_step(read_page, server):
+def test_a_run_without_steps_says_so_until_its_first_step(read_page, dashboard_server):
     """A registered run's page showed blank charts without a word."""
     page = read_page
-    run_id = open_new_run(page, server, "no-steps-yet", steps=0)
+    run_id = open_new_run(page, dashboard_server, "no-steps-yet", steps=0)
     note = "#run-acr-graph .annotation"
     page.wait_for_selector(note, state="attached")
     assert "No steps yet" in page.text_content(note)
-    with server.api() as api:
+    with dashboard_server.api() as api:
         sample_data.send_steps(api, run_id, 1, sample_data.step_records(0, 3))
     page.wait_for_selector(note, state="detached", timeout=15_000)
     points = "document.querySelector('#run-acr-graph .js-plotly-plot').data[0].x.length"
     assert page.evaluate(points) == 3
 
 
-def test_the_run_page_shows_evaluation_steps_once_there_are_some(read_page, server):
+def test_the_run_page_shows_evaluation_steps_once_there_are_some(read_page, dashboard_server):
     """Groups sent with split 'eval' (the TRL integration's evaluation) were stored and shown
     nowhere on the page."""
     page = read_page
-    run_id = open_new_run(page, server, "with-eval")
+    run_id = open_new_run(page, dashboard_server, "with-eval")
     assert page.locator("#run-eval-graph").count() == 0
     evals = sample_data.step_records(0, 4, seed=7)
     for record in evals:
         record["split"] = "eval"
-    with server.api() as api:
+    with dashboard_server.api() as api:
         sample_data.send_steps(api, run_id, 1, evals)
         expected = api.get(f"/api/v1/runs/{run_id}/metrics", params={"split": "eval"}).json()
     page.wait_for_selector("#run-eval-graph .js-plotly-plot", timeout=15_000)
@@ -519,23 +529,25 @@ def test_the_run_page_shows_evaluation_steps_once_there_are_some(read_page, serv
     assert acr == pytest.approx([round(p["acr"], 4) for p in expected["points"]])
 
 
-def test_a_runs_notes_show_on_its_page_as_typed(read_page, server):
+def test_a_runs_notes_show_on_its_page_as_typed(read_page, dashboard_server):
     """Notes set through the API ("shown on the run page", says its schema) were shown nowhere."""
     notes = "lr 3e-6 <b>not bold</b>\nsecond line"
-    with server.api() as api:
+    with dashboard_server.api() as api:
         run_id = api.post("/api/v1/runs", json={"name": "noted"}).json()["run_id"]
-    with server.api("control") as lead:
+    with dashboard_server.api("control") as lead:
         assert lead.patch(f"/api/v1/runs/{run_id}", json={"notes": notes}).status_code == 200
     page = read_page
-    page.goto(f"{server.url}/dashboard/runs/{run_id}")
+    page.goto(f"{dashboard_server.url}/dashboard/runs/{run_id}")
     page.wait_for_selector("#run-notes")
     assert page.inner_text("#run-notes") == notes
     assert page.locator("#run-notes b").count() == 0  # text, not markup
 
 
-def test_the_runs_list_shows_the_first_runs_then_more_and_filters_by_status(login_as, server):
+def test_the_runs_list_shows_the_first_runs_then_more_and_filters_by_status(
+    login_as, dashboard_server
+):
     """Every run was listed (and read) on each refresh, with no status filter (a trial)."""
-    with server.api() as api:
+    with dashboard_server.api() as api:
         ids = [
             api.post("/api/v1/runs", json={"name": f"paged-{i}", "project": "paged"}).json()[
                 "run_id"
@@ -551,7 +563,7 @@ def test_the_runs_list_shows_the_first_runs_then_more_and_filters_by_status(logi
         page.click("#runs-more")
         page.wait_for_function(f"{rows} == 52")
         assert not page.locator("#runs-more").is_visible()
-        page.goto(f"{server.url}/dashboard/?project=paged&status=failed")
+        page.goto(f"{dashboard_server.url}/dashboard/?project=paged&status=failed")
         page.wait_for_function(f"{rows} == 1")
         assert page.locator(f'#runs-table tr[data-run-id="{ids[0]}"]').count() == 1
         page.evaluate("window.dash_clientside.set_props('runs-status', {value: 'finished'})")
@@ -562,6 +574,7 @@ def test_the_runs_list_shows_the_first_runs_then_more_and_filters_by_status(logi
         page.wait_for_function("location.search.endsWith('&order=acr')")
     finally:
         page.close()
-        with server.api("admin") as api:  # the other tests look for their runs among the newest 50
+        # the other tests look for their runs among the newest 50
+        with dashboard_server.api("admin") as api:
             for run_id in ids:
                 api.delete(f"/api/v1/runs/{run_id}").raise_for_status()

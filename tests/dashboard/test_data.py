@@ -10,17 +10,23 @@ import plotly.graph_objects as go
 import pytest
 from dash import Patch, no_update
 from dash.html import Div
-from vantage.dashboard import components, context, data, figures, run_view, sample_data
+from vantage.dashboard import context, data, sample_data
+from vantage.dashboard.pages.run import banner as run_banner
+from vantage.dashboard.pages.run import figures
+from vantage.dashboard.pages.run import series as run_series
+from vantage.dashboard.pages.run import shapes as run_shapes
+from vantage.dashboard.pages.run import view as run_view
+from vantage.dashboard.pages.runs.table import runs_table
 from vantage.server.db import make_engine, session_factory
 from vantage.server.keys import KeyInfo
 
 
 @pytest.fixture
-def dashboard(server):
+def dashboard(dashboard_server):
     settings = SimpleNamespace(auth_enabled=True, public_url=None, dashboard_refresh_s=2.0)
-    engine = make_engine(server.db_url)
+    engine = make_engine(dashboard_server.db_url)
     context.configure(settings, session_factory(engine))
-    yield server
+    yield dashboard_server
     engine.dispose()
 
 
@@ -66,10 +72,10 @@ def test_a_finished_run_takes_no_commands_until_relaunched(dashboard):
         with pytest.raises(ValueError, match="has failed, so no trainer reads its commands"):
             data.issue_command(CONTROL, run_id, "stop", {}, None)
         run = data.visible_run(READ, run_id)
-        assert run is not None and run_view.suggestions(run, [], {"streak": 80}) == []
+        assert run is not None and run_banner.suggestions(run, [], {"streak": 80}) == []
         api.post("/api/v1/runs", json={"run_id": run_id, "name": "finished-commands"})
         run = data.visible_run(READ, run_id)  # relaunched: running again, offers and takes them
-        assert run["status"] == "running" and run_view.suggestions(run, [], {"streak": 80})
+        assert run["status"] == "running" and run_banner.suggestions(run, [], {"streak": 80})
         assert data.issue_command(CONTROL, run_id, "stop", {}, None)["status"] == "pending"
 
 
@@ -119,7 +125,7 @@ def test_the_runs_list_shows_a_mitigated_runs_effective_acr(dashboard):
     reddest run on the list (a trial). A run without mitigation keeps its raw colour."""
 
     def cell(runs, run_id):
-        table = components.runs_table(runs).children
+        table = runs_table(runs).children
         [row] = [r for r in table.children[1].children if r.to_plotly_json()["props"].get(
             "data-run-id") == run_id]  # fmt: skip
         return row.children[4]
@@ -148,21 +154,21 @@ def test_live_update_appends_only_new_steps(dashboard):
         run_id, attempt = sample_data.create_run(api, "live-logic")
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 10))
         first = run_view.first_load(READ, run_id)
-        state = first[run_view.OUTPUTS.index("state")]
+        state = first.state
         assert state["last_step"] == 9 and first[-1] is False  # interval on: still running
         quiet = run_view.live_update(READ, run_id, state)
-        assert quiet[run_view.OUTPUTS.index("acr_figure")] is no_update
+        assert quiet.acr_figure is no_update
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(10, 3))
         update = run_view.live_update(READ, run_id, state)
-        patch = update[run_view.OUTPUTS.index("acr_figure")]
+        patch = update.acr_figure
         assert isinstance(patch, Patch)
         steps = [op for op in patch.to_plotly_json()["operations"]
                  if op["location"] == ["data", 6, "x"]]  # fmt: skip
         assert steps[0]["params"]["value"] == [10, 11, 12]
-        assert update[run_view.OUTPUTS.index("state")]["last_step"] == 12
+        assert update.state["last_step"] == 12
         # A finished run turns the interval off.
         api.post(f"/api/v1/runs/{run_id}/finish", json={"status": "finished"})
-        done = run_view.live_update(READ, run_id, update[run_view.OUTPUTS.index("state")])
+        done = run_view.live_update(READ, run_id, update.state)
         assert done[-1] is True
 
 
@@ -180,7 +186,7 @@ def test_a_mitigation_no_command_started_gets_its_band(dashboard):
 
     def bands(figure_or_patch) -> list[tuple[int, str]]:
         return [(b["x0"], b["label"]["text"].split(" ")[0]) for b in shapes_of(figure_or_patch)
-                if b.get("fillcolor") in figures.MITIGATION_COLORS.values()]  # fmt: skip
+                if b.get("fillcolor") in run_shapes.MITIGATION_COLORS.values()]  # fmt: skip
 
     def reporting(start: int, count: int, mode: str) -> list[dict]:
         records = sample_data.step_records(start, count)
@@ -190,22 +196,22 @@ def test_a_mitigation_no_command_started_gets_its_band(dashboard):
         run_id, attempt = sample_data.create_run(api, "config-avspo")
         sample_data.send_steps(api, run_id, attempt, reporting(0, 10, "avspo"))
         first = run_view.first_load(READ, run_id)
-        figure = first[run_view.OUTPUTS.index("acr_figure")]
+        figure = first.acr_figure
         assert bands(figure) == [(0, "AVSPO")]
         [band] = [s for s in figure["layout"]["shapes"] if s.get("fillcolor")]
         assert band["label"]["text"] == "AVSPO · reported by the trainer"
         green = "rgb(0, 158, 115)"
         [edge] = [s for s in figure["layout"]["shapes"] if s["line"].get("color") == green]
         assert edge["x0"] == edge["x1"] == 0  # a line where it starts
-        state = json.loads(json.dumps(first[run_view.OUTPUTS.index("state")]))  # as the browser
+        state = json.loads(json.dumps(first.state))  # as the browser
         sample_data.send_steps(api, run_id, attempt, reporting(10, 3, "none"))
         sample_data.send_steps(api, run_id, attempt, reporting(13, 3, "aapo"))
         out = run_view.live_update(READ, run_id, state)
-        assert bands(out[run_view.OUTPUTS.index("acr_figure")]) == [(0, "AVSPO"), (13, "AAPO")]
-        state = json.loads(json.dumps(out[run_view.OUTPUTS.index("state")]))
+        assert bands(out.acr_figure) == [(0, "AVSPO"), (13, "AAPO")]
+        state = json.loads(json.dumps(out.state))
         sample_data.send_steps(api, run_id, attempt, reporting(16, 2, "aapo"))
         out = run_view.live_update(READ, run_id, state)
-        assert bands(out[run_view.OUTPUTS.index("acr_figure")]) == [(0, "AVSPO"), (13, "AAPO")]
+        assert bands(out.acr_figure) == [(0, "AVSPO"), (13, "AAPO")]
 
 
 def test_temperature_checkpoint_and_stop_commands_are_marked_where_applied(dashboard):
@@ -229,27 +235,27 @@ def test_temperature_checkpoint_and_stop_commands_are_marked_where_applied(dashb
         applied(api, run_id, "checkpoint", {}, 4)
         data.issue_command(CONTROL, run_id, "stop", {}, None)  # pending: not marked yet
         first = run_view.first_load(READ, run_id)
-        figure = first[run_view.OUTPUTS.index("acr_figure")]
+        figure = first.acr_figure
         assert marks(figure) == [(2, "temperature 1.3"), (4, "checkpoint")]
         go.Figure(figure)
-        state = json.loads(json.dumps(first[run_view.OUTPUTS.index("state")]))
+        state = json.loads(json.dumps(first.state))
         stop = [c for c in api.get(f"/api/v1/runs/{run_id}/commands").json()["commands"]
                 if c["type"] == "stop"][0]  # fmt: skip
         api.post(f"/api/v1/runs/{run_id}/commands/{stop['command_id']}/ack",
                  json={"status": "applied", "step": 7}).raise_for_status()  # fmt: skip
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(6, 2))
         out = run_view.live_update(READ, run_id, state)
-        assert marks(out[run_view.OUTPUTS.index("acr_figure")]) == [
+        assert marks(out.acr_figure) == [
             (2, "temperature 1.3"), (4, "checkpoint"), (7, "stop")
         ]  # fmt: skip
 
 
 def test_a_pending_alert_gets_no_triangle_until_it_fires(dashboard):
     """The chart's triangles mark where alerts fired, but a pending one had its own (a trial)."""
-    marks = len(figures.ACR_SERIES)  # the alert markers' trace
+    marks = len(run_series.ACR_SERIES)  # the alert markers' trace
 
     def marker_steps(out) -> list:
-        patch = out[run_view.OUTPUTS.index("acr_figure")]
+        patch = out.acr_figure
         ops = patch.to_plotly_json()["operations"] if isinstance(patch, Patch) else []
         return [v for op in ops if op["location"] == ["data", marks, "x"]
                 for v in op["params"]["value"]]  # fmt: skip
@@ -264,13 +270,13 @@ def test_a_pending_alert_gets_no_triangle_until_it_fires(dashboard):
         send = [{"step": s, "groups": collapsed} for s in (0, 1)]
         sample_data.send_steps(api, run_id, attempt, send)
         first = run_view.first_load(READ, run_id)
-        assert first[run_view.OUTPUTS.index("acr_figure")]["data"][marks]["x"] == []
-        state = first[run_view.OUTPUTS.index("state")]
+        assert first.acr_figure["data"][marks]["x"] == []
+        state = first.state
         sample_data.send_steps(api, run_id, attempt, [{"step": 2, "groups": collapsed}])
         out = run_view.live_update(READ, run_id, state)
         assert marker_steps(out) == [2]  # fired at step 2
         sample_data.send_steps(api, run_id, attempt, [{"step": 3, "groups": collapsed}])
-        out = run_view.live_update(READ, run_id, out[run_view.OUTPUTS.index("state")])
+        out = run_view.live_update(READ, run_id, out.state)
         assert marker_steps(out) == []  # drawn once
 
 
@@ -278,7 +284,7 @@ def test_a_live_update_names_a_scalar_gone_non_finite(dashboard):
     with dashboard.api() as api:
         run_id, attempt = sample_data.create_run(api, "diverged")
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 3))
-        state = run_view.first_load(READ, run_id)[run_view.OUTPUTS.index("state")]
+        state = run_view.first_load(READ, run_id).state
         assert state["non_finite"] is None
         records = sample_data.step_records(3, 2)
         records[0]["scalars"]["loss"] = float("nan")
@@ -286,10 +292,10 @@ def test_a_live_update_names_a_scalar_gone_non_finite(dashboard):
         r = api.post(f"/api/v1/runs/{run_id}/steps", content=body)
         assert r.status_code == 200, r.text
         out = run_view.live_update(READ, run_id, state)
-        patch = out[run_view.OUTPUTS.index("scalars_figure")].to_plotly_json()["operations"]
+        patch = out.scalars_figure.to_plotly_json()["operations"]
         (title,) = [op for op in patch if op["location"] == ["layout", "title", "text"]]
         assert title["params"]["value"].endswith("non-finite: loss NaN at step 3</sup>")
-        assert out[run_view.OUTPUTS.index("state")]["non_finite"] == "loss NaN at step 3"
+        assert out.state["non_finite"] == "loss NaN at step 3"
 
 
 def test_the_no_scalars_note_goes_when_scalars_arrive(dashboard):
@@ -299,29 +305,29 @@ def test_the_no_scalars_note_goes_when_scalars_arrive(dashboard):
         for record in bare:
             del record["scalars"]
         sample_data.send_steps(api, run_id, attempt, bare)
-        state = run_view.first_load(READ, run_id)[run_view.OUTPUTS.index("state")]
+        state = run_view.first_load(READ, run_id).state
         assert state["scalars"] == []
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(2, 1))
         out = run_view.live_update(READ, run_id, state)
-        fig = out[run_view.OUTPUTS.index("scalars_figure")]  # drawn again, with its charts
+        fig = out.scalars_figure  # drawn again, with its charts
         assert figures.NO_SCALARS_NOTE not in fig["layout"].get("annotations", [])
         assert [t["name"] for t in fig["data"]][:2] == ["loss", "KL"]
-        assert out[run_view.OUTPUTS.index("state")]["scalars"][:2] == ["loss", "kl"]
+        assert out.state["scalars"][:2] == ["loss", "kl"]
 
 
 def test_a_new_attempt_reloads_the_page_data(dashboard):
     with dashboard.api() as api:
         run_id, attempt = sample_data.create_run(api, "resumed")
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 10))
-        state = run_view.first_load(READ, run_id)[run_view.OUTPUTS.index("state")]
+        state = run_view.first_load(READ, run_id).state
         r = api.post("/api/v1/runs", json={"run_id": run_id, "name": "resumed"})
         new_attempt = r.json()["attempt"]
         assert new_attempt == attempt + 1
         sample_data.send_steps(api, run_id, new_attempt, sample_data.step_records(5, 2, seed=9))
         out = run_view.live_update(READ, run_id, state)
-        fig = out[run_view.OUTPUTS.index("acr_figure")]
+        fig = out.acr_figure
         assert isinstance(fig, dict) and fig["data"][6]["x"] == list(range(10))
-        assert out[run_view.OUTPUTS.index("state")]["attempt"] == new_attempt
+        assert out.state["attempt"] == new_attempt
 
 
 def test_a_long_open_page_reloads_downsampled(dashboard, monkeypatch):
@@ -329,60 +335,60 @@ def test_a_long_open_page_reloads_downsampled(dashboard, monkeypatch):
     with dashboard.api() as api:
         run_id, attempt = sample_data.create_run(api, "long-open")
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 3))
-        state = run_view.first_load(READ, run_id)[run_view.OUTPUTS.index("state")]
+        state = run_view.first_load(READ, run_id).state
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(3, 3))
-        state = run_view.live_update(READ, run_id, state)[run_view.OUTPUTS.index("state")]
+        state = run_view.live_update(READ, run_id, state).state
         assert state["appended"] == 3
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(6, 2))
         out = run_view.live_update(READ, run_id, state)
-        assert isinstance(out[run_view.OUTPUTS.index("acr_figure")], dict)  # a fresh figure
-        assert out[run_view.OUTPUTS.index("state")].get("appended", 0) == 0
+        assert isinstance(out.acr_figure, dict)  # a fresh figure
+        assert out.state.get("appended", 0) == 0
 
 
 def test_a_run_without_steps_yet_fills_in_live(dashboard):
     with dashboard.api() as api:
         run_id, attempt = sample_data.create_run(api, "empty-at-first")
         first = run_view.first_load(READ, run_id)
-        state = first[run_view.OUTPUTS.index("state")]
+        state = first.state
         assert state["last_step"] is None
-        kpis = str(first[run_view.OUTPUTS.index("kpis")])
+        kpis = str(first.kpis)
         assert "—" in kpis  # missing values show a dash, never a made-up 0
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 4))
         out = run_view.live_update(READ, run_id, state)
-        assert out[run_view.OUTPUTS.index("state")]["last_step"] == 3
+        assert out.state["last_step"] == 3
 
 
 def test_a_stalled_run_is_offered_avspo_unless_its_mode_is_off_or_one_is_asked_for():
     stalled, calm = {"streak": 53}, {"streak": 12}
     for mode in ("auto", "suggest"):
-        (offer,) = run_view.suggestions({"mitigation_mode": mode}, [], stalled)
+        (offer,) = run_banner.suggestions({"mitigation_mode": mode}, [], stalled)
         assert offer["params"]["mode"] == "avspo" and "53 steps" in offer["why"]
-    assert run_view.suggestions({"mitigation_mode": "off"}, [], stalled) == []
-    assert run_view.suggestions({"mitigation_mode": "auto"}, [], calm) == []
+    assert run_banner.suggestions({"mitigation_mode": "off"}, [], stalled) == []
+    assert run_banner.suggestions({"mitigation_mode": "auto"}, [], calm) == []
     asked = {"mitigation_mode": "auto", "mitigation_requested": {"mode": "aapo"}}
-    assert run_view.suggestions(asked, [], stalled) == []
+    assert run_banner.suggestions(asked, [], stalled) == []
     # AVSPO from the trainer's config: reported with its steps, never requested (it was offered
     # AVSPO again, as raw ACR stays high under it)
     running = {"mitigation_mode": "auto", "mitigation_reported": {"mode": "avspo", "alpha": 0.5}}
-    assert run_view.suggestions(running, [], stalled) == []
+    assert run_banner.suggestions(running, [], stalled) == []
     acked = {"mitigation_mode": "auto", "mitigation_applied": {"mode": "aapo"}}
-    assert run_view.suggestions(acked, [], stalled) == []
+    assert run_banner.suggestions(acked, [], stalled) == []
     # a relaunch that reports none after an acked AVSPO runs none: offered again
     dropped = {**acked, "mitigation_reported": {"mode": "none"}}
-    (offer,) = run_view.suggestions(dropped, [], stalled)
+    (offer,) = run_banner.suggestions(dropped, [], stalled)
 
 
 def test_a_suggested_setting_shows_its_values():
     sampling = {"type": "set_sampling", "params": {"temperature": 1.3}}
     alert = {"state": "firing", "mitigation": sampling, "alert_id": 1, "rule": "hot", "value": 0.9}
     run = {"status": "running", "mitigation_mode": "suggest"}
-    (chips, offer) = run_view.banner(run, [alert], {}, True)
+    (chips, offer) = run_banner.banner(run, [alert], {}, True)
     text = json.dumps(offer.to_plotly_json(), default=lambda c: c.to_plotly_json())
     assert "set_sampling temperature=1.3 because alert hot is firing" in text
     assert "Apply set_sampling temperature=1.3" in text
     # a mitigation's own values too (AVSPO with an adaptive trigger read as plain AVSPO)
     avspo = {"type": "set_mitigation", "params": {"mode": "avspo", "threshold": "adaptive"}}
-    (chips, offer) = run_view.banner(run, [{**alert, "mitigation": avspo}], {}, True)
+    (chips, offer) = run_banner.banner(run, [{**alert, "mitigation": avspo}], {}, True)
     text = json.dumps(offer.to_plotly_json(), default=lambda c: c.to_plotly_json())
     assert "set_mitigation AVSPO (threshold=adaptive) because alert hot" in text
 
@@ -392,7 +398,7 @@ def test_alerts_of_an_ended_run_are_said_to_be_from_its_end():
     for status, words, chip in (("running", "Alerts firing: ", "alert-chip"),
                                 ("finished", "Alerts firing when the run ended: ",
                                  "alert-chip alert-chip-ended")):  # fmt: skip
-        (chips,) = run_view.banner({"status": status}, [alert], {}, True)
+        (chips,) = run_banner.banner({"status": status}, [alert], {}, True)
         text = json.dumps(chips.to_plotly_json(), default=lambda c: c.to_plotly_json())
         assert words in text and f'"className": "{chip}"' in text, text
 
@@ -411,13 +417,13 @@ def test_a_taken_offer_leaves_the_banner_without_new_steps(dashboard):
             lead.post("/api/v1/alert-rules", json=rule).raise_for_status()
         sample_data.send_steps(api, run_id, attempt, [{"step": 0, "groups": collapsed}])
     first = run_view.first_load(CONTROL, run_id, can_control=True)
-    state = first[run_view.OUTPUTS.index("state")]
-    assert "Suggested" in json.dumps(first[run_view.OUTPUTS.index("banner")], default=str)
+    state = first.state
+    assert "Suggested" in json.dumps(first.banner, default=str)
     quiet = run_view.live_update(CONTROL, run_id, state)
-    assert quiet[run_view.OUTPUTS.index("banner")] is no_update  # nothing changed
+    assert quiet.banner is no_update  # nothing changed
     data.issue_command(CONTROL, run_id, "set_mitigation", {"mode": "avspo"}, "taken")
     out = run_view.live_update(CONTROL, run_id, state)
-    banner = out[run_view.OUTPUTS.index("banner")]
+    banner = out.banner
     assert banner is not no_update and "Suggested" not in json.dumps(banner, default=str)
     assert "offer" in json.dumps(banner, default=str)  # the alert still fires
 
@@ -428,7 +434,7 @@ def test_an_alert_on_a_mitigated_run_says_the_rules_read_the_raw_acr():
     alert = {"alert_id": 1, "state": "firing", "rule_name": "acr_stall", "value": 0.9}
 
     def text(run: dict) -> str:
-        return json.dumps(Div(run_view.banner(run, [alert], {}, False, [])).to_plotly_json(),
+        return json.dumps(Div(run_banner.banner(run, [alert], {}, False, [])).to_plotly_json(),
                           default=lambda c: c.to_plotly_json())  # fmt: skip
 
     mitigated = {"run_id": "r", "status": "running", "mitigation_reported": {"mode": "avspo"}}
@@ -446,23 +452,23 @@ def test_a_live_update_draws_scalars_that_came_after_their_steps_groups(dashboar
             record["scalars"] = {"loss": 0.1}
         records[0]["scalars"]["eval_accuracy"] = 0.4
         sample_data.send_steps(api, run_id, attempt, records)
-        state = run_view.first_load(READ, run_id)[run_view.OUTPUTS.index("state")]
+        state = run_view.first_load(READ, run_id).state
         trace = state["scalars"].index("eval_accuracy")
         late = {"step": 2, "groups": [], "scalars": {"eval_accuracy": 0.6}}
         sample_data.send_steps(api, run_id, attempt, [late])
 
         def appended(out) -> list:
-            patch = out[run_view.OUTPUTS.index("scalars_figure")].to_plotly_json()["operations"]
+            patch = out.scalars_figure.to_plotly_json()["operations"]
             return [(op["location"][-1], op["params"]["value"]) for op in patch
                     if op["location"][:2] == ["data", trace]]  # fmt: skip
 
         out = run_view.live_update(READ, run_id, state)  # no new step: the late scalar alone
         assert appended(out) == [("x", 2), ("y", 0.6)]
-        state = out[run_view.OUTPUTS.index("state")]
+        state = out.state
         assert run_view.live_update(READ, run_id, state)[6] is no_update  # drawn once
         step_3, step_4 = ({**r, "scalars": {"loss": 0.1}} for r in sample_data.step_records(3, 2))
         sample_data.send_steps(api, run_id, attempt, [step_3])
-        state = run_view.live_update(READ, run_id, state)[run_view.OUTPUTS.index("state")]
+        state = run_view.live_update(READ, run_id, state).state
         # step 3's accuracy and step 4's groups in one tick: the late point, then the new step
         sample_data.send_steps(api, run_id, attempt, [{**late, "step": 3}, step_4])
         out = run_view.live_update(READ, run_id, state)

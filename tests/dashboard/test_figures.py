@@ -9,7 +9,14 @@ import plotly.graph_objects as go
 import pytest
 from dash import Patch
 from vantage.client.acr import window_metrics
-from vantage.dashboard import commands_ui, components, explain, figures, kpis, url_state
+from vantage.dashboard import components, explain, url_state
+from vantage.dashboard import figures as dashboard_figures
+from vantage.dashboard.pages.compare import figures as compare_figures
+from vantage.dashboard.pages.compare import table as compare_table
+from vantage.dashboard.pages.run import command_panel, figures, kpis
+from vantage.dashboard.pages.run import series as run_series
+from vantage.dashboard.pages.run import shapes as run_shapes
+from vantage.dashboard.pages.runs.table import sparkline_svg
 
 
 def point(step: int, acr: float | None = 0.5, **extra) -> dict:
@@ -39,9 +46,9 @@ def test_acr_figure_is_valid_and_keeps_its_series_order():
     fig = figures.acr_figure(pts)
     go.Figure(fig)  # validates every property
     names = [t["name"] for t in fig["data"]]
-    assert names[: len(figures.ACR_SERIES)] == [s.label for s in figures.ACR_SERIES]
+    assert names[: len(run_series.ACR_SERIES)] == [s.label for s in run_series.ACR_SERIES]
     assert names[-1] == "alerts"
-    acr = fig["data"][[s.key for s in figures.ACR_SERIES].index("acr")]
+    acr = fig["data"][[s.key for s in run_series.ACR_SERIES].index("acr")]
     assert acr["x"] == list(range(50)) and acr["y"][3] == pytest.approx(0.3)
     # The three sides stack into one area, under the lines.
     assert {fig["data"][i]["stackgroup"] for i in range(3)} == {"sides"}
@@ -71,13 +78,13 @@ def test_a_point_without_groups_is_no_part_of_the_stacked_sides():
     go.Figure(fig)
     stacked = [t for t in fig["data"] if t.get("stackgroup") == "sides"]
     assert [t["x"] for t in stacked] == [[1, 2]] * 3
-    acr = fig["data"][[s.key for s in figures.ACR_SERIES].index("acr")]
+    acr = fig["data"][[s.key for s in run_series.ACR_SERIES].index("acr")]
     assert acr["x"] == [0, 1, 2] and acr["y"][0] is None  # the line keeps its gap
     patch = Patch()
-    figures.extend_patch(patch, [point(3, 0.5), {**baseline, "step": 4}], figures.ACR_SERIES)
+    run_series.extend_patch(patch, [point(3, 0.5), {**baseline, "step": 4}], run_series.ACR_SERIES)
     added = [op for op in patch.to_plotly_json()["operations"] if op["operation"] == "Extend"]
     xs = {tuple(op["location"]): op["params"]["value"] for op in added}
-    for i, key in enumerate(s.key for s in figures.ACR_SERIES):
+    for i, key in enumerate(s.key for s in run_series.ACR_SERIES):
         assert xs[("data", i, "x")] == ([3] if key in shares else [3, 4]), key
 
 
@@ -100,7 +107,7 @@ def test_mitigation_bands_name_the_command_and_end_at_the_next_change():
         {"type": "set_mitigation", "params": {"mode": "aapo"}, "step": None, "status": "pending"},
         {"type": "set_mitigation", "params": {"mode": "avspo"}, "step": 45, "status": "rejected"},
     ]  # fmt: skip
-    bands = figures.mitigation_bands(timeline, last_step=60)
+    bands = run_shapes.mitigation_bands(timeline, last_step=60)
     # a command acked at step s changes step s + 1 (the trainer applies it after step s)
     assert [(b["x0"], b["x1"]) for b in bands] == [(11, 31), (41, 60)]
     assert "AVSPO" in bands[0]["label"]["text"] and "c0ffee12" in bands[0]["label"]["text"]
@@ -134,12 +141,14 @@ def test_alert_markers_sit_on_the_acr_line_with_a_tooltip():
 
 def test_extend_patch_appends_each_series_to_its_trace():
     patch = Patch()
-    assert figures.extend_patch(patch, [point(7, 0.25), point(8, 0.5)], figures.ACR_SERIES) == 2
+    assert (
+        run_series.extend_patch(patch, [point(7, 0.25), point(8, 0.5)], run_series.ACR_SERIES) == 2
+    )
     ops = patch.to_plotly_json()["operations"]
-    acr_index = [s.key for s in figures.ACR_SERIES].index("acr")
+    acr_index = [s.key for s in run_series.ACR_SERIES].index("acr")
     extend_y = [o for o in ops if o["location"] == ["data", acr_index, "y"]]
     assert extend_y[0]["operation"] == "Extend" and extend_y[0]["params"]["value"] == [0.25, 0.5]
-    assert figures.extend_patch(Patch(), [], figures.ACR_SERIES) == 0
+    assert run_series.extend_patch(Patch(), [], run_series.ACR_SERIES) == 0
 
 
 def test_compare_figure_overlays_acr_and_reward_per_run():
@@ -147,39 +156,43 @@ def test_compare_figure_overlays_acr_and_reward_per_run():
         {"run_id": "a" * 8, "name": "grpo"},
         {"run_id": "b" * 8, "name": "avspo", "mitigation_applied": {"mode": "avspo"}},
     ]
-    fig = figures.compare_figure(runs, {"a" * 8: [point(0)], "b" * 8: [point(0), point(1)]})
+    fig = compare_figures.compare_figure(runs, {"a" * 8: [point(0)], "b" * 8: [point(0), point(1)]})
     go.Figure(fig)
     assert len(fig["data"]) == 4
     assert fig["data"][2]["name"] == "avspo (avspo)"
     # a requested mitigation the trainer has not applied yet is not shown as on
     pending = {**runs[0], "mitigation_requested": {"mode": "aapo", "status": "pending"}}
-    assert figures.compare_figure([pending], {})["data"][0]["name"] == "grpo (none → aapo)"
+    assert compare_figures.compare_figure([pending], {})["data"][0]["name"] == "grpo (none → aapo)"
     switching = {**runs[1], "mitigation_requested": {"mode": "none", "status": "delivered"}}
-    assert figures.compare_figure([switching], {})["data"][0]["name"] == "avspo (avspo → none)"
+    assert (
+        compare_figures.compare_figure([switching], {})["data"][0]["name"] == "avspo (avspo → none)"
+    )
     # a resumed attempt that runs without the applied mitigation says so (it showed "avspo")
     resumed = {
         **runs[1],
         "mitigation_requested": {"mode": "avspo", "status": "applied"},
         "mitigation_reported": {"mode": "none"},
     }
-    assert figures.compare_figure([resumed], {})["data"][0]["name"] == "avspo (none → avspo)"
+    assert (
+        compare_figures.compare_figure([resumed], {})["data"][0]["name"] == "avspo (none → avspo)"
+    )
     assert fig["data"][1]["yaxis"] == "y2"  # reward on the lower chart
     # a name is text, not Plotly's HTML, in the legend and the hover; a one-step run is a dot
     tagged = {"run_id": "c" * 8, "name": "<b>x</b> %{y}"}
-    (acr, _) = figures.compare_figure([tagged], {"c" * 8: [point(0)]})["data"]
+    (acr, _) = compare_figures.compare_figure([tagged], {"c" * 8: [point(0)]})["data"]
     assert acr["name"] == "&lt;b&gt;x&lt;/b&gt; %{y}" and "<b>" not in acr["hovertemplate"]
     assert acr["mode"] == "markers" and fig["data"][0]["mode"] == "markers"
     assert fig["data"][2]["mode"] == "lines"
     # twenty runs: past the seven colours, dashes tell runs of one colour apart (a trial saw
     # two orange lines); a 200-character name is cut in the legend
     many = [{"run_id": f"r{i:07d}", "name": "n" * 200 if i == 0 else f"run {i}"} for i in range(20)]
-    acrs = figures.compare_figure(many, {})["data"][0:40:2]
+    acrs = compare_figures.compare_figure(many, {})["data"][0:40:2]
     styles = {(t["line"]["color"], t["line"]["dash"]) for t in acrs}
     assert len(styles) == 20
     assert acrs[0]["name"] == "n" * 26 + "…" + "n" * 13
     seeds = [{"run_id": f"s{i}", "name": f"qwen2.5-7b-instruct-grpo-math500-lr1e-6-seed{i}"}
              for i in (1, 2)]  # fmt: skip
-    names = [t["name"] for t in figures.compare_figure(seeds, {})["data"][0:4:2]]
+    names = [t["name"] for t in compare_figures.compare_figure(seeds, {})["data"][0:4:2]]
     assert names[0] != names[1] and names[1].endswith("lr1e-6-seed2"), names  # cut mid-name
 
 
@@ -194,7 +207,7 @@ def test_compare_says_when_a_mitigation_applied_and_draws_the_effective_acr():
         {"type": "set_mitigation", "status": "applied", "step": 2, "params": {"mode": "avspo"}},
     ]
     pts = [point(s, 0.75, acr_effective=0.75 if s <= 2 else 0.0) for s in range(6)]
-    fig = figures.compare_figure([run], {run["run_id"]: pts}, {run["run_id"]: timeline})
+    fig = compare_figures.compare_figure([run], {run["run_id"]: pts}, {run["run_id"]: timeline})
     go.Figure(fig)
     acr, reward, effective, marks = fig["data"]
     # acked at step 2, so in effect from step 3 (the legend said "after step 2", the run
@@ -205,22 +218,22 @@ def test_compare_says_when_a_mitigation_applied_and_draws_the_effective_acr():
     assert marks["x"] == [3] and marks["y"] == [0.75] and marks["mode"] == "markers"
     assert marks["text"] == ["avspo in effect from step 3"]
     # without effective ACR from the trainer nor a change, nothing is added
-    plain = figures.compare_figure([run], {run["run_id"]: [point(0), point(1)]}, {})
+    plain = compare_figures.compare_figure([run], {run["run_id"]: [point(0), point(1)]}, {})
     assert len(plain["data"]) == 2 and plain["data"][0]["name"] == "mine (avspo)"
     # a mitigation the config started is on from the first step: no "from step 0"
     by_config = [
         {"type": "set_mitigation", "status": "applied", "step": 0, "params": {"mode": "avspo"}}
     ]
     by_config[0].update(issued_by="trainer", command_id=None)
-    fig = figures.compare_figure([run], {run["run_id"]: pts}, {run["run_id"]: by_config})
+    fig = compare_figures.compare_figure([run], {run["run_id"]: pts}, {run["run_id"]: by_config})
     assert fig["data"][0]["name"] == "mine (avspo)"
 
 
 def test_sparkline_is_an_svg_with_the_threshold():
-    svg = figures.sparkline_svg([0.1, None, 0.9])
+    svg = sparkline_svg([0.1, None, 0.9])
     assert svg.startswith("<svg") and "polyline" in svg
-    assert figures.COLORS["alert"] in svg  # the latest value is above 0.35
-    assert "polyline" in figures.sparkline_svg([])
+    assert dashboard_figures.COLORS["alert"] in svg  # the latest value is above 0.35
+    assert "polyline" in sparkline_svg([])
 
 
 def test_kpi_state_advances_like_the_servers_window_metrics():
@@ -324,25 +337,25 @@ def test_texts_never_promise_an_accuracy_prediction():
 def test_command_forms():
     values = {"avspo_threshold": "adaptive", "avspo_alpha": 0.7, "aapo_delta_low": -0.1,
               "aapo_delta_high": 0.3, "temperature": 1.3}  # fmt: skip
-    assert commands_ui.build_command("avspo", values) == (
+    assert command_panel.build_command("avspo", values) == (
         "set_mitigation", {"mode": "avspo", "threshold": "adaptive", "alpha": 0.7})  # fmt: skip
-    assert commands_ui.build_command("aapo", values) == (
+    assert command_panel.build_command("aapo", values) == (
         "set_mitigation", {"mode": "aapo", "delta_low": -0.1, "delta_high": 0.3})  # fmt: skip
-    assert commands_ui.build_command("none", values) == ("set_mitigation", {"mode": "none"})
-    assert commands_ui.build_command("temperature", values) == (
+    assert command_panel.build_command("none", values) == ("set_mitigation", {"mode": "none"})
+    assert command_panel.build_command("temperature", values) == (
         "set_sampling", {"temperature": 1.3})  # fmt: skip
-    assert commands_ui.build_command("stop", values) == ("stop", {})
+    assert command_panel.build_command("stop", values) == ("stop", {})
     with pytest.raises(ValueError, match="temperature"):
-        commands_ui.build_command("temperature", {})
+        command_panel.build_command("temperature", {})
     # refused before the confirmation, in words (a temperature of -1 was confirmed, then
     # answered with pydantic's dump; an empty box said nothing)
     for t in (-1, 0, 11, ""):
         with pytest.raises(ValueError, match="temperature"):
-            commands_ui.build_command("temperature", {"temperature": t})
+            command_panel.build_command("temperature", {"temperature": t})
     with pytest.raises(ValueError, match="alpha must be a number above 0 and at most 100"):
-        commands_ui.build_command("avspo", {**values, "avspo_alpha": 1000})
-    assert "STOP" in commands_ui.describe("stop", {})
-    assert "to run 'qwen-7b'?" in commands_ui.describe("stop", {}, "qwen-7b")  # which run
+        command_panel.build_command("avspo", {**values, "avspo_alpha": 1000})
+    assert "STOP" in command_panel.describe("stop", {})
+    assert "to run 'qwen-7b'?" in command_panel.describe("stop", {}, "qwen-7b")  # which run
 
 
 def test_the_temperature_box_starts_at_the_runs_temperature():
@@ -351,20 +364,20 @@ def test_the_temperature_box_starts_at_the_runs_temperature():
     newest_first = [{**sampling, "status": "pending", "params": {"temperature": 2.0}},
                     {**sampling, "status": "applied"},
                     {**sampling, "status": "applied", "params": {"temperature": 0.4}}]  # fmt: skip
-    assert commands_ui.current_temperature(run, newest_first) == 0.6  # newest applied
-    assert commands_ui.current_temperature(run, newest_first[:1]) == 0.8  # the config's
-    assert commands_ui.current_temperature({"config": {"temperature": "hot"}}, []) == 1.0
-    assert commands_ui.current_temperature({"config": None}, []) == 1.0
+    assert command_panel.current_temperature(run, newest_first) == 0.6  # newest applied
+    assert command_panel.current_temperature(run, newest_first[:1]) == 0.8  # the config's
+    assert command_panel.current_temperature({"config": {"temperature": "hot"}}, []) == 1.0
+    assert command_panel.current_temperature({"config": None}, []) == 1.0
     # What the trainer reported at a step after the command wins: a relaunch with
     # temperature=0.9 after set_sampling 1.3 was applied at step 68 (the box kept 1.3: a trial)
     applied = [{**sampling, "status": "applied", "acked_step": 68, "params": {"temperature": 1.3}}]
     relaunched = {"step": 70, "scalars": {"temperature": 0.9, "loss": 0.1}}
-    assert commands_ui.current_temperature(run, applied, relaunched) == 0.9
-    assert commands_ui.current_temperature(run, applied, {**relaunched, "step": 68}) == 1.3
-    assert commands_ui.current_temperature(run, [], relaunched) == 0.9
+    assert command_panel.current_temperature(run, applied, relaunched) == 0.9
+    assert command_panel.current_temperature(run, applied, {**relaunched, "step": 68}) == 1.3
+    assert command_panel.current_temperature(run, [], relaunched) == 0.9
     no_scalar = {"step": 70, "scalars": {"temperature": "NaN"}}
-    assert commands_ui.current_temperature(run, applied, no_scalar) == 1.3
-    assert commands_ui.current_settings(run, applied, relaunched)["temperature"] == 0.9
+    assert command_panel.current_temperature(run, applied, no_scalar) == 1.3
+    assert command_panel.current_settings(run, applied, relaunched)["temperature"] == 0.9
 
 
 def test_the_command_forms_start_at_the_runs_settings():
@@ -377,14 +390,14 @@ def test_the_command_forms_start_at_the_runs_settings():
         {**mit, "params": {"mode": "aapo", "delta_high": 0.4}},
         {**mit, "params": {"mode": "avspo", "alpha": 0.7, "delta_high": 0.35}},
     ]
-    assert commands_ui.current_settings(run, newest_first) == {
+    assert command_panel.current_settings(run, newest_first) == {
         "avspo_threshold": "adaptive",
         "avspo_alpha": 0.7,
         "aapo_delta_low": -0.1,
         "aapo_delta_high": 0.4,  # the newest applied; a pending one is not in effect yet
         "temperature": 1.0,
     }
-    defaults = commands_ui.current_settings({}, [])
+    defaults = command_panel.current_settings({}, [])
     assert defaults["aapo_delta_low"] == -0.2 and defaults["avspo_threshold"] == "fixed"
 
 
@@ -489,7 +502,7 @@ def test_logged_names_are_text_in_charts():
     assert "<a" not in json.dumps(fig)
     item = {"step": 1, "type": "set_mitigation", "params": {"mode": "avspo"}}
     timeline = [{**item, "status": "applied", "issued_by": "alert:<b>x</b>", "command_id": "c"}]
-    (band,) = figures.mitigation_bands(timeline, 5)
+    (band,) = run_shapes.mitigation_bands(timeline, 5)
     assert "alert:&lt;b&gt;x&lt;/b&gt;" in band["label"]["text"]
     alert = {"alert_id": "a", "rule": '<a href="https://evil.example/">r</a>', "state": "firing",
              "severity": "<i>page</i>", "fired_step": 1, "value": 0.5}  # fmt: skip
@@ -517,14 +530,14 @@ def test_mitigation_labels_of_narrow_bands_do_not_pile_up():
     modes = ["avspo", "none"] * 10 + ["aapo"]
     timeline = [{**item, "step": 2 * i, "params": {"mode": m}} for i, m in enumerate(modes)]
     timeline.append({**item, "step": 0, "params": {"mode": "avspo"}, "status": "rejected"})
-    bands = figures.mitigation_bands(timeline, last_step=100)
+    bands = run_shapes.mitigation_bands(timeline, last_step=100)
     labels = [b["label"]["text"] for b in bands]
     assert labels[:-1] == [""] * 10 and labels[-1] == "AAPO · applied · cmd c0ffee12 by ?"
     # acked at the last step: the latest band begins at the next one, and names its mode
-    young = figures.mitigation_bands(timeline, last_step=40)
+    young = run_shapes.mitigation_bands(timeline, last_step=40)
     assert (young[-1]["x0"], young[-1]["x1"], young[-1]["label"]["text"]) == (41, 41, "AAPO")
     # a band of a twentieth of the run names its mode
-    wide = figures.mitigation_bands(timeline[:4], last_step=40)
+    wide = run_shapes.mitigation_bands(timeline[:4], last_step=40)
     assert [(b["x0"], b["x1"], b["label"]["text"]) for b in wide] == [
         (1, 3, "AVSPO"),
         (5, 7, "AVSPO"),
@@ -621,7 +634,7 @@ def test_the_primer_names_the_colours_the_charts_use():
         "acr_effective": ("#cc79a7", "pink line is the effective ACR"),
     }
     for series, (colour, words) in named.items():
-        assert figures.COLORS[series] == colour, series
+        assert dashboard_figures.COLORS[series] == colour, series
         assert words in text, words
     assert "effective ACR (pink) fall" in text
 
@@ -631,10 +644,10 @@ def test_a_reported_mode_is_shown_as_text():
     legend show it as text, not as Plotly's HTML."""
     item = {"type": "set_mitigation", "status": "applied", "issued_by": "trainer"}
     timeline = [{**item, "step": 5, "params": {"mode": "<b>x</b>"}}]
-    [band] = figures.mitigation_bands(timeline, last_step=10)
+    [band] = run_shapes.mitigation_bands(timeline, last_step=10)
     assert band["label"]["text"] == "&lt;B&gt;X&lt;/B&gt; · reported by the trainer"
     run = {"run_id": "r", "name": "n", "mitigation_reported": {"mode": "<b>x</b>"}}
-    fig = figures.compare_figure([run], {"r": [point(0), point(1)]}, {"r": timeline})
+    fig = compare_figures.compare_figure([run], {"r": [point(0), point(1)]}, {"r": timeline})
     assert fig["data"][0]["name"] == "n (&lt;b&gt;x&lt;/b&gt;)"
 
 
@@ -646,7 +659,7 @@ def test_compared_runs_are_read_at_the_last_step_they_all_reached():
     long = [point(s, 0.9, acr_effective=0.0, reward_mean=0.2) for s in range(0, 194, 7)]
     long[11]["scalars"] = {"eval_accuracy": 0.86}  # step 77
     long[12]["scalars"] = {"eval_accuracy": "NaN"}  # step 84: not a number, and past step 80
-    common, at = kpis.at_common_step({"short": short, "long": long})
+    common, at = compare_table.at_common_step({"short": short, "long": long})
     assert common == 80
     assert at["short"] == {"acr": 0.5, "acr_effective": None, "reward_mean": 8.0,
                            "eval_accuracy": 0.88, "eval_accuracy_step": 80}  # fmt: skip
@@ -654,17 +667,17 @@ def test_compared_runs_are_read_at_the_last_step_they_all_reached():
     # (the column said "at step 80" of an accuracy measured at 77, a trial)
     assert at["long"] == {"acr": 0.9, "acr_effective": 0.0, "reward_mean": 0.2,
                           "eval_accuracy": 0.86, "eval_accuracy_step": 77}  # fmt: skip
-    assert kpis.common_cell(at["long"], "eval_accuracy", common) == "0.86 (step 77)"
-    assert kpis.common_cell(at["short"], "eval_accuracy", common) == "0.88"
-    assert kpis.common_cell(at["long"], "acr", common) == "0.90"
-    common, at = kpis.at_common_step({"short": short, "empty": []})  # blanked every run
+    assert compare_table.common_cell(at["long"], "eval_accuracy", common) == "0.86 (step 77)"
+    assert compare_table.common_cell(at["short"], "eval_accuracy", common) == "0.88"
+    assert compare_table.common_cell(at["long"], "acr", common) == "0.90"
+    common, at = compare_table.at_common_step({"short": short, "empty": []})  # blanked every run
     assert common == 80 and at["short"]["eval_accuracy"] == 0.88
     assert set(at["empty"].values()) == {None}
-    assert kpis.at_common_step({"empty": []}) == (None, {})
+    assert compare_table.at_common_step({"empty": []}) == (None, {})
 
 
 def test_the_compare_chart_without_runs_is_a_note_not_empty_axes():
-    fig = figures.no_runs_figure()
+    fig = compare_figures.no_runs_figure()
     go.Figure(fig)  # valid for Plotly
     assert fig["data"] == [] and not fig["layout"]["xaxis"]["visible"]
     assert fig["layout"]["annotations"][0]["text"] == "Choose runs above to compare them"
@@ -691,10 +704,10 @@ def test_a_mode_set_again_is_no_change():
     step 24 (a trial)."""
     item = {"type": "set_mitigation", "status": "applied", "params": {"mode": "avspo"}}
     timeline = [{**item, "step": 22, "command_id": "a"}, {**item, "step": 24, "command_id": "b"}]
-    assert [(s, c["command_id"]) for s, _m, c in figures.mitigation_changes(timeline)] == [
-        (23, "a")
-    ]
-    [band] = figures.mitigation_bands(timeline, last_step=40)
+    assert [
+        (s, c["command_id"]) for s, _m, c in dashboard_figures.mitigation_changes(timeline)
+    ] == [(23, "a")]
+    [band] = run_shapes.mitigation_bands(timeline, last_step=40)
     assert band["x0"] == 23 and band["x1"] == 40
 
 
@@ -728,13 +741,13 @@ def test_the_reward_band_stays_within_the_runs_reward_bounds():
     points = [point(0, reward_mean=0.9, scalars={"reward_std": 0.3}),
               point(1, reward_mean=0.1, scalars={"reward_std": 0.3})]  # fmt: skip
     run = {"reward_min": 0.0, "reward_max": 1.0}
-    fig = figures.reward_figure(points, bounds=figures.run_bounds(run))
+    fig = figures.reward_figure(points, bounds=run_series.run_bounds(run))
     low, high, mean = (t["y"] for t in fig["data"])
     assert high == [1.0, 0.4] and low == [pytest.approx(0.6), 0.0] and mean == [0.9, 0.1]
     unbounded = figures.reward_figure(points)  # no bounds: mean ± std as it is
     assert unbounded["data"][1]["y"][0] == 1.2
     patch = Patch()
-    figures.extend_patch(patch, points[:1], figures.reward_series(figures.run_bounds(run)))
+    run_series.extend_patch(patch, points[:1], run_series.reward_series(run_series.run_bounds(run)))
     assert "1.0" in json.dumps(patch.to_plotly_json()) and "1.2" not in json.dumps(
         patch.to_plotly_json()
     )
@@ -769,7 +782,7 @@ def test_a_command_acked_past_the_last_step_is_not_marked_yet():
     fig = figures.acr_figure([point(s) for s in range(12)], timeline)
     marks = [s for s in fig["layout"]["shapes"] if s.get("name") == "command"]
     assert [(m["x0"], m["label"]["text"]) for m in marks] == [(5, "checkpoint")]
-    later = figures.command_marks(timeline, last_step=1_000_000)
+    later = run_shapes.command_marks(timeline, last_step=1_000_000)
     assert [m["label"]["text"] for m in later] == ["temperature 3", "checkpoint"]
 
 

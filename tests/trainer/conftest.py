@@ -1,36 +1,16 @@
-"""Shared pieces of the trainer tests: a small, fast configuration and a recording Monitor.
-
-The recording Monitor implements the documented ``vantage.client.Monitor`` interface (DESIGN §5)
-and keeps every call, so the tests can check what the trainer sent and feed it commands.
-"""
+"""Fixtures of the trainer tests: recording Monitors, a warm-started policy and a real server."""
 
 from __future__ import annotations
 
-import os
-import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from vantage.trainer.run import setup
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from trainer_helpers import RecordingMonitor, small_config  # noqa: E402
-from vantage.trainer.run import setup  # noqa: E402
-
-from tests.serving import start_server  # noqa: E402
-
-
-def pytest_collection_modifyitems(config, items):
-    """Tests marked slow (over a minute: SmolLM2, the collapse run) run only when asked for, with
-    ``-m slow`` or VANTAGE_RUN_SLOW=1, so the default suite stays within a few minutes."""
-    if config.getoption("-m") or os.environ.get("VANTAGE_RUN_SLOW"):
-        return
-    here = Path(__file__).parent
-    skip = pytest.mark.skip(reason="slow: run with -m slow or VANTAGE_RUN_SLOW=1")
-    for item in items:
-        if "slow" in item.keywords and here in Path(str(item.fspath)).parents:
-            item.add_marker(skip)
+from tests.helpers.server import start_server
+from tests.helpers.trainer import RecordingMonitor, small_config
 
 
 @pytest.fixture
@@ -39,7 +19,7 @@ def monitor_log() -> list[RecordingMonitor]:
 
 
 @pytest.fixture
-def monitor_factory(monitor_log):
+def monitor_factory(monitor_log: list[RecordingMonitor]) -> Callable[..., RecordingMonitor]:
     def factory(**kwargs: Any) -> RecordingMonitor:
         mon = RecordingMonitor(**kwargs)
         monitor_log.append(mon)
@@ -49,8 +29,8 @@ def monitor_factory(monitor_log):
 
 
 @pytest.fixture(scope="session")
-def warm_policy(tmp_path_factory) -> str:
-    """A small policy after a short SFT warm start, saved once for the whole session."""
+def warm_policy(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small policy after a short SFT warm start, saved once for the test process."""
     out = tmp_path_factory.mktemp("warm")
     trainer = setup(small_config(out / "run", sft_steps=60))
     trainer.policy.save_pretrained(out / "policy")
@@ -59,7 +39,7 @@ def warm_policy(tmp_path_factory) -> str:
 
 
 @pytest.fixture
-def server_url(tmp_path):
+def server_url(tmp_path: Path) -> Iterator[str]:
     """A real `vantage serve --insecure-no-auth` on a free port with its own SQLite file."""
     pytest.importorskip("fastapi", reason="the server extra is not installed")
     srv = start_server(f"sqlite:///{tmp_path / 'vantage.db'}", tmp_path, "--insecure-no-auth")

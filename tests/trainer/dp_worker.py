@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 
 import torch.distributed as dist
+from vantage.trainer.run import fit, setup
 
-sys.path.insert(0, str(Path(__file__).parent))
-from trainer_helpers import RecordingMonitor, small_config  # noqa: E402
-from vantage.trainer.run import fit, setup  # noqa: E402
+# a script that torchrun runs: the repository root goes on the path for tests.helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.helpers.trainer import RecordingMonitor, small_config  # noqa: E402
 
 out, policy = Path(sys.argv[1]), sys.argv[2]
 server = sys.argv[3] if len(sys.argv) > 3 else None

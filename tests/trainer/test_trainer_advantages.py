@@ -1,4 +1,4 @@
-"""Advantage estimators against hand-computed values (DESIGN §7)."""
+"""Advantage estimators against hand-computed values (docs/design.md §7)."""
 
 import math
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from trainer_helpers import small_config
 from vantage.client.acr import summarize_rewards
 from vantage.trainer.run import fit, setup
+
+from tests.helpers.trainer import small_config
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi", reason="the server extra is not installed")

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_helpers import RecordingMonitor, recording_monitors, small_config
 from vantage.client.acr import summarize_rewards
+from vantage.client.commands import Command
 from vantage.trainer.commands import apply_command
-from vantage.trainer.monitoring import Command
 from vantage.trainer.run import fit, setup, train
+
+from tests.helpers.trainer import RecordingMonitor, recording_monitors, small_config
 
 
 def scripted_factory(script, log):

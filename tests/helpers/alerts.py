@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tests.conftest import free_port
+from tests.helpers.server import free_port
 
 
 class Receiver:

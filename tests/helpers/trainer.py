@@ -1,4 +1,9 @@
-"""Helpers for the trainer tests (imported by conftest and the tests)."""
+"""Shared pieces of the trainer tests: a small, fast configuration and a recording Monitor.
+
+The recording Monitor implements the documented ``vantage.client.Monitor`` interface
+(docs/design.md §5) and keeps every call, so the tests can check what the trainer sent and feed it
+commands.
+"""
 
 from __future__ import annotations
 

@@ -607,7 +607,7 @@ class Finish(_Strict):
 
 
 COMMAND_TYPES = ("set_mitigation", "set_sampling", "checkpoint", "stop")
-MITIGATION_MODES = ("none", "avspo", "aapo")
+MITIGATION_MODES = ("none", "avspo", "aapo", "dapo")
 
 
 def no_params_as_empty(params: Any) -> Any:
@@ -623,8 +623,9 @@ class CommandCreate(_Strict):
     params: Annotated[dict[str, Any], BeforeValidator(no_params_as_empty)] = Field(
         default_factory=dict, validate_default=True
     )
-    """set_mitigation: {mode: none|avspo|aapo, threshold?, variant?, alpha?, eta?, tau?,
-    delta_low?, delta_high?}; set_sampling: {temperature}; checkpoint and stop: {} (or null)."""
+    """set_mitigation: {mode: none|avspo|aapo|dapo, threshold?, variant?, alpha?, eta?, tau?,
+    delta_low?, delta_high?, max_gen_batches?}; set_sampling: {temperature}; checkpoint and
+    stop: {} (or null)."""
     reason: prose(1000) | None = None
     """Why, shown in the command log."""
 
@@ -786,11 +787,15 @@ MITIGATION_NUMBERS = {
     "tau": (0.0, 1.0, False),  # AVSPO adaptive: τ now
     "delta_low": (-10.0, 10.0, False),  # AAPO: margin clip, low
     "delta_high": (-10.0, 10.0, False),  # AAPO: margin clip, high
+    "max_gen_batches": (1, 100, False),  # DAPO: generation batches a step may sample
 }
+# Of those, the counts (a whole number, not 2.5 batches).
+MITIGATION_WHOLE_NUMBERS = ("max_gen_batches",)
 AVSPO_THRESHOLDS = ("fixed", "adaptive", "single")
 # set_mitigation's settings when neither the config nor a command gave them (docs/design.md §7):
-# AVSPO's threshold, α, adaptive τ_0 and η; AAPO's δ_low and δ_high. The trainer starts from
-# them and the dashboard's forms show them for a run that reported nothing else.
+# AVSPO's threshold, α, adaptive τ_0 and η; AAPO's δ_low and δ_high; DAPO's max_gen_batches.
+# The trainer starts from them and the dashboard's forms show them for a run that reported
+# nothing else.
 MITIGATION_DEFAULTS: dict[str, Any] = {
     "threshold": "fixed",
     "alpha": 0.5,
@@ -798,6 +803,7 @@ MITIGATION_DEFAULTS: dict[str, Any] = {
     "eta": 0.01,
     "delta_low": -0.2,
     "delta_high": 0.28,
+    "max_gen_batches": 3,
 }
 
 
@@ -823,10 +829,12 @@ def _check_mitigation_params(params: dict[str, Any]) -> None:
         v = params.get(key)
         if key not in params:
             continue
-        number = isinstance(v, int | float) and not isinstance(v, bool)
+        whole = key in MITIGATION_WHOLE_NUMBERS
+        number = isinstance(v, int if whole else int | float) and not isinstance(v, bool)
         if not number or not (low < v <= high if above else low <= v <= high):
             bounds = f"above {low:g} and at most {high:g}" if above else f"from {low:g} to {high:g}"
-            raise ValueError(f"set_mitigation {key} must be a number {bounds}")
+            kind = "whole number" if whole else "number"
+            raise ValueError(f"set_mitigation {key} must be a {kind} {bounds}")
     low, high = params.get("delta_low"), params.get("delta_high")
     if low is not None and high is not None and low > high:
         raise ValueError("set_mitigation delta_low must not exceed delta_high")

@@ -9,7 +9,7 @@ Entry points (``vantage train CONFIG [--set key=value ...]`` calls ``run.main``)
     trainer.submit_command("set_mitigation", {"mode": "avspo"})        # at the next boundary
     summary = fit(trainer, hooks=[lambda trainer, record: print(record["acr"])])
 
-Modules: ``config`` (the one dataclass), ``advantages`` (grpo/avspo/aapo, pure, and their
+Modules: ``config`` (the one dataclass), ``advantages`` (grpo/avspo/aapo/dapo, pure, and their
 registry), ``mitigation`` (the estimator in effect), ``commands`` (applied at a step boundary),
 ``models``, ``data``, ``rewards``, ``rollout`` (HF generate, vLLM), ``sft``, ``loss``, ``grpo``
 (the step), ``monitoring`` (Monitor adapter), ``distributed`` (torch.distributed helpers),

@@ -1,11 +1,14 @@
-"""Advantage estimators: ``grpo``, ``avspo`` and ``aapo`` as pure functions on ``[P, G]`` rewards.
+"""Advantage estimators: ``grpo``, ``avspo``, ``aapo`` and ``dapo`` as pure functions on ``[P, G]``
+rewards.
 
 Every estimator takes ``rewards: [P, G] float`` (P prompts, G completions each, one group per row)
 and its inputs by keyword, and returns an :class:`Advantages` (``values: [P, G]`` plus how many
 virtual rewards it used). No I/O. ``@register_adv_est(name)`` (after verl's registry) puts an
 estimator in ``ESTIMATORS``, where the trainer looks the mitigation's mode up, so adding an
-estimator is one function and its decorator line. docs/design.md §7 is normative; the docstrings
-say where each formula comes from.
+estimator is one function and its decorator line. An estimator may come with a group filter
+(``keep=``, DAPO's dynamic sampling): the trainer then trains on the groups it keeps only, and
+samples more prompts while too few are kept. docs/design.md §7 is normative; the docstrings say
+where each formula comes from.
 
 Numerics: everything is computed in float64 and returned in the rewards' dtype.
 """
@@ -29,12 +32,15 @@ __all__ = [
     "adaptive_tau_update",
     "apply_estimator",
     "avspo",
+    "dapo",
+    "dapo_keep",
     "avspo_num_virtual",
     "compute_advantages",
     "effective_stats",
     "estimator_keywords",
     "estimator_settings",
     "get_adv_estimator",
+    "group_filter",
     "grpo",
     "register_adv_est",
 ]
@@ -56,15 +62,21 @@ class Advantages(NamedTuple):
 
 Estimator = TypeVar("Estimator", bound=Callable[..., Advantages])
 
+GroupFilter = Callable[[torch.Tensor], torch.Tensor]  # rewards [P, G] → [P] bool: train on it
+
 ESTIMATORS: dict[str, Callable[..., Advantages]] = {}
 _SETTINGS: dict[str, tuple[str, ...]] = {}
+_FILTERS: dict[str, GroupFilter | None] = {}
 
 
-def register_adv_est(name: str, settings: tuple[str, ...] = ()) -> Callable[[Estimator], Estimator]:
+def register_adv_est(
+    name: str, settings: tuple[str, ...] = (), keep: GroupFilter | None = None
+) -> Callable[[Estimator], Estimator]:
     """Register ``estimator(rewards, **inputs) -> Advantages`` under ``name`` (a mitigation mode).
 
     ``settings`` name the mitigation's settings that act in this mode (the trainer reports them
-    with each step). Raises ValueError when another estimator holds the name.
+    with each step). ``keep`` picks the groups the mode trains on (the estimator then sees only
+    those); None trains on every group. Raises ValueError when another estimator holds the name.
     """
 
     def register(estimator: Estimator) -> Estimator:
@@ -72,6 +84,7 @@ def register_adv_est(name: str, settings: tuple[str, ...] = ()) -> Callable[[Est
             raise ValueError(f"advantage estimator {name!r} is registered already")
         ESTIMATORS[name] = estimator
         _SETTINGS[name] = settings
+        _FILTERS[name] = keep
         return estimator
 
     return register
@@ -88,6 +101,12 @@ def estimator_settings(name: str) -> tuple[str, ...]:
     """The mitigation settings that act when ``name`` estimates the advantages."""
     get_adv_estimator(name)
     return _SETTINGS[name]
+
+
+def group_filter(name: str) -> GroupFilter | None:
+    """The filter of the groups ``name`` trains on, or None when it trains on every group."""
+    get_adv_estimator(name)
+    return _FILTERS[name]
 
 
 def estimator_keywords(estimator: Callable[..., Advantages]) -> frozenset[str]:
@@ -120,7 +139,7 @@ def _check(rewards: torch.Tensor) -> torch.Tensor:
 def _sample_std(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Sample std (n-1); 0 where fewer than 2 values (TRL gives NaN there, which helps nobody)."""
     n = x.numel() if dim is None else x.shape[dim]
-    if n < 2:
+    if n < 2 or x.numel() == 0:  # no group at all: DAPO's step that kept none
         return torch.zeros(()) if dim is None else torch.zeros_like(x.select(dim, 0))
     return x.std() if dim is None else x.std(dim=dim)
 
@@ -249,6 +268,27 @@ def aapo(
     base = grpo(rewards, scale_rewards=scale_rewards, eps=eps).values.to(torch.float64)
     margin = ((_check(rewards) - _check(reference_rewards)) / scale).clamp(delta_low, delta_high)
     return Advantages((base + margin).to(rewards.dtype), 0)
+
+
+def dapo_keep(rewards: torch.Tensor) -> torch.Tensor:
+    """[P] bool: the groups DAPO's dynamic sampling trains on, those whose G rewards are not all
+    equal (``max_i r_i > min_i r_i``).
+
+    A group of equal rewards has zero GRPO advantage for every completion and gives no gradient;
+    DAPO drops it and samples more prompts instead (Yu et al. 2025, "DAPO", §3.2 "Dynamic
+    Sampling": the objective's constraint ``0 < |{o_i | is_equivalent(a, o_i)}| < G``, here for any
+    reward, not only correctness). rewards: [P, G] finite; raises ValueError otherwise.
+    """
+    return ~collapsed_mask(_check(rewards))
+
+
+@register_adv_est("dapo", settings=("max_gen_batches",), keep=dapo_keep)
+def dapo(
+    rewards: torch.Tensor, *, scale_rewards: ScaleRewards = "group", eps: float = TRAINER_EPS
+) -> Advantages:
+    """DAPO: :func:`grpo`'s advantages of the groups :func:`dapo_keep` kept (the trainer passes
+    only those, so no group of the trained batch has zero advantage). Yu et al. 2025, §3.2."""
+    return grpo(rewards, scale_rewards=scale_rewards, eps=eps)
 
 
 # --------------------------------------------------------------------------- AVSPO's threshold

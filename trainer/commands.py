@@ -1,6 +1,7 @@
 """The server's commands (docs/design.md §4) as the trainer applies them at a step boundary.
 
-``set_mitigation {mode: none|avspo|aapo, threshold?, alpha?, eta?, tau?, delta_low?, delta_high?}``,
+``set_mitigation {mode: none|avspo|aapo|dapo, threshold?, alpha?, eta?, tau?, delta_low?,
+delta_high?, max_gen_batches?}``,
 ``set_sampling {temperature}``, ``checkpoint``, ``stop``. Each function returns the detail sent
 with the ack, or raises ValueError (the command is then acked ``rejected`` with that reason).
 """
@@ -13,7 +14,7 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 from vantage.client.commands import Command
-from vantage.client.schema import temperature_problem
+from vantage.client.schema import MITIGATION_NUMBERS, temperature_problem
 
 from .advantages import AvspoState, estimator_keywords, get_adv_estimator
 from .mitigation import Mitigation, mitigation_modes
@@ -124,6 +125,14 @@ def _mitigation_from(current: Mitigation, params: dict[str, Any]) -> Mitigation:
     for key in ("alpha", "eta", "delta_low", "delta_high"):
         if key in params:
             setattr(new, key, float(params.pop(key)))
+    if "max_gen_batches" in params:
+        n = params.pop("max_gen_batches")
+        low, high, _ = MITIGATION_NUMBERS["max_gen_batches"]
+        if isinstance(n, bool) or not isinstance(n, int) or not low <= n <= high:
+            raise ValueError(
+                f"DAPO max_gen_batches must be a whole number from {low} to {high}; got {n!r}"
+            )
+        new.max_gen_batches = n
     if new.delta_low > new.delta_high:  # the pair as it would be, not just as sent
         raise ValueError(
             f"AAPO delta_low {new.delta_low} would exceed delta_high {new.delta_high}; "

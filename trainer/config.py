@@ -93,13 +93,14 @@ class TrainConfig:
     scale_rewards: str = "group"  # grpo's std: "group", "batch" or "none" (TRL's option)
 
     # ---- mitigation (a set_mitigation command changes these mid-run)
-    mitigation: str = "none"  # "none" (plain grpo), "avspo" or "aapo"
+    mitigation: str = "none"  # "none" (plain grpo), "avspo", "aapo" or "dapo"
     avspo_threshold: str = MITIGATION_DEFAULTS["threshold"]  # fixed, adaptive (τ) or single (K=1)
     avspo_alpha: float = MITIGATION_DEFAULTS["alpha"]  # K = max(1, min(G, ⌈G·ACR^α⌉))
     avspo_tau0: float = MITIGATION_DEFAULTS["tau"]  # adaptive threshold's start
     avspo_eta: float = MITIGATION_DEFAULTS["eta"]  # adaptive threshold's step size
     aapo_delta_low: float = MITIGATION_DEFAULTS["delta_low"]  # AAPO margin clip, low
     aapo_delta_high: float = MITIGATION_DEFAULTS["delta_high"]  # AAPO margin clip, high
+    max_gen_batches: int = MITIGATION_DEFAULTS["max_gen_batches"]  # DAPO: batches a step samples
 
     # ---- generation backend
     backend: str = "hf"  # "hf" (transformers generate) or "vllm" (the vllm extra, GPU)
@@ -247,6 +248,7 @@ _RANGES = (
     *((field, *MITIGATION_NUMBERS[param][:2]) for field, param in (
         ("avspo_alpha", "alpha"), ("avspo_eta", "eta"), ("avspo_tau0", "tau"),
         ("aapo_delta_low", "delta_low"), ("aapo_delta_high", "delta_high"),
+        ("max_gen_batches", "max_gen_batches"),
     )),
 )  # fmt: skip
 # Numbers that must be above 0.

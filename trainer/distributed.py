@@ -1,5 +1,6 @@
 """``torch.distributed`` for the trainer: starting the process group under torchrun, and the
-helpers that sum per-step counts, share rank 0's objects and keep the ranks' weights equal.
+helpers that sum (or take the minimum of) per-step counts, share rank 0's objects and keep the
+ranks' weights equal.
 
 Without a process group every helper acts as a single process would.
 """
@@ -44,6 +45,14 @@ class Distributed:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(t)
+        return t.tolist()
+
+    def min(self, values: list[float]) -> list[float]:
+        """Element-wise minimum over ranks (float64)."""
+        if not self.enabled:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return t.tolist()
 
     def broadcast(self, obj: Any) -> Any:

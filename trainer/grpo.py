@@ -1,12 +1,15 @@
 """The GRPO trainer: one step reads top to bottom, everything else is a module it calls.
 
-    sample prompts → generate G completions each → score → monitor (raw rewards) → advantages
-    (the registered estimator the mitigation names) → clipped-surrogate loss → optimizer step →
+    sample prompts → generate G completions each → score (again while DAPO's filter leaves the
+    batch short) → monitor (raw rewards of every group) → advantages (the registered estimator
+    the mitigation names, on the groups it trains on) → clipped-surrogate loss → optimizer step →
     (at the boundary) commands
 
 Data parallel: each rank samples its own prompts; the step's ACR, rewards and token counts are
 summed over ranks, gradients are summed with the loss already divided by the global token count,
-and rank 0's commands are broadcast so every rank applies them at the same step boundary.
+and rank 0's commands are broadcast so every rank applies them at the same step boundary. Under
+DAPO every rank generates as many batches and trains on as many groups as the rank that kept
+the fewest.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ from .advantages import (
     effective_stats,
     estimator_keywords,
     get_adv_estimator,
+    group_filter,
 )
 from .checkpoint import load_reference, save_checkpoint, save_reference
 from .commands import apply_logged, is_number
@@ -44,7 +48,7 @@ from .loss import completion_logprobs, policy_loss
 from .mitigation import Mitigation
 from .monitoring import MonitorAdapter
 from .rewards import math_reward
-from .rollout import HFBackend, Rollouts
+from .rollout import HFBackend, Rollouts, take_groups
 
 __all__ = ["GRPOTrainer", "StepHook"]
 
@@ -109,15 +113,28 @@ class GRPOTrainer:
 
     def train_step(self) -> dict[str, Any]:
         """One GRPO step; returns its record (the numbers sent as scalars, plus the step's ACR)."""
-        step, clock = self.step + 1, _StepClock()
+        step, clock, per_step = self.step + 1, _StepClock(), self.config.prompts_per_step
+        keep = group_filter(self.mitigation.estimator)  # DAPO's drops collapsed groups; or None
+        budget = self.mitigation.max_gen_batches if keep else 1
 
-        problems = self.task.sample(self.config.prompts_per_step, self.rng)
-        rollouts = self.generate(self.backend, self.policy, problems)
-        clock.lap("generate")
+        # a mode that filters groups samples again while some rank keeps too few, within budget
+        batches: list[_GenerationBatch] = []
+        fewest_kept = 0.0  # over every rank
+        while len(batches) < budget and (not batches or fewest_kept < per_step):
+            problems = self.task.sample(per_step, self.rng)
+            rollouts = self.generate(self.backend, self.policy, problems)
+            clock.lap("generate")
+            rewards = self.score(rollouts.texts, problems)
+            kept = keep(rewards) if keep else torch.ones(len(problems), dtype=torch.bool)
+            batches.append(_GenerationBatch(problems, rollouts, rewards, kept))
+            (fewest_kept,) = self.dist.min([float(sum(int(b.kept.sum()) for b in batches))])
+            clock.lap("score")
 
-        rewards = self.score(rollouts.texts, problems)
-        self.monitor.log_groups(step, rewards, [p.prompt_id for p in problems])
-        acr, reward_mean, reward_std = self.step_acr(rewards)
+        every_group = torch.cat([b.rewards for b in batches])  # the raw ACR covers them all
+        prompt_ids = [p.prompt_id for b in batches for p in b.problems]
+        self.monitor.log_groups(step, every_group, prompt_ids)
+        acr, reward_mean, reward_std = self.step_acr(every_group)
+        problems, rollouts, rewards = self.trained_groups(batches, int(min(fewest_kept, per_step)))
         clock.lap("score")
 
         advantages = self.advantages(rewards, acr, problems)
@@ -125,7 +142,8 @@ class GRPOTrainer:
         self.monitor.log_effective(step, *effective, mitigation=self.reported_mitigation())
         clock.lap("advantage")
 
-        losses = self.optimize(rollouts, advantages.values)
+        # no group kept on some rank (DAPO's budget spent): no rank updates the weights
+        losses = self.optimize(rollouts, advantages.values) if problems else {}
         if self.mitigation.adapts_tau:
             self.avspo_state.update(
                 acr if acr is not None else 0.0, reward_mean, self.mitigation.eta
@@ -139,6 +157,7 @@ class GRPOTrainer:
             "reward_std": reward_std,
             "acr": acr,
             **self.pooled_effective(effective),
+            **self.sampling_stats(batches, len(problems)),
             **self.settings_in_effect(),
             **losses,
             **clock.times(),
@@ -166,6 +185,34 @@ class GRPOTrainer:
             for i, text in enumerate(texts)
         ]
         return torch.tensor(values, dtype=torch.float64).view(len(problems), g)
+
+    def trained_groups(
+        self, batches: list[_GenerationBatch], n: int
+    ) -> tuple[list[Problem], Rollouts, torch.Tensor]:
+        """The first ``n`` kept groups of the step's batches, in order: their problems, their
+        rollouts as one batch and their [n, G] rewards."""
+        picked: list[tuple[_GenerationBatch, list[int]]] = []
+        for batch in batches:
+            taken = sum(len(groups) for _, groups in picked)
+            picked.append((batch, torch.nonzero(batch.kept).flatten().tolist()[: n - taken]))
+        problems = [batch.problems[i] for batch, groups in picked for i in groups]
+        rollouts = take_groups([(b.rollouts, g) for b, g in picked], self.config.group_size)
+        rewards = torch.cat([batch.rewards[groups] for batch, groups in picked])
+        return problems, rollouts, rewards
+
+    def sampling_stats(self, batches: list[_GenerationBatch], trained: int) -> dict[str, float]:
+        """What the step generated and trained on, over every rank: completions, generation
+        batches (as many on every rank), groups a filter dropped, groups trained on, and 1 when
+        each rank trained on fewer than prompts_per_step groups (DAPO's budget ran out)."""
+        world = self.dist.world_size
+        (dropped,) = self.dist.sum([float(sum(int((~b.kept).sum()) for b in batches))])
+        return {
+            "rollouts_per_step": float(sum(b.rewards.numel() for b in batches) * world),
+            "gen_batches": float(len(batches)),
+            "filtered_groups": dropped,
+            "trained_groups": float(trained * world),
+            "short_batch": float(trained < self.config.prompts_per_step),
+        }
 
     def step_acr(self, rewards: torch.Tensor) -> tuple[float | None, float, float]:
         """The step's raw ACR, mean reward and reward standard deviation (population, of
@@ -436,8 +483,20 @@ class GRPOTrainer:
         return self.last_checkpoint[1]
 
 
+@dataclass
+class _GenerationBatch:
+    """One batch a step generated: P problems, their P·G rollouts, [P, G] rewards, and [P] bool
+    the groups the mode's filter keeps (all of them without a filter)."""
+
+    problems: list[Problem]
+    rollouts: Rollouts
+    rewards: torch.Tensor
+    kept: torch.Tensor
+
+
 class _StepClock:
-    """Seconds spent in each part of a step, as the record's ``time_<part>_s`` and ``step_s``."""
+    """Seconds spent in each part of a step, as the record's ``time_<part>_s`` and ``step_s``; a
+    part timed more than once (each generation batch) adds up."""
 
     def __init__(self) -> None:
         self.start = self.last = time.perf_counter()
@@ -445,7 +504,8 @@ class _StepClock:
 
     def lap(self, part: str) -> None:
         now = time.perf_counter()
-        self.parts[f"time_{part}_s"], self.last = now - self.last, now
+        key = f"time_{part}_s"
+        self.parts[key], self.last = self.parts.get(key, 0.0) + now - self.last, now
 
     def times(self) -> dict[str, float]:
         return {**self.parts, "step_s": self.last - self.start}

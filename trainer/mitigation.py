@@ -22,6 +22,7 @@ PLAIN_ESTIMATOR = "grpo"  # the estimator of mode none
 CONFIG_FIELDS = {
     "mitigation": "mode", "avspo_threshold": "threshold", "avspo_alpha": "alpha",
     "avspo_eta": "eta", "aapo_delta_low": "delta_low", "aapo_delta_high": "delta_high",
+    "max_gen_batches": "max_gen_batches",
 }  # fmt: skip
 
 
@@ -34,12 +35,13 @@ def mitigation_modes() -> tuple[str, ...]:
 class Mitigation:
     """The advantage estimator in use and its parameters (set_mitigation changes it)."""
 
-    mode: str = NO_MITIGATION  # none (plain grpo) | avspo | aapo
+    mode: str = NO_MITIGATION  # none (plain grpo) | avspo | aapo | dapo
     threshold: str = MITIGATION_DEFAULTS["threshold"]  # AVSPO: fixed | adaptive | single
     alpha: float = MITIGATION_DEFAULTS["alpha"]  # AVSPO: K = max(1, min(G, ⌈G·ACR^α⌉))
     eta: float = MITIGATION_DEFAULTS["eta"]  # AVSPO adaptive: τ's step size
     delta_low: float = MITIGATION_DEFAULTS["delta_low"]  # AAPO: margin clip, low
     delta_high: float = MITIGATION_DEFAULTS["delta_high"]  # AAPO: margin clip, high
+    max_gen_batches: int = MITIGATION_DEFAULTS["max_gen_batches"]  # DAPO: batches a step samples
 
     @classmethod
     def from_config(cls, config: Any) -> Mitigation:

@@ -16,7 +16,14 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["Rollouts", "HFBackend", "VLLMBackend", "encode_prompts", "completion_mask"]
+__all__ = [
+    "Rollouts",
+    "HFBackend",
+    "VLLMBackend",
+    "completion_mask",
+    "encode_prompts",
+    "take_groups",
+]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +42,37 @@ class Rollouts:
     @property
     def num_tokens(self) -> int:
         return int(self.completion_mask.sum())
+
+
+def take_groups(parts: list[tuple[Rollouts, list[int]]], group_size: int) -> Rollouts:
+    """One batch of the groups that ``parts`` name, in order: each part is a batch of rollouts
+    (prompt-major, ``group_size`` completions a group) and the indices of the groups to take.
+    Prompts are padded again on the left and completions on the right, masked out, so the batches
+    of one step, padded to different widths, train as one. A single part taking all its groups
+    is returned as it is."""
+    if len(parts) == 1 and parts[0][1] == list(range(len(parts[0][0].texts) // group_size)):
+        return parts[0][0]
+    rows = [
+        (r, [g * group_size + i for g in groups for i in range(group_size)]) for r, groups in parts
+    ]
+    prompt_width = max(r.prompt_ids.shape[1] for r, _ in rows)
+    completion_width = max(r.completion_ids.shape[1] for r, _ in rows)
+
+    def cat(name: str, width: int, left: bool) -> torch.Tensor:
+        padded = []
+        for r, index in rows:
+            t = getattr(r, name)[torch.tensor(index, dtype=torch.long, device=r.prompt_ids.device)]
+            extra = width - t.shape[1]
+            padded.append(torch.nn.functional.pad(t, (extra, 0) if left else (0, extra)))
+        return torch.cat(padded)
+
+    return Rollouts(
+        cat("prompt_ids", prompt_width, left=True),
+        cat("prompt_mask", prompt_width, left=True),
+        cat("completion_ids", completion_width, left=False),
+        cat("completion_mask", completion_width, left=False),
+        [r.texts[i] for r, index in rows for i in index],
+    )
 
 
 def encode_prompts(

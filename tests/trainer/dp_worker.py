@@ -1,7 +1,8 @@
 """Run under torchrun by test_trainer_distributed.py: trains a few steps and dumps what each rank
 saw. Arguments: OUT_DIR POLICY [SERVER_URL]. Without a server each rank records its Monitor calls
-(rank 0's Monitor hands out a set_mitigation command at its third poll); with one, each rank
-streams to the real server and rank 0 issues the command over HTTP after step 2."""
+(rank 0's Monitor hands out a set_mitigation command at its third poll: AVSPO, or DAPO when
+VANTAGE_TEST_DAPO is set); with one, each rank streams to the real server and rank 0 issues the
+command over HTTP after step 2."""
 
 import json
 import os
@@ -19,11 +20,16 @@ from tests.helpers.trainer import RecordingMonitor, small_config  # noqa: E402
 out, policy = Path(sys.argv[1]), sys.argv[2]
 server = sys.argv[3] if len(sys.argv) > 3 else None
 monitors = []
+mitigation = (
+    {"mode": "dapo", "max_gen_batches": 3}
+    if os.environ.get("VANTAGE_TEST_DAPO")
+    else {"mode": "avspo"}
+)
 
 
 def factory(**kwargs):
     mon = RecordingMonitor(**kwargs)
-    mon.script = {3: [{"command_id": "m1", "type": "set_mitigation", "params": {"mode": "avspo"}}]}
+    mon.script = {3: [{"command_id": "m1", "type": "set_mitigation", "params": mitigation}]}
     monitors.append(mon)
     return mon
 

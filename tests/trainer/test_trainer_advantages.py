@@ -12,7 +12,11 @@ from vantage.trainer.advantages import (
     avspo,
     avspo_num_virtual,
     compute_advantages,
+    dapo,
+    dapo_keep,
     effective_stats,
+    estimator_settings,
+    group_filter,
     grpo,
 )
 
@@ -237,11 +241,51 @@ def test_aapo_errors():
         aapo(t([[1, 0]]), reference_rewards=t([[1, 0]]), reward_min=1, reward_max=1)
 
 
+# ------------------------------------------------------------------ dapo
+
+
+def test_dapo_keeps_the_groups_whose_rewards_differ():
+    r = t([[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0], [0.5, 0.5, 0.5, 0.5], [0, 0, 0, 1]])
+    # all-pass, all-fail and constant 0.5 are dropped; 2 of 4 and 1 of 4 right are kept
+    assert dapo_keep(r).tolist() == [False, False, True, False, True]
+    # rewards that differ at all are kept, however little (the filter is max > min, exact)
+    assert dapo_keep(t([[1, 1 + 1e-9, 1, 1]])).tolist() == [True]
+    assert dapo_keep(t([[2.0, 2.0]])).tolist() == [False]
+    assert dapo_keep(torch.empty(0, 4, dtype=torch.float64)).tolist() == []
+    with pytest.raises(ValueError, match="NaN or inf"):
+        dapo_keep(t([[1, float("nan")]]))
+    with pytest.raises(ValueError, match=r"\[P, G\]"):
+        dapo_keep(t([1, 0]))
+
+
+def test_dapo_advantages_are_grpo_on_the_kept_groups():
+    kept = t([[1, 0, 1, 0], [0, 0, 0, 1]])
+    a = dapo(kept).values
+    # [1, 0, 1, 0]: mean 0.5, sample std √(1/3) = 0.577350 → ±0.5 / 0.577450 = ±0.865875
+    assert a[0].tolist() == pytest.approx([0.865875, -0.865875, 0.865875, -0.865875], abs=1e-6)
+    # [0, 0, 0, 1]: mean 0.25, sample std 0.5 → (−0.25, 0.75) / 0.5001 = −0.499900, 1.499700
+    assert a[1].tolist() == pytest.approx([-0.4999, -0.4999, -0.4999, 1.4997], abs=1e-4)
+    assert torch.equal(a, grpo(kept).values)
+    assert torch.equal(
+        dapo(kept, scale_rewards="none").values, grpo(kept, scale_rewards="none").values
+    )
+    # the trained batch has no zero-advantage group: effective ACR 0
+    assert effective_stats(dapo(kept)) == (2, 0, 0)
+
+
+def test_dapo_is_registered_with_its_filter_and_setting():
+    assert group_filter("dapo") is dapo_keep
+    assert all(group_filter(name) is None for name in ("grpo", "avspo", "aapo"))
+    assert estimator_settings("dapo") == ("max_gen_batches",)
+    with pytest.raises(ValueError, match="known"):
+        group_filter("ppo")
+
+
 # ------------------------------------------------------------------ registry and statistics
 
 
 def test_registry_and_effective_stats():
-    assert set(ESTIMATORS) == {"grpo", "avspo", "aapo"}
+    assert set(ESTIMATORS) == {"grpo", "avspo", "aapo", "dapo"}
     r = t([[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0], [1, 1 + 1e-9, 1, 1]])
     plain = compute_advantages("grpo", r)
     assert effective_stats(plain) == (4, 3, 0)  # two collapsed and one near-collapsed
@@ -249,4 +293,4 @@ def test_registry_and_effective_stats():
     # K = ceil(4·√.5) = 3 virtuals for each of the two collapsed groups
     assert effective_stats(mitigated) == (4, 1, 6)
     with pytest.raises(ValueError, match="known"):
-        compute_advantages("dapo", r)
+        compute_advantages("ppo", r)

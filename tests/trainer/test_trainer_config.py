@@ -39,7 +39,7 @@ def test_errors_name_the_field(tmp_path):
     with pytest.raises(ValueError, match="not key=value"):
         load_config("arith-tiny", ["steps"])
     with pytest.raises(ValueError, match="mitigation must be one of"):
-        TrainConfig(mitigation="dapo")
+        TrainConfig(mitigation="ppo")
     with pytest.raises(ValueError, match="group_size"):
         TrainConfig(group_size=1)
     with pytest.raises(ValueError, match="data_path"):

@@ -67,6 +67,31 @@ def test_two_ranks_pool_acr_and_apply_a_command_at_the_same_step(warm_policy, tm
         assert [r["history"][step - 1]["n_virtual"] for r in ranks] == [virtual, virtual]
 
 
+def test_two_ranks_agree_on_dapo_batches_and_train_on_as_many_groups(warm_policy, tmp_path):
+    ranks = torchrun(tmp_path, warm_policy, env={"VANTAGE_TEST_DAPO": "1"})
+    monitors = [json.loads((tmp_path / f"monitor{r}.json").read_text()) for r in (0, 1)]
+    for r in ranks:
+        assert [h["mitigation"] for h in r["history"]] == ["none", "none", "dapo", "dapo"]
+    assert ranks[0]["checksum_after"] == ranks[1]["checksum_after"]
+    for step in (3, 4):
+        records = [r["history"][step - 1] for r in ranks]
+        # as many generation batches and trained groups on each rank, whatever each kept
+        for key in ("gen_batches", "trained_groups", "filtered_groups", "rollouts_per_step"):
+            assert records[0][key] == records[1][key], key
+        batches, trained = records[0]["gen_batches"], records[0]["trained_groups"]
+        rows = []
+        for m in monitors:
+            (groups,) = [g[1] for g in m["groups"] if g[0] == step]
+            assert len(groups) == 4 * batches  # every group generated is logged
+            rows += groups
+            (effective,) = [e[1] for e in m["effective"] if e[0] == step]
+            assert effective["n_valid"] == trained / 2 and effective["n_zero_advantage"] == 0
+        collapsed = sum(summarize_rewards(row).cls == "collapsed" for row in rows)
+        assert records[0]["acr"] == collapsed / len(rows)
+        assert records[0]["filtered_groups"] == collapsed
+        assert records[0]["rollouts_per_step"] == 4 * len(rows)
+
+
 def test_two_ranks_against_a_real_server(warm_policy, tmp_path, server_url):
     ranks = torchrun(tmp_path, warm_policy, server_url)
     assert ranks[0]["run_id"] == ranks[1]["run_id"]

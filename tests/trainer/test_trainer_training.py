@@ -54,7 +54,7 @@ def test_streams_to_the_monitor_and_obeys_commands(warm_policy, tmp_path):
             avspo,
             {"command_id": "c2", "type": "set_sampling", "params": {"temperature": 0.7}},
             {"command_id": "c3", "type": "launch_rockets", "params": {}},
-            {"command_id": "c4", "type": "set_mitigation", "params": {"mode": "dapo"}},
+            {"command_id": "c4", "type": "set_mitigation", "params": {"mode": "ppo"}},
             {"command_id": "c6", "type": "set_sampling", "params": {"temperature": 0}},
         ],
         4: [avspo],  # delivered again (at-least-once): applied only once

@@ -13,7 +13,7 @@ import logging
 import reprlib
 from typing import Any, NamedTuple
 
-from .inputs import float_rewards, mask_row, materialize, plain_rewards
+from .inputs import as_float, float_rewards, mask_row, materialize, plain_rewards
 from .schema import MAX_GROUP_SIZE, MAX_SCALARS_PER_RECORD, storable_scalar
 from .throttle import Throttle, error_kind
 from .transport import encode_groups, pack_records
@@ -130,11 +130,12 @@ class StepRecords:
                 self.throttle.warn(
                     error_kind("rewards", exc),
                     "vantage: step %s: rewards could not be read (%s: %s); "
-                    "dropped this call's %d groups (other calls are kept)",
+                    "dropped this call's %d group%s (other calls are kept)",
                     item.step,
                     type(exc).__name__,
                     exc,
                     item.n_groups,
+                    "" if item.n_groups == 1 else "s",
                 )
                 self.dropped += item.n_groups
         elif isinstance(item, Effective):  # a rank's first report counts, as the server keeps it
@@ -171,10 +172,11 @@ class StepRecords:
                 continue
             try:
                 # None is "no value" (null), as the API takes it; NaN and ±Infinity go as
-                # strings, which orjson would write as null
-                number = None if value is None else float(value)
+                # strings, which orjson would write as null: a loss gone NaN is sent as "NaN",
+                # never dropped or made finite (docs/design.md §5)
+                number = None if value is None else as_float(value)
                 scalars[str(name)] = storable_scalar(number)
-            except Exception:  # noqa: BLE001 - one bad scalar (10**400, a meta tensor) must not cost the batch
+            except Exception:  # noqa: BLE001 - one bad scalar (a meta tensor) must not cost the batch
                 self.throttle.warn(
                     "scalar",
                     "vantage: step %s: scalar %r is %s, not a number; skipped",

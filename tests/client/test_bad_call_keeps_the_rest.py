@@ -14,7 +14,7 @@ from tests.helpers.client import queue_refused_record
 from tests.helpers.server import start_server
 
 
-def test_unreadable_rewards_drop_only_their_call(tmp_path):
+def test_unreadable_rewards_drop_only_their_call(tmp_path, caplog):
     srv = start_server(f"sqlite:///{tmp_path}/m.db", tmp_path, "--insecure-no-auth")
     try:
         mon = Monitor(srv.url, None, run_name="bad-call", spool_dir=str(tmp_path / "spool"))
@@ -34,6 +34,7 @@ def test_unreadable_rewards_drop_only_their_call(tmp_path):
             assert by_step[step]["n_groups"] == 2 and by_step[step]["acr"] == 0.5
         assert all(by_step.get(s, {"n_groups": 0})["n_groups"] == 0 for s in (5, 6))
         assert mon.dropped_groups == 1  # the strings; the deeper input is refused in the call
+        assert "dropped this call's 1 group (other calls are kept)" in caplog.text
     finally:
         srv.stop()
 
@@ -180,9 +181,10 @@ def test_a_config_nan_reaches_the_server_as_its_string(tmp_path):
     assert checks.config_json({"seed": 2**63 - 1, "f": True}) == {"seed": 2**63 - 1, "f": True}
 
 
-def test_a_scalar_float_cannot_read_costs_only_itself(tmp_path):
+def test_a_scalar_past_float64_is_sent_as_infinity(tmp_path):
     """10**400 raised OverflowError in the sender and lost the whole batch around it, while
-    flush() said True (found by a fresh-user trial)."""
+    flush() said True (found by a fresh-user trial); then it was skipped alone. It is sent as
+    Infinity, as the server reads the JSON number 1e400: a non-finite scalar is never dropped."""
     srv = start_server(f"sqlite:///{tmp_path}/o.db", tmp_path, "--insecure-no-auth")
     try:
         mon = Monitor(srv.url, None, run_name="overflow", spool_dir=str(tmp_path / "spool"))
@@ -202,7 +204,7 @@ def test_a_scalar_float_cannot_read_costs_only_itself(tmp_path):
         assert [(p["step"], p["n_groups"]) for p in points] == [(1, 3), (2, 1), (3, 4)]
         assert (points[2]["n_invalid"], points[2]["n_collapsed"], points[2]["n_valid"]) == (1, 2, 3)
         assert mon.dropped_groups == 0
-        assert points[0]["scalars"] == {"loss": 0.5}
+        assert points[0]["scalars"] == {"loss": 0.5, "big": "Infinity"}
         assert points[1]["scalars"] == {"eval_acc": None}
     finally:
         srv.stop()
@@ -290,11 +292,11 @@ def test_any_error_of_a_call_is_skipped_and_constructor_errors_are_one_line(tmp_
     mon = Monitor(None, run_name="odd", spool_dir=str(tmp_path / "spool"))
     mon.log_groups(5, torch.zeros((2, 3), device="meta"))
     mon.log_groups(1, [[[0, 1]]])
-    mon.log_scalars(1, {"big": 10**400})
+    mon.log_scalars(1, {"big": [10**400]})  # no number: skipped, its repr shortened
     mon.flush(2)
     mon.close(timeout=0)
     assert "Cannot copy out of meta tensor" in caplog.text and "not deeper" in caplog.text
-    assert "0" * 401 not in caplog.text and "scalar 'big' is 1000" in caplog.text
+    assert "0" * 401 not in caplog.text and "scalar 'big' is [1000" in caplog.text
     for name, says in ((None, "run_name must be text"), ("", "name: String should have")):
         with pytest.raises((TypeError, ValueError), match=f"^Monitor: {says}"):
             Monitor(None, run_name=name, spool_dir=str(tmp_path / "spool2"))

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from .inputs import as_float
 from .schema import (
     BIDI_CONTROLS,
     MAX_ID_CHARS,
@@ -123,7 +124,7 @@ def scalar_value(name: str, value: Any) -> float:
     call); TypeError naming the scalar when it is no number."""
     refuse_text(name, value)
     try:
-        return float(value)
+        return as_float(value)
     except (TypeError, ValueError):
         raise TypeError(f"scalar {name!r} is {value!r}, not a number") from None
 

@@ -158,9 +158,16 @@ def _reward(value: Any) -> float | None:
         return None
     if isinstance(value, str | bytes):
         raise TypeError(f"rewards are numbers or None, not the string {value!r}")
+    return as_float(value)
+
+
+def as_float(value: Any) -> float:
+    """``float(value)``, with an integer past float64 as ±Infinity, which is what the server
+    makes of the JSON number 1e400: a reward or a scalar that large is sent as non-finite, never
+    dropped (the call's groups, or the scalar, were once lost to the OverflowError)."""
     try:
         return float(value)
-    except OverflowError:  # an integer past float64
+    except OverflowError:
         return math.inf if value > 0 else -math.inf
 
 

@@ -18,10 +18,12 @@ Two pieces, usually put in place together by ``attach``::
   group can span processes), and rank 0 logs whole groups of ``num_generations`` consecutive
   completions under ``trainer_state.global_step + 1``, the step TRL logs them under. With
   ``log_func`` only that one function's rewards are logged.
-- ``VantageCallback`` sends TRL's logged scalars (``loss``, ``kl``, ``frac_reward_zero_std``,
-  ...) and applies the run's commands at step boundaries: ``stop`` and ``checkpoint`` through the
-  trainer's control flags, ``set_sampling`` by changing the generation temperature, on every
-  rank at the same step; ``set_mitigation`` to ``avspo``/``aapo`` is rejected (TRL has neither).
+- ``VantageCallback`` sends TRL's logged scalars (``loss``, ``grad_norm``, ``kl``, ``entropy``
+  (the canonical names, ``CANONICAL_SCALARS``), ``frac_reward_zero_std``, ...; NaN and ±Infinity
+  as they are) and applies the run's commands at step boundaries: ``stop`` and ``checkpoint``
+  through the trainer's control flags, ``set_sampling`` by changing the generation temperature,
+  on every rank at the same step; ``set_mitigation`` to ``avspo``/``aapo`` is rejected (TRL has
+  neither).
   The Monitor itself sends heartbeats.
 
 Async reward functions and reward models (``nn.Module``) are left unwrapped; pass ``log_func``
@@ -36,6 +38,7 @@ import hashlib
 import inspect
 import logging
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -205,12 +208,27 @@ class VantageRewards:
                                     split="train" if training else "eval")  # fmt: skip
 
 
+# TRL's names for the canonical scalars of docs/design.md §5 (TRL name → canonical name): the
+# training loss and the gradient norm before clipping (transformers' Trainer logs both), the mean
+# KL to the reference model (logged only when beta > 0) and the mean per-token entropy. TRL 1.x
+# already logs them under these names; a TRL name that differs is sent under both names.
+CANONICAL_SCALARS = {"loss": "loss", "grad_norm": "grad_norm", "kl": "kl", "entropy": "entropy"}
+
+
 def _numeric_logs(logs: dict[str, Any]) -> dict[str, float]:
+    """The numbers of one TRL log, non-finite ones kept. TRL's ``log`` averages each metric over
+    the logging window without its NaN values and logs None when every value was NaN (a KL or an
+    entropy gone NaN): that None is sent as NaN, so that the server sees what happened
+    (docs/design.md §5: a non-finite scalar is never dropped)."""
     out = {}
     for key, value in logs.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            continue
-        out[key] = float(value)
+        if value is None:
+            out[key] = math.nan
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            out[key] = float(value)
+    for key, canonical in CANONICAL_SCALARS.items():
+        if key in out and canonical not in out:
+            out[canonical] = out[key]
     return out
 
 

@@ -487,6 +487,40 @@ def test_unreachable_server_never_blocks_logging(tmp_path: Path):
     mon.close(timeout=0.5)
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_non_finite_scalars_reach_the_server_as_non_finite(
+    noauth_server: RestartableServer, tmp_path: Path, strict: bool
+):
+    """docs/design.md §5: a non-finite scalar is sent and stored as non-finite, never dropped
+    or made finite; the API answers it as "NaN", "Infinity" or "-Infinity"."""
+    np = pytest.importorskip("numpy")
+    with monitor(noauth_server.url, tmp_path, strict=strict) as mon:
+        mon.log_groups(1, [[0.0, 1.0]])
+        mon.log_scalars(
+            1,
+            {
+                "loss": float("nan"),
+                "grad_norm": float("inf"),
+                "kl": -float("inf"),
+                "entropy": np.float32("nan"),
+                "reward_scale": 10**400,  # an integer past float64: Infinity, as 1e400 in JSON
+                "lr": 1e-6,
+            },
+        )
+        mon.log_scalars(2, {"loss": np.array(float("nan"))})  # no groups: the step still arrives
+    points = {p["step"]: p for p in noauth_server.metrics(mon.run_id)}
+    assert points[1]["scalars"] == {
+        "loss": "NaN",
+        "grad_norm": "Infinity",
+        "kl": "-Infinity",
+        "entropy": "NaN",
+        "reward_scale": "Infinity",
+        "lr": 1e-6,
+    }
+    assert points[2]["scalars"] == {"loss": "NaN"}
+    assert mon.stats["rejected_calls"] == 0
+
+
 def test_effective_scalars_and_finish_reach_the_server(
     noauth_server: RestartableServer, tmp_path: Path
 ):

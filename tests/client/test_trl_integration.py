@@ -5,6 +5,7 @@ the ``frac_reward_zero_std`` TRL logs, and commands from the server reach the tr
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # noq
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from vantage.client import Monitor  # noqa: E402
-from vantage.client.integrations.trl import attach  # noqa: E402
+from vantage.client.integrations.trl import _CallbackMixin, attach  # noqa: E402
 
 from tests.helpers.server import RestartableServer, free_port  # noqa: E402
 
@@ -91,7 +92,32 @@ def test_stored_acr_equals_trl_frac_reward_zero_std(
         assert p["reward_mean"] == pytest.approx(h["reward"], abs=1e-5)
         # TRL's logged scalars arrive too, under the same step
         assert p["scalars"]["frac_reward_zero_std"] == pytest.approx(h["frac_reward_zero_std"])
+        # the canonical names (docs/design.md §5); kl only with beta > 0 (TRL's default is 0)
+        assert {"loss", "grad_norm", "entropy"} <= p["scalars"].keys()
+        assert p["scalars"]["entropy"] == pytest.approx(h["entropy"])
     assert any(0 < points[s]["acr"] < 1 for s in points)  # a meaningful comparison
+
+
+def test_the_callback_sends_non_finite_scalars_as_they_are():
+    """TRL logs None for a metric whose every value in the window was NaN (its `log` drops NaN
+    values before averaging): it is sent as NaN, as a NaN loss is, never dropped."""
+    sent: list[tuple[int, dict, dict]] = []
+
+    class Recorder:
+        def log_scalars(self, step, scalars, **kw):  # noqa: ANN001, ANN003, ANN202
+            sent.append((step, scalars, kw))
+
+    state = type("State", (), {"global_step": 7, "is_world_process_zero": True})()
+    callback = _CallbackMixin(Recorder())  # type: ignore[arg-type]
+    logs = {"loss": float("nan"), "grad_norm": float("inf"), "kl": None, "entropy": 0.25,
+            "learning_rate": 1e-3, "eval_kl": None, "flag": True, "note": "x"}  # fmt: skip
+    callback.on_log(None, state, None, logs=logs)
+    (step, train, _), (_, evals, kw) = sent
+    assert step == 7 and kw == {"split": "eval"}
+    assert train.keys() == {"loss", "grad_norm", "kl", "entropy", "learning_rate"}
+    assert math.isnan(train["loss"]) and train["grad_norm"] == math.inf
+    assert math.isnan(train["kl"]) and train["entropy"] == 0.25
+    assert evals.keys() == {"kl"} and math.isnan(evals["kl"])
 
 
 def test_commands_reach_the_trainer_and_are_acked(noauth_server: RestartableServer, tmp_path: Path):

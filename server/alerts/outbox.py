@@ -1,5 +1,7 @@
-"""Webhook notifications through an outbox table (docs/design.md §6).
+"""Notifications through an outbox table (docs/design.md §6).
 
+A target is a `notify` entry (`targets`): a webhook URL, which gets the JSON body or Slack's
+or Discord's format of it (`messages`), or an e-mail address (`mail`); "URL" below is any entry.
 A transition inserts one outbox row per URL in the evaluation's transaction, so a notification
 exists exactly when the transition does, and survives a restart. A sender (any replica) claims a
 URL's send slot (`webhook_targets`) and that URL's oldest due message with conditional
@@ -16,19 +18,12 @@ restricts targets further.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import hmac
-import ipaddress
-import json
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from sqlalchemy import select, update
@@ -38,126 +33,21 @@ from sqlalchemy.orm import Session
 
 from ..models import as_utc, utcnow
 from ..settings import Settings
+from .mail import send_email
+from .messages import SIGNATURE_HEADER, discord_body, json_bytes, signature_header, slack_body
 from .models import WebhookMessage, WebhookTarget
+from .targets import RefusedTarget, check_target, parse_target, redact_target
+
+# How each kind of webhook target takes a message (`parse_target`); e-mail goes by SMTP.
+FORMATS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "webhook": lambda body: body,
+    "slack": slack_body,
+    "discord": discord_body,
+}
 
 log = logging.getLogger("vantage.notify")
 
-# Cloud metadata services that do not live in the link-local ranges (Alibaba, AWS over IPv6,
-# Oracle, Azure's WireServer).
-METADATA_ADDRESSES = frozenset(
-    ipaddress.ip_address(a)
-    for a in ("100.100.100.200", "fd00:ec2::254", "192.0.0.192", "168.63.129.16")
-)
-METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data"})
 MAX_PARALLEL_URLS = 8
-
-
-class RefusedTarget(ValueError):
-    """A webhook URL that Vantage will not call."""
-
-
-def _address_refused(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_link_local or ip in METADATA_ADDRESSES or ip.is_multicast or ip.is_unspecified
-
-
-def _allowed(url: str, host: str, addresses: list[Any], allow: str | None) -> bool:
-    """VANTAGE_WEBHOOK_ALLOW: comma-separated URL prefixes (http...), CIDR ranges or IPs, and
-    host names (``*.example.com`` matches subdomains)."""
-    if not allow:
-        return True
-    for entry in (e.strip() for e in allow.split(",")):
-        if not entry:
-            continue
-        if entry.startswith(("http://", "https://")):
-            if url.startswith(entry):
-                return True
-            continue
-        try:
-            net = ipaddress.ip_network(entry, strict=False)
-        except ValueError:
-            pattern = entry.lower()
-            if pattern.startswith("*."):
-                if host.endswith(pattern[1:]) or host == pattern[2:]:
-                    return True
-            elif host == pattern:
-                return True
-            continue
-        if addresses and all(a in net for a in addresses):
-            return True
-    return False
-
-
-def _resolve(host: str) -> list[Any]:
-    try:
-        return [ipaddress.ip_address(host)]
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except OSError:
-        return []  # unresolvable now: the send fails and retries, it is not a refusal
-    return list({ipaddress.ip_address(i[4][0].split("%")[0]) for i in infos})
-
-
-def redact_url(url: str) -> str:
-    """A webhook URL without what may be a secret: ``https://hooks.slack.com/services/T/B/x``
-    → ``https://hooks.slack.com/…`` (user info, path, query and fragment dropped; the port
-    kept). The URL was checked when saved (`check_target`)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = f":{parts.port}" if parts.port is not None else ""
-    except ValueError:
-        port = ""
-    return f"{parts.scheme}://{host}{port}/…"
-
-
-def check_target(url: str, allow: str | None, resolve: bool = True) -> str:
-    """The URL if Vantage may call it, else RefusedTarget saying why: not an http(s) URL that
-    the sender can call (httpx parses it; a bad port, an unbracketed IPv6 address, blanks), a
-    link-local or cloud-metadata address, or outside VANTAGE_WEBHOOK_ALLOW."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise RefusedTarget(f"webhook '{url}' must be an http:// or https:// URL with a host")
-    try:
-        if url != url.strip() or any(c.isspace() for c in url):
-            raise ValueError("it holds blanks")
-        if parts.port == 0:  # raises for a port that is no number or above 65535
-            raise ValueError("port 0 is no port to send to")
-        httpx.URL(url)
-    except (ValueError, httpx.InvalidURL) as exc:
-        hint = " (an IPv6 address goes in brackets: http://[fe80::1]/)" if "::" in url else ""
-        raise RefusedTarget(f"webhook '{url}' cannot be called: {exc}{hint}") from None
-    host = parts.hostname.lower().rstrip(".")
-    if host in METADATA_HOSTS:
-        raise RefusedTarget(f"webhook host '{host}' is a cloud metadata service")
-    addresses = _resolve(host) if resolve else []
-    with contextlib.suppress(ValueError):
-        addresses = addresses or [ipaddress.ip_address(host)]
-    for ip in addresses:
-        if _address_refused(ip):
-            raise RefusedTarget(
-                f"webhook '{url}' points at {ip}, a link-local or cloud-metadata address"
-            )
-    if not _allowed(url, host, addresses, allow):
-        raise RefusedTarget(f"webhook '{url}' is not allowed by VANTAGE_WEBHOOK_ALLOW")
-    return url
-
-
-SIGNATURE_HEADER = "X-Vantage-Signature"
-
-
-def signature_header(secret: str, body: bytes, timestamp: int) -> str:
-    """The `X-Vantage-Signature` value of a webhook ``body`` sent at ``timestamp`` (Unix
-    seconds): ``t=<timestamp>,v1=<hex HMAC-SHA256 of "<timestamp>." + body under secret>``, the
-    scheme of Stripe's webhook signatures. A receiver recomputes it over the raw body and
-    refuses a mismatch or an old timestamp (a replay)."""
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return f"t={timestamp},v1={mac.hexdigest()}"
 
 
 def enqueue(session: Session, urls: list[str], payload: dict[str, Any], episode_id: int) -> None:
@@ -232,12 +122,12 @@ class OutboxSender:
                 claimed = self._claim(session, url)
             if claimed is None:
                 return 0
-            error, outcome = self._post(url, claimed.payload)
+            error, outcome = self._deliver(url, claimed.payload)
             with self.session_factory() as session:
                 self._record(session, url, claimed.id, error, outcome)
             return int(outcome == "sent")
         except Exception:
-            log.exception("webhook sender failed for %s", redact_url(url))
+            log.exception("webhook sender failed for %s", redact_target(url))
             return 0
 
     def _claim(self, session: Session, url: str) -> WebhookMessage | None:
@@ -306,11 +196,17 @@ class OutboxSender:
             f" ({payload.get('state')} message of alert {payload.get('alert_id')}, rule "
             f"{payload.get('rule')!r}, run {payload.get('run_id')})"
         )
-        shown = redact_url(url)  # the log is read by more people than the rule's owners
+        shown = redact_target(url)  # the log is read by more people than the rule's owners
+        address = parse_target(url).address  # what an error names of a slack+/discord+ entry
         if outcome == "sent":
             msg.status, msg.sent_at, msg.last_error = "sent", now, error
             if error is not None:
-                log.warning("webhook %s%s: %s", shown, about, error.replace(url, shown))
+                log.warning(
+                    "webhook %s%s: %s",
+                    shown,
+                    about,
+                    error.replace(url, shown).replace(address, shown),
+                )
         else:
             msg.last_error = error[:1000]
             delay = min(self.settings.webhook_max_backoff_s, 0.5 * 2 ** (msg.attempts - 1))
@@ -319,26 +215,34 @@ class OutboxSender:
             if outcome == "failed" or now - as_utc(msg.created_at) > give_up:
                 msg.status = "failed"
             gave_up = "; given up" if msg.status == "failed" else ""
-            said = (error or "").replace(url, shown)
+            said = (error or "").replace(url, shown).replace(address, shown)
             log.warning(
                 "webhook %s%s failed (attempt %d): %s%s", shown, about, msg.attempts, said, gave_up
             )
         session.commit()
 
+    def _deliver(self, entry: str, payload: dict[str, Any]) -> tuple[str | None, str]:
+        """Send the outbox's body to a `notify` entry in its kind's format: (error or None,
+        outcome: "sent", "retry" or "failed"). Targets are checked again here: a host name may
+        resolve elsewhere than when the rule was saved."""
+        try:
+            check_target(entry, self.settings.webhook_allow)
+        except RefusedTarget as exc:
+            return str(exc), "failed"
+        target = parse_target(entry)
+        if target.kind == "email":
+            return send_email(self.settings, target.address, payload)
+        return self._post(target.address, FORMATS[target.kind](payload))
+
     def _post(self, url: str, payload: dict[str, Any]) -> tuple[str | None, str]:
-        """(error or None, outcome: "sent", "retry" or "failed"). Targets are checked again
-        here: a host name may resolve elsewhere than when the rule was saved.
+        """POST ``payload`` to ``url``: (error or None, outcome).
 
         A message the target took but did not answer within ``webhook_timeout_s`` counts as
         sent: it reached the target, and sending it again posted it again and again to a
         receiver slower than the timeout (six copies in a minute). Messages never go
         out twice on purpose (one on firing, one on resolving, docs/design.md §6); a target that
         took it and then failed has lost it, which the log says."""
-        try:
-            check_target(url, self.settings.webhook_allow)
-        except RefusedTarget as exc:
-            return str(exc), "failed"
-        body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        body = json_bytes(payload)
         headers = {"content-type": "application/json"}
         if self.settings.webhook_secret is not None:
             secret = self.settings.webhook_secret.get_secret_value()
@@ -358,7 +262,7 @@ class OutboxSender:
         said = f"HTTP {r.status_code}: {r.text[:200]}"
         if 300 <= r.status_code < 400:  # will redirect again; following it is not safe
             where = r.headers.get("location")
-            moved = f" to {redact_url(where)}" if where and "://" in where else ""
+            moved = f" to {redact_target(where)}" if where and "://" in where else ""
             return f"{said} (a redirect{moved}, not followed: give the rule that URL)", "failed"
         # a 4xx will be answered again (a wrong URL, a refused body), except timeouts and limits
         permanent = 400 <= r.status_code < 500 and r.status_code not in (408, 429)

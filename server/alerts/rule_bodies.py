@@ -33,6 +33,7 @@ from vantage.client.schema import (
 )
 
 from .metrics import check_metric
+from .targets import parse_target
 
 Op = Literal[">", ">=", "<", "<="]
 RULE_FIELDS = (
@@ -100,7 +101,12 @@ def _target(url: str) -> str:
     without the host's trailing dot, a default port, an empty query's ``?`` and the fragment
     (which no request carries); unreserved characters percent-encoded in the path or query
     decoded, other encodings' hex digits in upper case (`/%68ook` is `/hook`, `%2f` is `%2F`,
-    never `/`). ``url`` itself if it does not parse."""
+    never `/`). An e-mail target as ``mailto:`` and its address, the domain in lower case.
+    ``url`` itself if it does not parse."""
+    target = parse_target(url)
+    if target.kind == "email":
+        local, _, domain = target.address.rpartition("@")
+        return f"mailto:{local}@{domain.lower()}"
     try:
         u = httpx.URL(url)
         host = u.host.rstrip(".")
@@ -124,7 +130,7 @@ def _percent_normal(match: re.Match[str]) -> str:
 
 
 def _once(urls: Any) -> Any:
-    """A list of webhook URLs with each target once (`_target`: "HTTP://Chat/x#a" and
+    """A list of notification targets with each target once (`_target`: "HTTP://Chat/x#a" and
     "http://chat/x" posted every message twice), in order, as first spelled; anything
     else as it is."""
     if isinstance(urls, list) and all(isinstance(u, str) for u in urls):
@@ -165,7 +171,9 @@ class RulePatch(BaseModel):
     severity: Severity | None = None
     """Free label sent with notifications (default warning)."""
     notify: list[text(2000, 1)] | None = Field(default=None, max_length=20)
-    """Webhook URLs (up to 2,000 characters each) notified on firing and on resolving."""
+    """Targets notified on firing and on resolving (up to 2,000 characters each): webhook URLs
+    (Slack's and Discord's get their own format; `slack+https://...` or `discord+https://...`
+    gives any URL that format) and e-mail addresses (`mailto:ops@example.com`)."""
     mitigation: Mitigation | None = None
     """A command issued when the alert fires (by the run's mitigation_mode: auto sends it, suggest
     offers it on the dashboard, off does nothing)."""

@@ -18,8 +18,8 @@ from ..models import Run, iso, run_not_found, utcnow
 from ..settings import Settings
 from .episodes import end_rule_episodes
 from .models import AlertRule, AlertState
-from .outbox import RefusedTarget, check_target, redact_url
 from .rule_bodies import RULE_FIELDS, RuleCreate, RulePatch
+from .targets import RefusedTarget, check_target, redact_target, smtp_missing
 
 
 def rule_dict(r: AlertRule) -> dict[str, Any]:
@@ -31,13 +31,16 @@ def rule_dict(r: AlertRule) -> dict[str, Any]:
     return out
 
 
-def check_notify(urls: list[str], allow: str | None) -> list[str]:
-    """The URLs (a rule body's, which `_once` made one per target), each checked; raises
-    ValueError naming a refused webhook target."""
+def check_notify(targets: list[str], settings: Settings) -> list[str]:
+    """The targets (a rule body's, which `_once` made one per target), each checked and as
+    stored (an e-mail address as ``mailto:ADDRESS``); raises ValueError naming a refused
+    target, an e-mail one too while the server has no SMTP settings."""
+    missing = smtp_missing(settings)
     try:
-        return [check_target(u, allow) for u in urls]
+        checked = [check_target(t, settings.webhook_allow, smtp_missing=missing) for t in targets]
     except RefusedTarget as exc:
         raise ValueError(str(exc)) from exc
+    return list(dict.fromkeys(checked))  # "ops@x.org" and "mailto:ops@x.org" are one target
 
 
 class RuleFieldError(ValueError):
@@ -77,9 +80,9 @@ def _check_unique_name(session: Session, rule: AlertRule) -> None:
         )
 
 
-def _apply(session: Session, rule: AlertRule, fields: dict[str, Any], allow: str | None) -> None:
+def _apply(session: Session, rule: AlertRule, fields: dict[str, Any], settings: Settings) -> None:
     if "notify" in fields and fields["notify"] is not None:
-        fields["notify"] = check_notify(fields["notify"], allow)
+        fields["notify"] = check_notify(fields["notify"], settings)
     if fields.get("run_id") is not None and session.get(Run, fields["run_id"]) is None:
         raise LookupError(run_not_found(fields["run_id"]))
     for name, value in fields.items():
@@ -107,7 +110,7 @@ def _check_clear_side(rule: AlertRule) -> None:
         )
 
 
-def create_rule(session: Session, body: RuleCreate, allow: str | None) -> dict[str, Any]:
+def create_rule(session: Session, body: RuleCreate, settings: Settings) -> dict[str, Any]:
     """A new rule with §6 defaults. Raises ValueError (refused target), LookupError (run) or
     RuleExists (the name is taken in this scope)."""
     rule = AlertRule(
@@ -129,7 +132,7 @@ def create_rule(session: Session, body: RuleCreate, allow: str | None) -> dict[s
         if v is not None
         or k in ("run_id", "project", "clear_threshold", "mitigation", "description")
     }
-    _apply(session, rule, fields, allow)
+    _apply(session, rule, fields, settings)
     session.add(rule)
     session.flush()
     return rule_dict(rule)
@@ -159,7 +162,7 @@ def update_rule(
     ):
         if required in fields and fields[required] is None:
             raise RuleFieldError(required, f"'{required}' cannot be null")
-    _apply(session, rule, fields, settings.webhook_allow)
+    _apply(session, rule, fields, settings)
     session.flush()
     end_what_it_left(session, before, rule, settings)
     return rule_dict(rule)
@@ -243,11 +246,11 @@ def in_key_project(session: Session, rule: AlertRule, key: KeyInfo) -> bool:
 
 
 def rule_as_seen(session: Session, rule: AlertRule, key: KeyInfo) -> dict[str, Any]:
-    """The rule as the key may see it: webhook URLs (which often carry a token in their path,
-    as Slack's do) in full only to a key that may change the rule (control scope, and
-    `in_key_project`); to others, their scheme and host, so that read keys (the dashboard's
-    included) never read the tokens."""
+    """The rule as the key may see it: its targets (webhook URLs often carry a token in their
+    path, as Slack's do) in full only to a key that may change the rule (control scope, and
+    `in_key_project`); to others, their scheme and host (an e-mail's domain), so that read
+    keys (the dashboard's included) never read the tokens."""
     out = rule_dict(rule)
     if not ("control" in key.scopes and in_key_project(session, rule, key)):
-        out["notify"] = [redact_url(u) for u in out["notify"]]
+        out["notify"] = [redact_target(u) for u in out["notify"]]
     return out

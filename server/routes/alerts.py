@@ -121,7 +121,7 @@ def rules_create(
     """Create a rule; answers 201 with the rule and its `id`."""
     _scoped(body, key, session)
     with rule_writes_lock(session):  # until the commit: a name another request is storing
-        return _written(session, lambda: create_rule(session, body, settings.webhook_allow))
+        return _written(session, lambda: create_rule(session, body, settings))
 
 
 def _written(session: Session, write: Callable[[], dict]) -> dict:

@@ -4,6 +4,9 @@ PostgreSQL database that never double-fire an alert, a webhook or a command."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -394,3 +397,168 @@ def test_alert_command_is_redelivered_until_its_ttl_then_expires(fast_server):
         assert post_steps(api, run, [{"step": 3, "groups": ALL_FAIL}])["commands"] == []
         log = api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"]
         assert [(c["status"], c["issued_by"]) for c in log] == [("expired", "alert:ttl")]
+
+
+def test_slack_and_discord_targets_get_their_own_format(fast_server):
+    """docs/design.md §6: a Slack target gets `{text, blocks}`, a Discord one `{content,
+    embeds}`, another URL the JSON body; each its firing and then its resolved message, signed.
+    A receiver on 127.0.0.1 has no Slack or Discord host name: the `slack+` and `discord+`
+    prefixes name the format."""
+    slack, discord, plain = Receiver(), Receiver(), Receiver()
+    try:
+        with fast_server.client("all") as api:
+            run = new_run(api, name="formats")
+            targets = [f"slack+{slack.url}", f"discord+{discord.url}", plain.url]
+            rule = make_rule(api, name="formats", run_id=run["run_id"], metric="acr", op=">=",
+                             threshold=0.9, severity="critical", notify=targets,
+                             description="Turn on AVSPO.")  # fmt: skip
+            assert rule["notify"] == targets
+            post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])
+            post_steps(api, run, [{"step": 2, "groups": LIVE}])
+            for receiver in (slack, discord, plain):
+                assert len(receiver.wait_for(2)) == 2
+        firing, resolved = slack.messages
+        assert firing.keys() == {"text", "blocks"} and "formats FIRING" in firing["text"]
+        assert firing["blocks"][0]["text"]["text"] == "formats FIRING"
+        said = [block["text"]["text"] for block in firing["blocks"] if "text" in block]
+        assert "*Recommended action*\nTurn on AVSPO." in said
+        assert "formats RESOLVED" in resolved["text"] and "at step 2" in resolved["text"]
+        firing, resolved = discord.messages
+        assert firing.keys() == {"content", "embeds", "allowed_mentions"}
+        (embed,) = firing["embeds"]
+        assert embed["title"] == "formats FIRING" and embed["color"] == 0xD93025
+        assert embed["url"] == f"https://vantage.example.com/dashboard/runs/{run['run_id']}"
+        fields = {f["name"]: f["value"] for f in embed["fields"]}
+        assert fields["Step"] == "1" and fields["Recommended action"] == "Turn on AVSPO."
+        assert resolved["embeds"][0]["title"] == "formats RESOLVED"
+        assert [(m["state"], m["step"]) for m in plain.messages] == [("firing", 1), ("resolved", 2)]
+        assert plain.messages[0]["recommended_action"] == "Turn on AVSPO."
+        for receiver in (slack, discord, plain):
+            assert all("x-vantage-signature" in headers for headers, _ in receiver.raw)
+    finally:
+        for receiver in (slack, discord, plain):
+            receiver.close()
+
+
+def test_an_e_mail_target_needs_the_smtp_settings(fast_server):
+    with fast_server.client("all") as api:
+        rule = {"name": "mail", "metric": "acr", "op": ">", "threshold": 0.5}
+        r = api.post("/api/v1/alert-rules", json={**rule, "notify": ["ops@example.com"]})
+        assert r.status_code == 422
+        assert "VANTAGE_SMTP_HOST and VANTAGE_SMTP_FROM" in r.text, r.text
+
+
+class Inbox:
+    """An aiosmtpd handler that keeps every message it is given."""
+
+    def __init__(self) -> None:
+        self.messages: list = []
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: ANN001, ANN201, N802
+        from email import message_from_bytes, policy
+
+        message = message_from_bytes(envelope.content, policy=policy.default)
+        self.messages.append((envelope.mail_from, envelope.rcpt_tos, message, session.ssl))
+        return "250 OK"
+
+
+def self_signed_certificate(folder) -> tuple[str, str]:  # noqa: ANN001
+    """A certificate for 127.0.0.1 and its key, as PEM files in ``folder``."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)  # noqa: E501
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    cert_file, key_file = folder / "smtp-cert.pem", folder / "smtp-key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )  # fmt: skip
+    )
+    return str(cert_file), str(key_file)
+
+
+@pytest.mark.parametrize("starttls", [False, True], ids=["plain", "starttls-login"])
+def test_e_mail_targets_get_each_message_in_order(tmp_path, starttls):
+    """A real SMTP server (aiosmtpd) on 127.0.0.1: the firing and the resolved message arrive
+    in that order, from VANTAGE_SMTP_FROM to the rule's address, with the JSON body attached
+    and signed. With STARTTLS (a self-signed certificate the server trusts through
+    SSL_CERT_FILE) the server logs in, and the mail server refuses any message sent before
+    STARTTLS or the login."""
+    controller_module = pytest.importorskip("aiosmtpd.controller")
+    import ssl
+
+    from aiosmtpd.smtp import AuthResult
+
+    inbox, port, env = Inbox(), free_port(), {**FAST}
+    options: dict = {}
+    if starttls:
+        cert, key = self_signed_certificate(tmp_path)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+
+        def login(server, session, envelope, mechanism, auth_data):  # noqa: ANN001, ANN202
+            return AuthResult(success=(auth_data.login, auth_data.password) == (b"vantage", b"pw"))
+
+        options = {"tls_context": context, "require_starttls": True, "authenticator": login,
+                   "auth_required": True}  # fmt: skip
+        env |= {"SSL_CERT_FILE": cert, "VANTAGE_SMTP_USER": "vantage",
+                "VANTAGE_SMTP_PASSWORD": "pw"}  # fmt: skip
+    controller = controller_module.Controller(inbox, hostname="127.0.0.1", port=port, **options)
+    controller.start()
+    env |= {"VANTAGE_SMTP_HOST": "127.0.0.1", "VANTAGE_SMTP_PORT": str(port),
+            "VANTAGE_SMTP_FROM": "Vantage <vantage@example.com>",
+            "VANTAGE_SMTP_STARTTLS": str(starttls).lower()}  # fmt: skip
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    prepare(url)
+    srv = serve(url, tmp_path, env=env)
+    try:
+        with srv.client("all") as api:
+            run = new_run(api, name="mailed")
+            rule = make_rule(api, name="mailed", run_id=run["run_id"], metric="acr", op=">=",
+                             threshold=0.9, notify=["OPS@Example.com"],
+                             description="Lower the learning rate.")  # fmt: skip
+            assert rule["notify"] == ["mailto:OPS@Example.com"]  # an address, as given
+            post_steps(api, run, [{"step": 1, "groups": ALL_FAIL}])
+            post_steps(api, run, [{"step": 2, "groups": LIVE}])
+            assert wait_until(lambda: len(inbox.messages) >= 2, timeout=15), (
+                srv.log_path.read_text()
+            )
+        time.sleep(1.5)  # nothing more comes
+        assert len(inbox.messages) == 2
+        (sender, to, firing, tls), (_, _, resolved, _) = inbox.messages
+        assert sender == "vantage@example.com" and to == ["OPS@Example.com"]
+        assert bool(tls) == starttls
+        assert (
+            firing["Subject"]
+            == "[warning] mailed FIRING on run 'mailed' at step 1: acr = 1 (>= 0.9)"
+        )
+        assert resolved["Subject"].startswith("[warning] mailed RESOLVED on run 'mailed' at step 2")
+        text = firing.get_body(("plain",)).get_content().replace("\r\n", "\n")  # as on the wire
+        assert "Recommended action:\nLower the learning rate." in text
+        (attached,) = firing.iter_attachments()
+        data = attached.get_content()
+        assert json.loads(data)["state"] == "firing" and json.loads(data)["step"] == 1
+        fields = dict(part.split("=", 1) for part in firing["X-Vantage-Signature"].split(","))
+        secret = FAST["VANTAGE_WEBHOOK_SECRET"].encode()
+        mac = hmac.new(secret, fields["t"].encode() + b"." + data, hashlib.sha256).hexdigest()
+        assert hmac.compare_digest(fields["v1"], mac)
+    finally:
+        srv.stop()
+        controller.stop()

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from vantage.client.acr import window_metrics
 from vantage.server.alerts.metrics import Window, reward_drop, series_values
-from vantage.server.alerts.outbox import RefusedTarget, check_target
+from vantage.server.alerts.targets import RefusedTarget, check_target
 from vantage.server.db import make_engine
 from vantage.server.migrate import upgrade
 from vantage.server.models import Run, Step

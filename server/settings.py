@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from email.utils import parseaddr
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from platformdirs import user_data_dir
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .database_url import check_url
+from .database_url import check_url, compose_url
 
 
 def default_database_url() -> str:
@@ -44,15 +45,32 @@ class Settings(BaseSettings):
     )
 
     database_url: str = Field(default_factory=default_database_url)
+    # A PostgreSQL database given by its parts, when VANTAGE_DATABASE_URL is not set: the password
+    # goes in as it is, where inside a URL every / : @ % # ? or blank must be percent-encoded
+    # (compose passes POSTGRES_PASSWORD here; a base64 password in an interpolated URL was
+    # misread as a port and printed in clear).
+    db_host: str | None = None
+    db_port: int = Field(default=5432, ge=1, le=65535)
+    db_user: str | None = None
+    db_password: SecretStr | None = None
+    db_name: str | None = None
     # Off only through `vantage serve --insecure-no-auth`, which refuses non-loopback hosts.
     auth_enabled: bool = True
     public_url: str | None = None
     metrics_token: str | None = None
     default_mitigation_mode: Literal["off", "suggest", "auto"] = "auto"
     webhook_allow: str | None = None
-    # Signs each webhook message (`notify.signature_header`): a receiver can tell Vantage's
+    # Signs each webhook message (`alerts.messages.signature_header`): a receiver can tell Vantage's
     # messages from anyone's who knows its URL.
     webhook_secret: SecretStr | None = None
+    # E-mail notifications (docs/design.md §6): a `mailto:` target needs the host and the sender
+    # (From) address; with a user, the server logs in, after STARTTLS unless it is turned off.
+    smtp_host: str | None = None
+    smtp_port: int = Field(default=587, ge=1, le=65535)
+    smtp_user: str | None = None
+    smtp_password: SecretStr | None = None
+    smtp_from: str | None = None
+    smtp_starttls: bool = True
     command_ttl_s: Seconds = 3600.0
     # at least 0.5 s: each refresh of each open page reads the run (0.001 was taken); at most
     # what a browser's timer holds (2**31 - 1 ms): a longer interval overflowed and fired
@@ -86,6 +104,28 @@ class Settings(BaseSettings):
         check_url(value)
         return value
 
+    @model_validator(mode="after")
+    def _database_from_parts(self) -> Settings:
+        parts = {"db_user": self.db_user, "db_password": self.db_password, "db_name": self.db_name}
+        if "database_url" in self.model_fields_set or self.db_host is None:
+            if self.db_host is None and (given := [k for k, v in parts.items() if v is not None]):
+                names = ", ".join(f"VANTAGE_{k.upper()}" for k in given)
+                raise ValueError(
+                    f"{names} set without VANTAGE_DB_HOST: set VANTAGE_DB_HOST too (or give "
+                    "the whole VANTAGE_DATABASE_URL)"
+                )
+            return self
+        if not self.db_name:
+            raise ValueError(
+                "VANTAGE_DB_HOST is set without VANTAGE_DB_NAME: name the database (libpq "
+                "would pick the one named after the user)"
+            )
+        password = self.db_password.get_secret_value() if self.db_password else None
+        url = compose_url(self.db_host, self.db_port, self.db_user, password, self.db_name)
+        check_url(url)
+        self.database_url = url
+        return self
+
     @field_validator("public_url")
     @classmethod
     def _public_url(cls, value: str | None) -> str | None:
@@ -102,6 +142,19 @@ class Settings(BaseSettings):
             raise ValueError(
                 "must be at least 16 characters, not counting blanks (a guessable secret signs "
                 "nothing)"
+            )
+        return value
+
+    @field_validator("smtp_from")
+    @classmethod
+    def _smtp_from(cls, value: str | None) -> str | None:
+        # the From header and the envelope sender: one address, on one line
+        if value is not None and (
+            "@" not in parseaddr(value)[1] or any(not c.isprintable() for c in value)
+        ):
+            raise ValueError(
+                "must be one e-mail address (vantage@example.com, or with a name: "
+                "Vantage <vantage@example.com>)"
             )
         return value
 
@@ -152,8 +205,10 @@ def load_settings(**values: object) -> Settings:
 
 
 # The password of a URL's user (a database URL's, a webhook's), and libpq's password parameters
-# in its query (`?password=`: it was echoed in clear), hidden when a value is echoed.
-_PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
+# in its query (`?password=`: it was echoed in clear), hidden when a value is echoed. A URL's
+# user info ends at its last "@" (as URL parsers read it): a password with an unescaped "/"
+# was once left in clear.
+_PASSWORD = re.compile(r"(://[^/@:\s]*:)\S*@")
 _QUERY_PASSWORD = re.compile(r"([?&](?:password|sslpassword)=)[^&'\"\s]*", re.IGNORECASE)
 
 
@@ -164,11 +219,27 @@ def hide_passwords(text: str) -> str:
 
 def _problem(error: Any) -> str:
     """One bad value: its variable, its value (any URL password hidden) and what is wrong."""
+    said = error["msg"].removeprefix("Value error, ")
+    if not error["loc"]:  # a check of several settings together: its message names them
+        return said
     name = "VANTAGE_" + "_".join(map(str, error["loc"])).upper()
-    value = hide_passwords(repr(error.get("input")))
-    if error["loc"] and error["loc"][0] in SECRET_SETTINGS:  # never echoed
+    value = error.get("input")
+    if error["loc"][0] == "database_url" and isinstance(value, str):
+        value = _hide_user_info(value)
+    value = hide_passwords(repr(value))
+    if error["loc"][0] in SECRET_SETTINGS:  # never echoed
         value = "'***'"
-    return f"{name}={value}: {error['msg'].removeprefix('Value error, ')}"
+    return f"{name}={value}: {said}"
 
 
-SECRET_SETTINGS = frozenset({"webhook_secret", "metrics_token"})
+def _hide_user_info(url: str) -> str:
+    """A URL that may not parse with everything after its user name and before its last "@"
+    hidden: a password with blanks or unescaped characters is hidden whole."""
+    scheme, sep, rest = url.partition("://")
+    user_info, at, host = rest.rpartition("@")
+    if not (sep and at and ":" in user_info):
+        return url
+    return f"{scheme}://{user_info.split(':', 1)[0]}:***@{host}"
+
+
+SECRET_SETTINGS = frozenset({"webhook_secret", "metrics_token", "db_password", "smtp_password"})

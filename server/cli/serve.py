@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import ipaddress
+import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 from ..launcher import bind_problem, free_port, url_host
 from ..preflight import schema_or_explain, settings_or_exit, upgrade_or_explain
@@ -85,8 +92,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os.environ["VANTAGE_DATABASE_URL"] = settings.database_url
     os.environ["VANTAGE_AUTH_ENABLED"] = "true" if settings.auth_enabled else "false"
     with _shared_counters():
-        uvicorn.run("vantage.server.main:create_app", factory=True, workers=workers, **options)
+        uvicorn.run(f"{__name__}:worker_app", factory=True, workers=workers, **options)
     return 0
+
+
+def worker_app() -> FastAPI:
+    """The app of one `--workers N` process, which ends with its parent."""
+    from ..main import create_app
+
+    exit_with_parent()
+    return create_app()
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def exit_with_parent() -> None:
+    """Have the kernel send this process SIGTERM when its parent dies (Linux; elsewhere
+    nothing). uvicorn's workers hold the listening socket: after a `kill -9` of `vantage serve`
+    they went on serving the port, and a new server could not bind it."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        return
+    # a parent that died before the prctl sends nothing: this process has another parent now
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _is_loopback(host: str) -> bool:

@@ -102,6 +102,10 @@ COMMAND_HELP = {
         "AAPO adds an advantage margin against a frozen reference model's rewards for the same "
         "prompt; costs reference samples."
     ),
+    "dapo": (
+        "DAPO dynamic sampling drops collapsed groups from the training batch and samples more "
+        "prompts to refill it; costs extra rollouts."
+    ),
     "none": "Plain GRPO advantages: switch mitigation off.",
     "temperature": "Sampling temperature: higher gives more diverse completions, fewer collapses.",
     "checkpoint": "Ask the trainer to save a checkpoint at the next step boundary.",

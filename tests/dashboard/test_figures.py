@@ -358,6 +358,22 @@ def test_command_forms():
     assert "to run 'qwen-7b'?" in command_panel.describe("stop", {}, "qwen-7b")  # which run
 
 
+def test_the_dapo_form_sends_its_batch_budget():
+    assert command_panel.build_command("dapo", {"dapo_max_gen_batches": 4.0}) == (
+        "set_mitigation", {"mode": "dapo", "max_gen_batches": 4})  # fmt: skip
+    assert command_panel.build_command("dapo", {}) == ("set_mitigation", {"mode": "dapo"})
+    for bad in (0, 2.5, 101):
+        with pytest.raises(ValueError, match="max_gen_batches"):
+            command_panel.build_command("dapo", {"dapo_max_gen_batches": bad})
+    # the box starts at the trainer config's max_gen_batches, then the newest applied command's
+    applied = [{"type": "set_mitigation", "status": "applied",
+                "params": {"mode": "dapo", "max_gen_batches": 6}}]  # fmt: skip
+    run = {"config": {"max_gen_batches": 5}}
+    assert command_panel.current_settings(run, [])["dapo_max_gen_batches"] == 5
+    assert command_panel.current_settings(run, applied)["dapo_max_gen_batches"] == 6
+    assert "DAPO" in explain.COMMAND_HELP["dapo"]
+
+
 def test_the_temperature_box_starts_at_the_runs_temperature():
     sampling = {"type": "set_sampling", "params": {"temperature": 0.6}}
     run = {"config": {"temperature": 0.8}}
@@ -395,6 +411,7 @@ def test_the_command_forms_start_at_the_runs_settings():
         "avspo_alpha": 0.7,
         "aapo_delta_low": -0.1,
         "aapo_delta_high": 0.4,  # the newest applied; a pending one is not in effect yet
+        "dapo_max_gen_batches": 3,
         "temperature": 1.0,
     }
     defaults = command_panel.current_settings({}, [])

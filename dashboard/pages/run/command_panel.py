@@ -26,6 +26,7 @@ ACTIONS = {
     # action: (button text, command type, help key, danger)
     "avspo": ("Enable AVSPO", "set_mitigation", "avspo", False),
     "aapo": ("Enable AAPO", "set_mitigation", "aapo", False),
+    "dapo": ("Enable DAPO", "set_mitigation", "dapo", False),
     "none": ("Mitigation off", "set_mitigation", "none", False),
     "temperature": ("Set temperature", "set_sampling", "temperature", False),
     "checkpoint": ("Save checkpoint", "checkpoint", "checkpoint", False),
@@ -59,6 +60,13 @@ def _command(action: str, values: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             if values.get(f"aapo_{key}") is not None:
                 params[key] = float(values[f"aapo_{key}"])
         return kind, params
+    if action == "dapo":
+        batches = values.get("dapo_max_gen_batches")
+        if batches is None or batches == "":
+            return kind, {"mode": "dapo"}
+        # a whole float (3.0) is that integer; any other value goes to the server's check as is
+        whole = isinstance(batches, float) and batches.is_integer()
+        return kind, {"mode": "dapo", "max_gen_batches": int(batches) if whole else batches}
     if action == "none":
         return kind, {"mode": "none"}
     if action == "temperature":
@@ -172,12 +180,13 @@ def _number(id_: str, value: float, step: float, label: str, help_text: str) -> 
 
 # A form field → (the trainer config's field, the set_mitigation param, the trainer's default).
 SETTINGS = {
-    f"{mode}_{param}": (f"{mode}_{param}", param, MITIGATION_DEFAULTS[param])
-    for mode, param in (
-        ("avspo", "threshold"),
-        ("avspo", "alpha"),
-        ("aapo", "delta_low"),
-        ("aapo", "delta_high"),
+    form: (config_field, param, MITIGATION_DEFAULTS[param])
+    for form, config_field, param in (
+        ("avspo_threshold", "avspo_threshold", "threshold"),
+        ("avspo_alpha", "avspo_alpha", "alpha"),
+        ("aapo_delta_low", "aapo_delta_low", "delta_low"),
+        ("aapo_delta_high", "aapo_delta_high", "delta_high"),
+        ("dapo_max_gen_batches", "max_gen_batches", "max_gen_batches"),
     )
 }
 
@@ -301,6 +310,23 @@ def panel(
                             ),
                             html.Br(),
                             _button("aapo", why_not),
+                        ],
+                        className="cmd",
+                    ),
+                    html.Div(
+                        [
+                            html.H4("DAPO"),
+                            html.P(explain.COMMAND_HELP["dapo"]),
+                            _number(
+                                "dapo-max-gen-batches",
+                                now["dapo_max_gen_batches"],
+                                1,
+                                "batches",
+                                "At most this many generation batches a step to fill the batch "
+                                "with groups that are not collapsed.",
+                            ),
+                            html.Br(),
+                            _button("dapo", why_not),
                         ],
                         className="cmd",
                     ),

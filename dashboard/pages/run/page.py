@@ -291,12 +291,13 @@ class SendOutputs(NamedTuple):
     State("avspo-alpha", "value"),
     State("aapo-delta-low", "value"),
     State("aapo-delta-high", "value"),
+    State("dapo-max-gen-batches", "value"),
     State("temperature-value", "value"),
     State("run-name", "data"),
     prevent_initial_call=True,
 )
 def ask_confirmation(
-    _cmd, _suggest, _cancel, threshold, alpha, d_low, d_high, temp, name
+    _cmd, _suggest, _cancel, threshold, alpha, d_low, d_high, batches, temp, name
 ) -> ConfirmOutputs:
     trigger = ctx.triggered_id
     if trigger == "cmd-confirm-cancel":
@@ -308,6 +309,7 @@ def ask_confirmation(
         "avspo_alpha": alpha,
         "aapo_delta_low": d_low,
         "aapo_delta_high": d_high,
+        "dapo_max_gen_batches": batches,
         "temperature": temp,
     }
     try:

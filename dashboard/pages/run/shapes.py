@@ -17,7 +17,11 @@ from vantage.dashboard.figures import (
 # AAPO's band was the orange of the all-fail share beside it in the legend: yellow
 # Okabe-Ito bluish green and yellow: AVSPO's blue tint vanished over the light-blue all-pass
 # area; each band also starts with a line of its colour (`mitigation_shapes`).
-_MITIGATION_RGBA = {"avspo": (0, 158, 115, 0.12), "aapo": (240, 228, 66, 0.25)}
+_MITIGATION_RGBA = {
+    "avspo": (0, 158, 115, 0.12),
+    "aapo": (240, 228, 66, 0.25),
+    "dapo": (204, 121, 167, 0.15),  # Okabe-Ito reddish purple
+}
 MITIGATION_COLORS = {m: f"rgba({r}, {g}, {b}, {a})" for m, (r, g, b, a) in _MITIGATION_RGBA.items()}
 # a band's start line: its fill colour, opaque
 _BAND_EDGES = {

@@ -16,12 +16,12 @@ Numerics: everything is computed in float64 and returned in the rewards' dtype.
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeVar
 
 import torch
+from vantage.client.avspo import adaptive_tau_update, avspo_num_virtual, virtual_rewards
 
 __all__ = [
     "Advantages",
@@ -173,21 +173,6 @@ def grpo(
     return Advantages(values.to(rewards.dtype), 0)
 
 
-def avspo_num_virtual(group_size: int, acr: float, alpha: float = 0.5) -> int:
-    """AVSPO's K = max(1, min(G, ⌈G·ACR^α − 1e-9⌉)) (docs/design.md §7); the 1e-9 keeps
-    G·√ACR = 3 at 3."""
-    if not 0.0 <= acr <= 1.0:
-        raise ValueError(f"acr must be in [0, 1]; got {acr}")
-    return max(1, min(group_size, math.ceil(group_size * acr**alpha - 1e-9)))
-
-
-def _virtual_rewards(c: float, k: int, reward_min: float, reward_max: float) -> list[float]:
-    """K values strictly between c and the bound b, evenly spaced: v_k = c + (b − c)·k/(K + 1)."""
-    # For c outside [reward_min, reward_max] this rule picks the bound farther from c, as §7 asks.
-    b = reward_min if c >= (reward_min + reward_max) / 2 else reward_max
-    return [c + (b - c) * j / (k + 1) for j in range(1, k + 1)]
-
-
 @register_adv_est("avspo", settings=("threshold", "alpha", "eta"))
 def avspo(
     rewards: torch.Tensor,
@@ -229,7 +214,7 @@ def avspo(
     for p in torch.nonzero(collapsed).flatten().tolist():
         c = float(r[p, 0])
         augmented = torch.cat(
-            [r[p], torch.tensor(_virtual_rewards(c, k, reward_min, reward_max), dtype=r.dtype)]
+            [r[p], torch.tensor(virtual_rewards(c, k, reward_min, reward_max), dtype=r.dtype)]
         )
         mu, sigma = augmented.mean(), augmented.std()
         base[p] = (r[p] - mu) / (sigma + eps)
@@ -292,26 +277,6 @@ def dapo(
 
 
 # --------------------------------------------------------------------------- AVSPO's threshold
-
-
-def adaptive_tau_update(
-    tau: float,
-    acr: float,
-    reward: float,
-    previous_reward: float | None,
-    eta: float = 0.01,
-    low: float = 0.1,
-    high: float = 0.9,
-) -> float:
-    """τ_{t+1} = clip(τ_t + η·sign(J_t − J_{t−1})·(acr_t − τ_t), 0.1, 0.9) (AVSPO's adaptive rule).
-
-    Called after the optimizer step of step t, whose augmentation decision used τ_t. τ stays put
-    at the first step (previous_reward None) and when J does not change.
-    """
-    if previous_reward is None or reward == previous_reward:
-        return tau
-    sign = 1.0 if reward > previous_reward else -1.0
-    return min(high, max(low, tau + eta * sign * (acr - tau)))
 
 
 @dataclass

@@ -47,6 +47,8 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..avspo import adaptive_tau_update, avspo_num_virtual, virtual_rewards
+
 if TYPE_CHECKING:
     from ..commands import Command
     from ..monitor import Monitor
@@ -71,11 +73,6 @@ AVSPO_THRESHOLDS = ("fixed", "adaptive", "single")
 NO_MITIGATION_ALIASES = ("none", "grpo", "off")
 
 
-def avspo_num_virtual(group_size: int, acr: float, alpha: float = 0.5) -> int:
-    """AVSPO's K = max(1, min(G, ⌈G·ACR^α − 1e-9⌉)) (docs/design.md §7)."""
-    return max(1, min(group_size, math.ceil(group_size * acr**alpha - 1e-9)))
-
-
 def avspo_group_advantages(
     rewards: Any,
     k: int,
@@ -94,20 +91,10 @@ def avspo_group_advantages(
     import torch  # noqa: PLC0415 (torch only when verl is in use)
 
     r = rewards.to(torch.float64)
-    c = float(r[0])
-    b = reward_min if c >= (reward_min + reward_max) / 2 else reward_max
-    virtual = torch.tensor([c + (b - c) * j / (k + 1) for j in range(1, k + 1)], dtype=r.dtype)
+    virtual = torch.tensor(virtual_rewards(float(r[0]), k, reward_min, reward_max), dtype=r.dtype)
     augmented = torch.cat([r, virtual])
     centred = r - augmented.mean()
     return centred / (augmented.std() + eps) if scale else centred
-
-
-def _adaptive_tau(tau: float, acr: float, reward: float, previous: float | None, eta: float):
-    """τ_{t+1} = clip(τ_t + η·sign(J_t − J_{t−1})·(acr_t − τ_t), 0.1, 0.9) (docs/design.md §7)."""
-    if previous is None or reward == previous:
-        return tau
-    sign = 1.0 if reward > previous else -1.0
-    return min(0.9, max(0.1, tau + eta * sign * (acr - tau)))
 
 
 def _norm_adv_by_std(config: Any) -> bool:
@@ -256,7 +243,7 @@ class VantageEstimator:
         augment = any(collapsed) and (self.threshold != "adaptive" or acr > self.tau)
         if self.threshold == "adaptive" and valid:
             reward = sum(sum(g) for g in valid) / sum(len(g) for g in valid)
-            self.tau = _adaptive_tau(self.tau, acr, reward, self.previous_reward, self.eta)
+            self.tau = adaptive_tau_update(self.tau, acr, reward, self.previous_reward, self.eta)
             self.previous_reward = reward
         if not augment:
             return 0

@@ -168,6 +168,11 @@ def _button(action: str, why_not: str | None) -> html.Button:
     )
 
 
+def _card(title: str, help_text: str, *children: Any) -> html.Div:
+    """One action's box in the command panel: its title, what it does, its inputs and button."""
+    return html.Div([html.H4(title), html.P(help_text), *children], className="cmd")
+
+
 def _number(id_: str, value: float, step: float, label: str, help_text: str) -> html.Span:
     return html.Span(
         [
@@ -268,104 +273,78 @@ def panel(
             *note,
             html.Div(
                 [
-                    html.Div(
-                        [
-                            html.H4("AVSPO"),
-                            html.P(explain.COMMAND_HELP["avspo"]),
-                            html.Label("trigger", htmlFor="avspo-threshold"),
-                            dcc.Dropdown(
-                                id="avspo-threshold",
-                                options=list(AVSPO_THRESHOLDS),
-                                value=now["avspo_threshold"],
-                                clearable=False,
-                            ),
-                            _number(
-                                "avspo-alpha",
-                                now["avspo_alpha"],
-                                0.05,
-                                "α",
-                                "Virtual samples per collapsed group: K = ⌈G·ACR^α⌉.",
-                            ),
-                            _button("avspo", why_not),
-                        ],
-                        className="cmd",
+                    _card(
+                        "AVSPO",
+                        explain.COMMAND_HELP["avspo"],
+                        html.Label("trigger", htmlFor="avspo-threshold"),
+                        dcc.Dropdown(
+                            id="avspo-threshold",
+                            options=list(AVSPO_THRESHOLDS),
+                            value=now["avspo_threshold"],
+                            clearable=False,
+                        ),
+                        _number(
+                            "avspo-alpha",
+                            now["avspo_alpha"],
+                            0.05,
+                            "α",
+                            "Virtual samples per collapsed group: K = ⌈G·ACR^α⌉.",
+                        ),
+                        _button("avspo", why_not),
                     ),
-                    html.Div(
-                        [
-                            html.H4("AAPO"),
-                            html.P(explain.COMMAND_HELP["aapo"]),
-                            _number(
-                                "aapo-delta-low",
-                                now["aapo_delta_low"],
-                                0.01,
-                                "δ low",
-                                "Margin clip, low.",
-                            ),
-                            _number(
-                                "aapo-delta-high",
-                                now["aapo_delta_high"],
-                                0.01,
-                                "δ high",
-                                "Margin clip, high.",
-                            ),
-                            html.Br(),
-                            _button("aapo", why_not),
-                        ],
-                        className="cmd",
+                    _card(
+                        "AAPO",
+                        explain.COMMAND_HELP["aapo"],
+                        _number(
+                            "aapo-delta-low",
+                            now["aapo_delta_low"],
+                            0.01,
+                            "δ low",
+                            "Margin clip, low.",
+                        ),
+                        _number(
+                            "aapo-delta-high",
+                            now["aapo_delta_high"],
+                            0.01,
+                            "δ high",
+                            "Margin clip, high.",
+                        ),
+                        html.Br(),
+                        _button("aapo", why_not),
                     ),
-                    html.Div(
-                        [
-                            html.H4("DAPO"),
-                            html.P(explain.COMMAND_HELP["dapo"]),
-                            _number(
-                                "dapo-max-gen-batches",
-                                now["dapo_max_gen_batches"],
-                                1,
-                                "batches",
-                                "At most this many generation batches a step to fill the batch "
-                                "with groups that are not collapsed.",
-                            ),
-                            html.Br(),
-                            _button("dapo", why_not),
-                        ],
-                        className="cmd",
+                    _card(
+                        "DAPO",
+                        explain.COMMAND_HELP["dapo"],
+                        _number(
+                            "dapo-max-gen-batches",
+                            now["dapo_max_gen_batches"],
+                            1,
+                            "batches",
+                            "At most this many generation batches a step to fill the batch "
+                            "with groups that are not collapsed.",
+                        ),
+                        html.Br(),
+                        _button("dapo", why_not),
                     ),
-                    html.Div(
-                        [
-                            html.H4("Plain GRPO"),
-                            html.P(explain.COMMAND_HELP["none"]),
-                            _button("none", why_not),
-                        ],
-                        className="cmd",
+                    _card("Plain GRPO", explain.COMMAND_HELP["none"], _button("none", why_not)),
+                    _card(
+                        "Sampling",
+                        explain.COMMAND_HELP["temperature"],
+                        _number(
+                            "temperature-value",
+                            temperature,
+                            0.05,
+                            "temperature",
+                            explain.COMMAND_HELP["temperature"],
+                        ),
+                        _button("temperature", why_not),
                     ),
-                    html.Div(
-                        [
-                            html.H4("Sampling"),
-                            html.P(explain.COMMAND_HELP["temperature"]),
-                            _number(
-                                "temperature-value",
-                                temperature,
-                                0.05,
-                                "temperature",
-                                explain.COMMAND_HELP["temperature"],
-                            ),
-                            _button("temperature", why_not),
-                        ],
-                        className="cmd",
-                    ),
-                    html.Div(
-                        [
-                            html.H4("Checkpoint and stop"),
-                            html.P(
-                                explain.COMMAND_HELP["checkpoint"]
-                                + " "
-                                + explain.COMMAND_HELP["stop"]
-                            ),
-                            _button("checkpoint", why_not),
-                            " ",
-                            _button("stop", why_not),
-                        ],
-                        className="cmd",
+                    _card(
+                        "Checkpoint and stop",
+                        f"{explain.COMMAND_HELP['checkpoint']} {explain.COMMAND_HELP['stop']}",
+                        _button("checkpoint", why_not),
+                        " ",
+                        _button("stop", why_not),
                     ),
                 ],
                 className="command-panel",

@@ -16,6 +16,7 @@ import pytest
 from tests.helpers.alerts import Receiver, alerts_of, make_rule
 from tests.helpers.api import new_run, post_steps
 from tests.helpers.cli import create_key, run_cli
+from tests.helpers.polling import wait_until
 from tests.helpers.postgres import new_postgres_database
 from tests.helpers.server import free_port, start_server
 
@@ -57,15 +58,6 @@ def fast_server(tmp_path_factory):  # noqa: ANN001, ANN201
     srv = serve(url, tmp_path_factory.mktemp("fastlogs"), env=FAST)
     yield srv
     srv.stop()
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_webhook_survives_receiver_outage_and_server_restart(tmp_path):

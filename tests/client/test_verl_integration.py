@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import logging
 import sys
-import time
 import types
 import uuid
 from pathlib import Path
@@ -26,6 +25,7 @@ from verl.trainer.config import AlgoConfig  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
 
+from tests.helpers.polling import wait_until  # noqa: E402
 from tests.helpers.server import RestartableServer  # noqa: E402
 
 LENGTH = 7
@@ -140,7 +140,7 @@ def test_avspo_from_the_server_changes_collapsed_groups_only(
                      json={"type": "set_mitigation", "params": {"mode": "avspo"}})  # fmt: skip
         assert r.status_code == 201, r.text
         avspo_id = r.json()["command_id"]
-        assert _wait(lambda: len(arrived) == 1)
+        assert wait_until(lambda: len(arrived) == 1, timeout=20)
         grpo, ours = run_both(data, True)  # step 2: AVSPO from this call
         order = list(dict.fromkeys(uids))
         rewards = torch.tensor([groups[int(u.rsplit("-", 1)[1])] for u in order])
@@ -165,7 +165,7 @@ def test_avspo_from_the_server_changes_collapsed_groups_only(
             r = api.post(f"/api/v1/runs/{monitor.run_id}/commands", json=body)
             assert r.status_code == 201, r.text
         applied_by_step_2 = [(c, status, step) for c, status, step in est.applied]
-        assert _wait(lambda: len(arrived) == 4)
+        assert wait_until(lambda: len(arrived) == 4, timeout=20)
         grpo, ours = run_both(data, True)  # step 3: back to plain GRPO
         assert torch.equal(grpo, ours)
         assert monitor.flush(20)
@@ -184,15 +184,6 @@ def test_avspo_from_the_server_changes_collapsed_groups_only(
     points = {p["step"]: p for p in noauth_server.metrics(monitor.run_id)}
     assert [points[s]["acr"] for s in (1, 2, 3)] == [0.5, 0.5, 0.5]
     assert [points[s]["acr_effective"] for s in (1, 2, 3)] == [0.5, 0.0, 0.5]
-
-
-def _wait(predicate, timeout: float = 20.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_client_avspo_equals_the_trainers_for_verls_eps():

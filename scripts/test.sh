@@ -19,4 +19,9 @@ fi
   && .venv/bin/python -m pip install -q ray "tensordict>=0.8,<=0.10" omegaconf hydra-core codetiming \
     torchdata datasets pandas pyarrow dill peft pylatexenc pillow cachetools) 2>/dev/null \
   || echo "warning: verl not installed; verl integration tests will skip" >&2
+# OpenRLHF for its integration's tests, without its GPU dependencies (flash_attn, deepspeed, vllm:
+# the test gives those stand-ins in a subprocess of its own; docs/integrations.md).
+.venv/bin/python -c "import openrlhf" 2>/dev/null \
+  || .venv/bin/python -m pip install -q --no-deps "openrlhf==0.11.2" 2>/dev/null \
+  || echo "warning: openrlhf not installed; OpenRLHF integration tests will skip" >&2
 exec .venv/bin/python -m pytest "$@"

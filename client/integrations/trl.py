@@ -22,8 +22,9 @@ Two pieces, usually put in place together by ``attach``::
   (the canonical names, ``CANONICAL_SCALARS``), ``frac_reward_zero_std``, ...; NaN and ±Infinity
   as they are) and applies the run's commands at step boundaries: ``stop`` and ``checkpoint``
   through the trainer's control flags, ``set_sampling`` by changing the generation temperature,
-  on every rank at the same step; ``set_mitigation`` to ``avspo``/``aapo`` is rejected (TRL has
-  neither).
+  on every rank at the same step; ``set_mitigation`` ``avspo`` (and back to ``none``) through
+  ``trl_avspo.RemoteAvspo`` from the next training generation, acked there (TRL 1.16 only);
+  ``aapo`` and ``dapo`` are rejected (TRL has neither).
   The Monitor itself sends heartbeats.
 
 Async reward functions and reward models (``nn.Module``) are left unwrapped; pass ``log_func``
@@ -41,6 +42,8 @@ import math
 import numbers
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from .trl_avspo import RemoteAvspo
 
 if TYPE_CHECKING:
     from ..commands import Command
@@ -128,6 +131,10 @@ class VantageRewards:
             )
         self.model: Any = None  # set by VantageCallback: its .training tells train from eval
         self.logged_steps: list[int] = []
+        # The latest training batch's rewards, gathered (every process holds them) and its step:
+        # what remote AVSPO (trl_avspo.RemoteAvspo) recomputes collapsed groups from.
+        self.last_values: list[float] | None = None
+        self.last_step: int | None = None
         self._outputs: dict[int, list[float]] = {}
         self._prompts: list[Any] | None = None
         self._state: Any = None
@@ -181,8 +188,6 @@ class VantageRewards:
         if dist is not None and dist.get_world_size() > 1:
             parts: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(parts, (values, prompts))
-            if dist.get_rank() != 0:
-                return
             values = [v for part in parts for v in part[0]]
             prompts = None if any(p[1] is None for p in parts) else [x for p in parts for x in p[1]]
         training = self.model is None or bool(getattr(self.model, "training", True))
@@ -191,17 +196,21 @@ class VantageRewards:
             if training
             else (self.num_generations_eval or self.num_generations)
         )
+        if self._state is not None:
+            step = int(self._state.global_step) + 1
+        else:
+            self._fallback_step += 1
+            step = self._fallback_step
+        if training:
+            self.last_values, self.last_step = values, step
+        if dist is not None and dist.get_world_size() > 1 and dist.get_rank() != 0:
+            return
         if not g or len(values) % g:
             log.warning("vantage: %d rewards do not divide into groups of num_generations=%s; "
                         "not logged", len(values), g)  # fmt: skip
             return
         groups = [values[i : i + g] for i in range(0, len(values), g)]
         group_prompts = None if prompts is None else prompts[::g]
-        if self._state is not None:
-            step = int(self._state.global_step) + 1
-        else:
-            self._fallback_step += 1
-            step = self._fallback_step
         self.logged_steps.append(step)
         if self.monitor is not None:
             self.monitor.log_groups(step, groups, prompt_ids=group_prompts,
@@ -248,6 +257,11 @@ class _CallbackMixin:
         self.trainer = trainer
         self.apply_commands = apply_commands
         self.applied: list[tuple[str, str, int]] = []
+        self.avspo = (
+            RemoteAvspo(trainer, rewards, monitor, self.applied)
+            if trainer is not None and rewards is not None
+            else None
+        )
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any):
         if self.rewards is not None:
@@ -284,13 +298,21 @@ class _CallbackMixin:
             dist.broadcast_object_list(box, src=0)
             commands = box[0] or []
         for cmd in commands:
-            status, detail = self._apply(cmd, control)
+            answer = self._apply(cmd, control)
+            if answer is None:  # a mitigation: acked where it takes effect (RemoteAvspo)
+                continue
+            status, detail = answer
             self.applied.append((cmd.command_id, status, state.global_step))
             if self.monitor is not None and self.monitor.rank == 0:
                 self.monitor.ack(cmd.command_id, status, state.global_step, detail)
         return control
 
-    def _apply(self, cmd: Command, control: Any) -> tuple[str, str]:
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any):
+        if self.avspo is not None:
+            self.avspo.expire(state.global_step)
+        return control
+
+    def _apply(self, cmd: Command, control: Any) -> tuple[str, str] | None:
         if cmd.type == "stop":
             control.should_training_stop = True
             return "applied", "training stops after this step"
@@ -311,8 +333,12 @@ class _CallbackMixin:
                     cfg.temperature = float(temperature)
             return "applied", f"temperature {temperature}"
         if cmd.type == "set_mitigation":
+            if self.avspo is not None:
+                return self.avspo.request(cmd)
             if cmd.params.get("mode") == "none":
                 return "applied", "no mitigation (TRL's own GRPO)"
+            if cmd.params.get("mode") == "avspo":
+                return "rejected", "AVSPO needs attach(trainer, ...): this callback has no trainer"
             return "rejected", f"TRL's GRPOTrainer does not implement {cmd.params.get('mode')}"
         return "rejected", f"unknown command type {cmd.type!r}"
 

@@ -130,7 +130,7 @@ def test_commands_reach_the_trainer_and_are_acked(noauth_server: RestartableServ
         ids = []
         for body in (
             {"type": "set_sampling", "params": {"temperature": 0.7}},
-            {"type": "set_mitigation", "params": {"mode": "avspo"}},
+            {"type": "set_mitigation", "params": {"mode": "aapo"}},
             {"type": "stop", "params": {}},
         ):
             r = api.post(f"/api/v1/runs/{mon.run_id}/commands", json=body)
@@ -153,7 +153,7 @@ def test_commands_reach_the_trainer_and_are_acked(noauth_server: RestartableServ
         }
         assert [log[i]["status"] for i in ids] == ["applied", "rejected", "applied"]
         assert [log[i]["acked_step"] for i in ids] == [got[i][1] for i in ids]
-        assert "does not implement avspo" in log[ids[1]]["detail"]
+        assert "does not implement aapo" in log[ids[1]]["detail"]
 
 
 DDP_SCRIPT = """

@@ -26,7 +26,7 @@ from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
 
 from tests.helpers.polling import wait_until  # noqa: E402
-from tests.helpers.server import RestartableServer  # noqa: E402
+from tests.helpers.server import RestartableServer, free_port  # noqa: E402
 
 LENGTH = 7
 
@@ -256,3 +256,39 @@ def test_a_verl_without_register_adv_est_is_a_warning_once(
         assert not vantage_verl.register()
     said = [r.getMessage() for r in caplog.records if "register_adv_est" in r.getMessage()]
     assert len(said) == 1 and "not registered" in said[0]
+
+
+@pytest.mark.parametrize("server", ["none", "unreachable"])
+def test_bad_input_never_stops_training_and_is_said_once(
+    server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """The Monitor built from the environment with no server or an unreachable one, a NaN reward
+    and a uid holding two prompts' rows: verl's advantages as they are, each problem said once."""
+    for name in ("VANTAGE_SERVER", "VANTAGE_API_KEY", "VANTAGE_START_STEP"):
+        monkeypatch.delenv(name, raising=False)
+    if server == "unreachable":
+        monkeypatch.setenv("VANTAGE_SERVER", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("VANTAGE_SPOOL_DIR", str(tmp_path / "spool"))
+    est = vantage_verl.configure(None)
+    groups = [
+        [1.0] * 4,
+        [0.0, 1.0, 0.0, 1.0],
+        [float("nan"), 1.0, 0.0, 1.0],
+        [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0],  # one uid, two prompts' rows
+    ]
+    try:
+        with caplog.at_level(logging.WARNING, logger="vantage.client"):
+            for seed in (1, 2):
+                grpo, ours = run_both(batch(groups, seed), True)
+                torch.testing.assert_close(ours, grpo, rtol=0, atol=0, equal_nan=True)
+                assert ours.isnan().any()  # verl's own GRPO makes the NaN group's NaN
+        said = [r.getMessage() for r in caplog.records]
+        assert len([m for m in said if "shared by several prompts" in m]) == 1
+        assert not [m for m in said if "training goes on" in m]  # nothing failed
+        if server == "none":
+            assert len([m for m in said if "no server" in m]) == 1
+        assert est.monitor is not None and est.next_step == 3
+    finally:
+        if est.monitor is not None:
+            est.monitor.close(timeout=1)
+        vantage_verl.configure(None)

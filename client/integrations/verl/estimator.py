@@ -1,28 +1,18 @@
-"""Vantage for verl (docs/design.md §5): an advantage estimator named ``"vantage"``.
-
-Importing this module registers the estimator with verl's ``register_adv_est``
-(``verl.trainer.ppo.core_algos``); choose it with ``algorithm.adv_estimator=vantage``::
-
-    import vantage.client.integrations.verl as vantage_verl   # registers "vantage"
-
-    vantage_verl.configure(Monitor("http://127.0.0.1:8000", api_key, run_name="qwen-verl",
-                                   trainer_eps=1e-6))       # optional, see below
-    # ... algorithm.adv_estimator=vantage, then RayPPOTrainer(...).fit()
-
-verl's ``compute_advantage`` calls the estimator once per training step in the process that runs
-the trainer's ``fit`` (with verl's ``main_ppo`` that is the ``TaskRunner`` actor, not the script
-that starts Ray: import this module there, and give that process the ``VANTAGE_*`` variables).
+"""verl's advantage estimator ``"vantage"`` (docs/design.md §5); the package's docstring says how
+to use it.
 
 - Without mitigation the advantages are verl's own GRPO bit for bit: the estimator calls
   ``compute_grpo_outcome_advantage`` (eps 1e-6, ``torch.std``, a singleton group gets mean 0 and
   std 1, ``config.norm_adv_by_std_in_grpo``).
 - Each call is one training step, numbered by a counter from 1. A resumed run keeps its numbering
-  with ``configure(monitor, start_step=N)`` or ``VANTAGE_START_STEP=N``: the first call is then
-  step N (verl resuming after ``global_steps`` g: N = g + 1).
+  with ``configure(monitor, start_step=N)`` or ``VANTAGE_START_STEP=N`` (the first call is then
+  step N; verl resuming after ``global_steps`` g: N = g + 1), or, with the ``vantage`` tracking
+  backend on, from the checkpoint verl resumes from (``tracking.resume_step``).
 - Every group (the rows sharing a uid; a row's reward is the sum of its token-level rewards, as
   verl scores it) is logged with ``log_groups(step, rows, group_ids=uids)``, one list per uid, so
   uneven group sizes stay as they are; then ``log_effective`` with the groups whose advantages
-  are all below 1e-3 after mitigation, and the mitigation in effect.
+  are all below 1e-3 after mitigation, and the mitigation in effect. A uid holding a whole
+  multiple (2× or more) of the usual group size looks shared by several prompts: said once.
 - Commands are polled at each call and take effect at that call, acked with its step:
   ``set_mitigation`` mode ``avspo`` (threshold/variant ``fixed``, ``adaptive`` or ``single``,
   ``alpha``, ``eta``, ``tau``; docs/design.md §7 with verl's eps 1e-6 and ``torch.std``: the
@@ -31,12 +21,10 @@ that starts Ray: import this module there, and give that process the ``VANTAGE_*
   filter in an estimator), as are ``stop``, ``checkpoint`` and ``set_sampling`` (the estimator is
   no seam for them). With ``norm_adv_by_std_in_grpo`` false, AVSPO gives ``r_i − μ′``.
 - Without ``configure`` a Monitor is built on first use from ``VANTAGE_SERVER``,
-  ``VANTAGE_API_KEY``, ``VANTAGE_RUN_NAME`` (default ``verl``) and ``VANTAGE_PROJECT``, with
-  verl's trainer eps 1e-6. Monitoring never stops training: a failure is logged once and the step
-  goes on with the advantages it has.
-
-Tested with verl 0.9.1 (installed with ``--no-deps``, torch 2.13 CPU). torch and verl are imported
-when the estimator runs, and verl at import only to register it.
+  ``VANTAGE_API_KEY``, ``VANTAGE_RUN_NAME`` (else verl's ``trainer.experiment_name`` when the
+  tracking backend is on, else ``verl``) and ``VANTAGE_PROJECT`` (else ``trainer.project_name``),
+  with verl's trainer eps 1e-6. Monitoring never stops training: a failure is logged once and the
+  step goes on with the advantages it has.
 """
 
 from __future__ import annotations
@@ -47,11 +35,16 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..avspo import adaptive_tau_update, avspo_num_virtual, virtual_rewards
+from ...avspo import (
+    adaptive_tau_update,
+    avspo_num_virtual,
+    parse_avspo_params,
+    virtual_rewards,
+)
 
 if TYPE_CHECKING:
-    from ..commands import Command
-    from ..monitor import Monitor
+    from ...commands import Command
+    from ...monitor import Monitor
 
 __all__ = [
     "ESTIMATOR_NAME",
@@ -69,7 +62,6 @@ log = logging.getLogger("vantage.client")
 ESTIMATOR_NAME = "vantage"
 VERL_EPS = 1e-6  # verl's eps in GRPO's denominator
 ZERO_ADVANTAGE_TOL = 1e-3  # docs/design.md §3: a group is zero-advantage when max_i |A_i| < tol
-AVSPO_THRESHOLDS = ("fixed", "adaptive", "single")
 NO_MITIGATION_ALIASES = ("none", "grpo", "off")
 
 
@@ -117,6 +109,11 @@ class VantageEstimator:
         reward_min: float = 0.0,
         reward_max: float = 1.0,
     ) -> None:
+        # Explicit when given or set in the environment; else the tracking backend may move it
+        # to the step verl resumes from (before the first call).
+        self.start_step_explicit = start_step is not None or bool(
+            os.environ.get("VANTAGE_START_STEP")
+        )
         if start_step is None:
             start_step = int(os.environ.get("VANTAGE_START_STEP") or 1)
         if start_step < 1:
@@ -126,6 +123,11 @@ class VantageEstimator:
         self.monitor = monitor
         self._monitor_tried = monitor is not None
         self.next_step = start_step
+        self.last_step: int | None = None  # the step of the latest call
+        # Run name and project when the environment names none (verl's experiment and project
+        # names, set by the tracking backend).
+        self.default_run_name = "verl"
+        self.default_project: str | None = None
         self.reward_min = float(reward_min)
         self.reward_max = float(reward_max)
         self.mode = "none"
@@ -143,15 +145,21 @@ class VantageEstimator:
             self._failed.add(what)
             log.exception("vantage: %s failed; training goes on (logged once)", what)
 
+    def warn_once(self, key: str, message: str, *args: Any) -> None:
+        """A warning said once per ``key`` for this estimator's life."""
+        if key not in self._failed:
+            self._failed.add(key)
+            log.warning("vantage: " + message, *args)
+
     def _monitor(self) -> Monitor | None:
         if not self._monitor_tried:
             self._monitor_tried = True
             try:
-                from ..monitor import Monitor  # noqa: PLC0415 (not at import: no cycle, no cost)
+                from ...monitor import Monitor  # noqa: PLC0415 (not at import: no cycle, no cost)
 
                 self.monitor = Monitor(
-                    run_name=os.environ.get("VANTAGE_RUN_NAME") or "verl",
-                    project=os.environ.get("VANTAGE_PROJECT") or None,
+                    run_name=os.environ.get("VANTAGE_RUN_NAME") or self.default_run_name,
+                    project=os.environ.get("VANTAGE_PROJECT") or self.default_project,
                     reward_min=self.reward_min,
                     reward_max=self.reward_max,
                     trainer_eps=VERL_EPS,
@@ -178,6 +186,7 @@ class VantageEstimator:
             )
         step = self.next_step
         self.next_step += 1
+        self.last_step = step
         monitor = self._monitor()
         if monitor is not None:
             try:
@@ -198,6 +207,7 @@ class VantageEstimator:
         )
         try:
             groups, scores = self._groups(token_level_rewards, index)
+            self._check_shared_uids(groups)
         except Exception:
             self._failure("grouping the rewards by uid")
             return advantages, returns
@@ -222,6 +232,20 @@ class VantageEstimator:
         for i in range(scores.shape[0]):
             groups.setdefault(index[i], []).append(i)
         return groups, scores
+
+    def _check_shared_uids(self, groups: dict[Any, list[int]]) -> None:
+        """Say once when a uid holds 2× or more the usual group size: verl gives each prompt a
+        uid of its own, so such a uid is probably shared by several prompts (a data column named
+        ``uid``), whose rows then form one group and one advantage baseline."""
+        sizes = [len(rows) for rows in groups.values()]
+        usual = max(set(sizes), key=sizes.count)
+        shared = [uid for uid, rows in groups.items() if usual > 1 and len(rows) >= 2 * usual
+                  and len(rows) % usual == 0]  # fmt: skip
+        if shared:
+            self.warn_once("shared uid", "uid %r holds %d rows while most uids hold %d: is it "
+                           "shared by several prompts? Its rows form one group (one baseline) in "
+                           "verl's GRPO and in Vantage (said once)", shared[0],
+                           len(groups[shared[0]]), usual)  # fmt: skip
 
     @staticmethod
     def _collapsed(values: list[float]) -> bool:
@@ -296,18 +320,10 @@ class VantageEstimator:
                 f"verl's advantage estimator implements avspo and none, not {mode!r} (aapo needs "
                 "a reference policy's rewards, dapo a group filter in the sampler)"
             )
-        threshold = params.get("threshold", params.get("variant", self.threshold))
-        if threshold not in AVSPO_THRESHOLDS:
-            return "rejected", f"AVSPO threshold is fixed, adaptive or single, not {threshold!r}"
-        numbers = {}
-        for key, low, high in (("alpha", 0.0, 100.0), ("eta", 0.0, 1.0), ("tau", 0.0, 1.0)):
-            if key in params:
-                v = params[key]
-                if isinstance(v, bool) or not isinstance(v, int | float) or not low <= v <= high:
-                    return "rejected", f"set_mitigation {key} must be a number in [{low}, {high}]"
-                numbers[key] = float(v)
-        if numbers.get("alpha", 1.0) == 0.0:
-            return "rejected", "set_mitigation alpha must be above 0"
+        try:
+            threshold, numbers = parse_avspo_params(params, self.threshold)
+        except ValueError as exc:
+            return "rejected", str(exc)
         self.mode, self.threshold = "avspo", threshold
         for key, v in numbers.items():
             setattr(self, key, v)
@@ -375,6 +391,3 @@ def register() -> bool:
         _warned.add(problem)
         log.warning("vantage: the 'vantage' advantage estimator is not registered: %s", problem)
     return False
-
-
-register()

@@ -345,6 +345,9 @@ STEP_METRIC_FIELDS: tuple[str, ...] = (
     "expected_acr",
     "excess_acr",
     "reward_mean",
+    "n_out_of_range",
+    "reward_std",
+    "reward_bimodality",
 )
 
 
@@ -383,6 +386,17 @@ class StepAccumulator:
     eff_n_valid: int = 0
     eff_n_zero_advantage: int = 0
     eff_reports: int = 0
+    # Rewards outside [reward_min, reward_max] (any group; a stats group: those its min and max
+    # show, all n when min == max), and power sums of y = reward − reward_min over the
+    # completions of valid groups (`add_shape`): `shape_n` completions in Σy and Σy², those of
+    # `shape_m` completions (groups sent as lists) in Σy³ and Σy⁴.
+    n_out_of_range: int = 0
+    shape_n: int = 0
+    shape_s1: float = 0.0
+    shape_s2: float = 0.0
+    shape_m: int = 0
+    shape_s3: float = 0.0
+    shape_s4: float = 0.0
 
     def add(self, g: GroupSummary) -> None:
         """Count one classified group."""
@@ -451,6 +465,20 @@ class StepAccumulator:
         self.n_all_fail += by_side["all_fail"]
         self.n_constant += len(collapsed) - by_side["all_pass"] - by_side["all_fail"]
 
+    def add_shape(
+        self, n_out_of_range: int, n: int, sums: Sequence[float], m: int, high: Sequence[float]
+    ) -> None:
+        """Count rewards outside the bounds and the power sums of y = reward − reward_min:
+        ``sums`` (Σy, Σy²) over ``n`` completions of valid groups, ``high`` (Σy³, Σy⁴) over
+        ``m`` of them (see `reward_shape`)."""
+        self.n_out_of_range += n_out_of_range
+        self.shape_n += n
+        self.shape_s1 += sums[0]
+        self.shape_s2 += sums[1]
+        self.shape_m += m
+        self.shape_s3 += high[0]
+        self.shape_s4 += high[1]
+
     def add_effective(self, n_valid: int, n_zero_advantage: int) -> None:
         """Count one rank's effective statistics, reported by the trainer after mitigation."""
         self.eff_n_valid += n_valid
@@ -507,7 +535,43 @@ def step_metrics(acc: StepAccumulator) -> dict[str, float | int | None]:
             _finite_or_none(acr - expected) if acr is not None and expected is not None else None
         ),
         "reward_mean": _exact_mean(acc.reward_sum, acc.n_completions),
+        "n_out_of_range": acc.n_out_of_range,
+        **reward_shape(acc, binary),
     }
+
+
+def reward_shape(acc: StepAccumulator, binary: bool) -> dict[str, float | None]:
+    """The spread and shape of a step's rewards over the completions of its valid groups, from
+    the power sums of y = reward − reward_min (float64; order-dependent in the last bits):
+
+    - ``reward_std``: the sample std of every completion's reward, pooled over groups (a stats
+      group adds its n, mean and std); None below 2 completions.
+    - ``reward_bimodality``: Sarle's bimodality coefficient with the sample-size correction,
+      BC = (G1² + 1) / (G2 + 3(n−1)²/((n−2)(n−3))), G1 and G2 the adjusted sample skewness
+      and excess kurtosis (SAS's and Excel's). About 1/3 for a normal distribution, 5/9 for
+      a uniform one, near 1 for two separated clusters; above 5/9 suggests two modes
+      (Pfister et al. 2013, Front. Psychol. 4:700). None for binary steps (two values are two
+      clusters by construction), when a stats group hides its completions' higher moments,
+      below 4 completions, or for a spread of 0."""
+    n = acc.shape_n
+    out: dict[str, float | None] = {"reward_std": None, "reward_bimodality": None}
+    if n < 2:
+        return out
+    mean = acc.shape_s1 / n
+    m2 = max(acc.shape_s2 / n - mean * mean, 0.0)
+    out["reward_std"] = _finite_or_none(math.sqrt(m2 * n / (n - 1)))
+    if binary or acc.shape_m != n or n < 4 or not m2 > 0 or not math.isfinite(m2):
+        return out
+    m3 = acc.shape_s3 / n - 3 * mean * acc.shape_s2 / n + 2 * mean**3
+    m4 = acc.shape_s4 / n - 4 * mean * acc.shape_s3 / n + 6 * mean**2 * acc.shape_s2 / n
+    m4 -= 3 * mean**4
+    g1 = m3 / m2**1.5 * math.sqrt(n * (n - 1)) / (n - 2)
+    g2 = ((n + 1) * (m4 / (m2 * m2) - 3) + 6) * (n - 1) / ((n - 2) * (n - 3))
+    denominator = g2 + 3 * (n - 1) ** 2 / ((n - 2) * (n - 3))
+    if not denominator > 0:
+        return out
+    out["reward_bimodality"] = _finite_or_none((g1 * g1 + 1) / denominator)
+    return out
 
 
 EXACT_SHIFT = 1074

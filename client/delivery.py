@@ -61,6 +61,7 @@ class Delivery:
         self.progress = False  # a request of the last pump succeeded
         self.next_heartbeat = 0.0
         self._told_newest: int | None = None  # the newer attempt a warning named
+        self._told_out_of_range = False  # rewards outside [reward_min, reward_max] were named
 
     def _take_commands(self, data: dict[str, Any]) -> None:
         if self.rank != 0:  # commands go to rank 0, which shares them with the others (§7)
@@ -166,8 +167,28 @@ class Delivery:
                 int(answer["conflicts"]),
             )
         self.last_steps = answer.get("steps") or self.last_steps
+        self._note_out_of_range(answer)
         self._note_newest(answer)
         self._take_commands(answer)
+
+    def _note_out_of_range(self, answer: dict[str, Any]) -> None:
+        """Warn once when the server counted rewards outside the run's bounds: all-pass and
+        all-fail sides, pass rates and AVSPO's virtual rewards all assume them (issue 41)."""
+        if self._told_out_of_range:
+            return
+        for step in answer.get("steps") or ():
+            n = step.get("n_out_of_range") if isinstance(step, dict) else None
+            if isinstance(n, int) and n > 0:
+                self._told_out_of_range = True
+                lo, hi = self.run_body.get("reward_min", 0.0), self.run_body.get("reward_max", 1.0)
+                log.warning(
+                    "vantage: %d reward(s) of step %s lie outside the run's bounds [%g, %g]; "
+                    "the all-pass/all-fail sides, pass_rate and AVSPO's virtual rewards assume "
+                    "them: pass Monitor(reward_min=..., reward_max=...) with your reward "
+                    "function's range (warned once)",
+                    n, step.get("step"), lo, hi,
+                )  # fmt: skip
+                return
 
     def _note_newest(self, answer: dict) -> None:
         """Warn when the server says a newer launch of the run registered (a relaunch while

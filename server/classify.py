@@ -123,6 +123,7 @@ class _RecordArrays:
     std: np.ndarray  # [P] float64 sample std (non-finite: reported as null)
     lo: np.ndarray  # [P] float64 lowest reward
     hi: np.ndarray  # [P] float64 highest reward
+    x: np.ndarray | None = None  # [P, G] the rewards (`vantage.server.reward_shape` counts them)
 
     def block_values(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The groups' columns as `vantage.server.group_blocks.encode_arrays` takes them:
@@ -362,7 +363,7 @@ def _vectorised(
     code = np.where(finite, np.where(collapsed, COLLAPSED, np.where(near, NEAR, LIVE)), INVALID)
     all_pass = collapsed & (lo == settings.reward_max)  # the sides of `collapsed_side`
     all_fail = collapsed & ~all_pass & (lo == settings.reward_min)
-    arrays = _RecordArrays(g, code, mean, binary, n_max, all_pass, all_fail, std, lo, hi)
+    arrays = _RecordArrays(g, code, mean, binary, n_max, all_pass, all_fail, std, lo, hi, x)
     if indices is None:
         cols.cls, cols.arrays, cols.unfilled = code.tolist(), arrays, True
         if not lazy:

@@ -4,7 +4,8 @@ rank) into a block that ingest and the prompts view read as before; 0006 changes
 rule; 0007 stops SQLite reusing the ids of deleted rules, alerts and silences; 0008 adds when
 each launch began; 0009 widens a command's issued_by; 0010 has PostgreSQL compress group blocks
 with lz4; 0011 records the step of a run's latest ACR; 0012 packs the ACR series on PostgreSQL;
-0013 records each run's newest steps and adds the triggers that move its alert epoch.
+0013 records each run's newest steps and adds the triggers that move its alert epoch;
+0014 adds the detector rules, their fields and step metrics, and moves a default acr_stall.
 All downgrade back; the newest builds the schema the models describe."""
 
 from __future__ import annotations
@@ -367,4 +368,35 @@ def test_runs_learn_their_newest_steps_and_follow_rule_and_state_changes(empty_d
     command.downgrade(cfg, "0012")
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM runs")).scalar() == 2
+    engine.dispose()
+
+
+def test_detectors_migration_adds_rules_and_moves_only_a_default_acr_stall(empty_database) -> None:
+    """0014 adds the six detector rules (not one a user already named so), points the built-in
+    acr_stall at acr_trained only while it keeps its default condition, gives old steps 0
+    out-of-range rewards, keeps the alert-epoch triggers, and downgrades back."""
+    cfg, engine = _runs_at(empty_database, "0013", "old")
+    with engine.begin() as conn:
+        conn.execute(text(ACR_STEP_ROW), {"run": "old", "split": "train", "step": 1, "acr": 0.5})
+    stall = text("SELECT metric FROM alert_rules WHERE name = 'acr_stall'")
+    detectors = text("SELECT name, builtin FROM alert_rules")
+    command.upgrade(cfg, "0014")
+    with engine.begin() as conn:
+        assert conn.execute(stall).scalar() == "acr_trained"
+        names = {name for name, builtin in conn.execute(detectors) if builtin}
+        assert {"entropy_collapse", "kl_spike", "loss_non_finite", "reward_out_of_range"} <= names
+        assert conn.execute(text("SELECT n_out_of_range FROM steps")).scalar() == 0
+        epoch = text("SELECT alert_epoch FROM runs WHERE id = 'old'")
+        before = conn.execute(epoch).scalar()
+        conn.execute(text("UPDATE alert_rules SET warmup_steps = 5 WHERE name = 'kl_spike'"))
+        assert conn.execute(epoch).scalar() > before
+    command.downgrade(cfg, "0013")
+    with engine.begin() as conn:
+        assert conn.execute(stall).scalar() == "acr"
+        left = {name for name, _ in conn.execute(detectors)}
+        assert "kl_spike" not in left and "acr_stall" in left
+        conn.execute(text("UPDATE alert_rules SET for_steps = 30 WHERE name = 'acr_stall'"))
+    command.upgrade(cfg, "0014")
+    with engine.connect() as conn:
+        assert conn.execute(stall).scalar() == "acr"  # edited: the user's rule
     engine.dispose()

@@ -54,7 +54,7 @@ def advance(
         ep = ctx.episodes.get(st.episode_id) or session.get(AlertEpisode, st.episode_id)
     if ep is None:
         st.episode_id, st.streak, st.clear_streak = None, 0, 0
-        if not cond:
+        if not cond or _cooling_down(rule, st, step):
             return
         ep = AlertEpisode(
             rule_id=rule.id,
@@ -98,11 +98,22 @@ def advance(
             notify_transition(ctx, rule, ep, "resolved", step, value)
 
 
+def _cooling_down(rule: RuleRow, st: RuleState, step: int | None) -> bool:
+    """Within `alert_cooldown_steps` of the step the rule's last episode on the run fired: no
+    new episode opens (a detector that resolves and fires again every few steps would page
+    each time)."""
+    cooldown = getattr(rule, "alert_cooldown_steps", 0) or 0
+    last = st.last_fired_step
+    return bool(cooldown) and None not in (last, step) and last <= step < last + cooldown
+
+
 def _fire(
     ctx: Context, rule: RuleRow, st: RuleState, ep: AlertEpisode, step: int | None, value: float
 ) -> None:
     ep.state, ep.fired_step, ep.fired_at = "firing", step, ctx.now
     st.clear_streak = 0
+    if step is not None:
+        st.last_fired_step = step
     # A resumed run replaying steps up to an episode that already notified does not notify
     # again. (`stale` is not step-based: its step is just where the run stood.)
     replay = (

@@ -15,8 +15,16 @@ from ..commands import ENDED_STATES
 from ..locks import RunState, run_lock, save_run_state
 from ..models import Step, utcnow
 from ..settings import Settings
+from .detectors import (
+    BASELINES,
+    baseline_key,
+    components,
+    detect,
+    rule_value,
+    uses_detector,
+)
 from .episodes import advance, notify_transition
-from .metrics import SERIES_METRICS, Window, series_values, stale_value, step_value
+from .metrics import SERIES_METRICS, Window, series_values, stale_value
 from .models import AlertEpisode, AlertRule
 from .periodic import runs_to_evaluate
 from .states import Context, RuleRow, RuleState, remember_config, write_states
@@ -149,6 +157,7 @@ def evaluate_locked(
         rows = evaluable_steps(session, run, candidates, now, settings.step_complete_after_s)
         mark_evaluated(rows)
         progress = dict(run.eval_progress or {})
+        baselines = progress.pop(BASELINES, None) or {}
         rows, replays = _in_order(progress, rows)
     before_reads = before_reads or _nothing
     if not rows and not stale and not _open_stale_episode(session, run.id):
@@ -166,17 +175,24 @@ def evaluate_locked(
         split_rows = [r for r in rows if r.split == split]
         last = progress.get(split)
         series[split], progress[split] = _walk(session, run, split_rows, needs, last, before_reads)
-    if rows:
-        run.eval_progress = progress
     if replays:
         before_reads()
+    walked = dict(baselines)
     with session.no_autoflush:  # one flush at commit, not one per query
         rewinds = {i: _steps_between(session, run.id, rows[i], s) for i, s in replays.items()}
         for i, row in enumerate(rows):
             for rule in step_rules:
                 if rule.split == row.split:
-                    value = step_value(row, rule.metric, series[row.split])
+                    value = rule_value(row, rule.metric, series[row.split])
+                    if uses_detector(rule):
+                        key = baseline_key(rule)
+                        parts = components(row, rule.metric, value)
+                        value, walked[key] = detect(walked.get(key), rule, row.step, parts)
                     _evaluate_step(ctx, rule, row, value, rewinds.get(i, 0))
+    if rows:
+        kept = {baseline_key(r) for r in step_rules if uses_detector(r)}
+        walked = {k: v for k, v in walked.items() if k in kept}  # rules gone or changed
+        run.eval_progress = {**progress, BASELINES: walked} if walked else progress
     for rule in ctx.rules:
         if rule.metric == "stale":
             st = ctx.states.get(rule.id)

@@ -32,7 +32,9 @@ from ..models import EMA_TAIL, Run, Step, as_utc
 STEP_METRICS = frozenset(STEP_METRIC_FIELDS)
 WINDOW_METRICS = frozenset(WINDOW_METRIC_FIELDS)
 SERIES_METRICS = WINDOW_METRICS | {"reward_drop"}
-SPECIAL_METRICS = frozenset({"reward_drop", "stale"})
+# acr_trained, non_finite_loss and reward_spread: `vantage.server.alerts.detectors`.
+DETECTOR_METRICS = frozenset({"acr_trained", "non_finite_loss", "reward_spread"})
+SPECIAL_METRICS = frozenset({"reward_drop", "stale", *DETECTOR_METRICS})
 SCALAR_PREFIX = "scalars."
 # reward_drop: the mean reward_mean of the latest REWARD_WINDOW steps against the best such mean
 # ending in the REWARD_LOOKBACK steps before.
@@ -53,17 +55,19 @@ def check_metric(metric: str) -> str:
         return metric
     raise ValueError(
         f"unknown metric '{metric}': use a step metric ({', '.join(sorted(STEP_METRICS))}), a "
-        f"window metric ({', '.join(WINDOW_METRIC_FIELDS)}), reward_drop, stale or scalars.NAME"
+        f"window metric ({', '.join(WINDOW_METRIC_FIELDS)}), reward_drop, stale, "
+        f"{', '.join(sorted(DETECTOR_METRICS))} or scalars.NAME"
     )
 
 
 # The range each bounded metric lies in (shares, counts); a rule's condition outside it can
 # never hold, or always does (`condition_warning`).
-SHARES = frozenset({"acr", "acr_eps", "acr_all_pass", "acr_all_fail", "acr_constant",
+SHARES = frozenset({"acr", "acr_trained", "acr_eps", "acr_all_pass", "acr_all_fail", "acr_constant",
                     "acr_effective", "pass_rate", "expected_acr", "acr_pooled", "acr_100",
                     "acr_ema"})  # fmt: skip
 NON_NEGATIVE = frozenset({*(m for m in STEP_METRICS if m.startswith("n_")), "wasted_rollouts",
-                          "acr_streak", "acr_volatility", "stale"})  # fmt: skip
+                          "acr_streak", "acr_volatility", "stale", "reward_std",
+                          "non_finite_loss", "reward_spread"})  # fmt: skip
 METRIC_RANGES: dict[str, tuple[float, float]] = {
     **{m: (0.0, 1.0) for m in SHARES},
     **{m: (0.0, math.inf) for m in NON_NEGATIVE},
@@ -110,7 +114,7 @@ def step_value(row: Step, metric: str, series: dict[int, dict[str, float | None]
         return finite((row.scalars or {}).get(metric[len(SCALAR_PREFIX) :]))
     if metric in SERIES_METRICS:
         return series.get(row.step, {}).get(metric)
-    return None  # `stale` is not a step metric: the periodic pass evaluates it
+    return None  # `stale`: the periodic pass; DETECTOR_METRICS: `detectors.rule_value`
 
 
 # reward_drop needs the best 5-step mean this far above reward_min, as a share of the reward

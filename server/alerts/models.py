@@ -60,6 +60,22 @@ class AlertRule(Base):
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     builtin: Mapped[bool] = mapped_column(Boolean, default=False)
     description: Mapped[str | None] = mapped_column(Text)
+    # Detector fields (migration 0014, docs/detectors.md); their defaults leave a rule as it was.
+    # How the value is compared: "absolute" (the metric itself), "zscore" (standard deviations
+    # above the rule's rolling baseline) or "relative" (the metric over its early-run level).
+    comparison: Mapped[str] = mapped_column(
+        String(16), default="absolute", server_default="absolute"
+    )
+    # zscore: the latest values before the step; relative: the run's first values.
+    baseline_steps: Mapped[int] = mapped_column(default=20, server_default="20")
+    # The run's first steps (from the first with a value) that feed the baseline, never fire.
+    warmup_steps: Mapped[int] = mapped_column(default=0, server_default="0")
+    # After an episode fired at step s, no new episode fires before s + alert_cooldown_steps.
+    alert_cooldown_steps: Mapped[int] = mapped_column(default=0, server_default="0")
+    # One line carried in every notification and alert; `{reward_min}`/`{reward_max}` filled in.
+    recommended_action: Mapped[str | None] = mapped_column(Text)
+    # A command offered with the alert, never issued by it ({type, params}; `mitigation` issues).
+    suggested_command: Mapped[dict[str, Any] | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -80,6 +96,8 @@ class AlertState(Base):
     last_mitigation_step: Mapped[int | None] = mapped_column(BigInteger)
     # Highest fired_step that was notified: replayed steps of a resumed run never notify again.
     notified_through: Mapped[int | None] = mapped_column(BigInteger)
+    # Step of the episode that fired last (`alert_cooldown_steps`).
+    last_fired_step: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class AlertEpisode(Base):
@@ -88,6 +106,9 @@ class AlertEpisode(Base):
     __tablename__ = "alert_episodes"
     __table_args__ = (
         Index("ix_alert_episodes_run_state", "run_id", "state"),
+        # the alerts listing's pages, newest first: firing ones, then the others (0016)
+        Index("ix_alert_episodes_state_created", "state", "created_at", "id"),
+        Index("ix_alert_episodes_created", "created_at", "id"),
         {"sqlite_autoincrement": True},
     )
 

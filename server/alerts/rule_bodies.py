@@ -54,7 +54,14 @@ RULE_FIELDS = (
     "split",
     "enabled",
     "description",
+    "comparison",
+    "baseline_steps",
+    "warmup_steps",
+    "alert_cooldown_steps",
+    "recommended_action",
+    "suggested_command",
 )
+Comparison = Literal["absolute", "zscore", "relative"]
 
 
 class Mitigation(BaseModel):
@@ -154,7 +161,8 @@ class RulePatch(BaseModel):
     """Only this project's runs."""
     metric: text(200, 1) | None = None
     """A step metric (acr, acr_all_pass, ...), a window metric (acr_ema, acr_100, acr_volatility,
-    acr_streak, acr_pooled), n_invalid, reward_drop, stale, or scalars.NAME."""
+    acr_streak, acr_pooled), n_invalid, reward_drop, stale, acr_trained, non_finite_loss,
+    reward_spread (docs/detectors.md), or scalars.NAME."""
     op: Op | None = None
     """How the metric is compared with the threshold."""
     threshold: Annotated[float, Strict()] | None = None
@@ -184,7 +192,25 @@ class RulePatch(BaseModel):
     enabled: StrictBool | None = None
     """A disabled rule is not evaluated."""
     description: prose(2000) | None = None
-    """Free text."""
+    """Free text (a notification's recommended action when the rule has none)."""
+    comparison: Comparison | None = None
+    """What the condition compares (docs/detectors.md): `absolute` the metric itself (default),
+    `zscore` its standard deviations above the rolling baseline of its last baseline_steps
+    values on the run, `relative` the metric over the mean of its first baseline_steps values
+    on the run."""
+    baseline_steps: StrictInt | None = Field(default=None, ge=1, le=10_000)
+    """Values in a zscore or relative rule's baseline (default 20)."""
+    warmup_steps: StrictInt | None = Field(default=None, ge=0, le=1_000_000)
+    """A run's first steps (from the first with a value) that feed the baseline and never
+    fire (default 0)."""
+    alert_cooldown_steps: StrictInt | None = Field(default=None, ge=0, le=10**12)
+    """Steps after an episode fired before a new one may fire on the same run (default 0)."""
+    recommended_action: prose(500) | None = None
+    """One line carried in every notification and alert of the rule; `{reward_min}` and
+    `{reward_max}` are replaced by the run's bounds."""
+    suggested_command: Mitigation | None = None
+    """A command offered with the alert (on the dashboard, in notifications, by `vantage
+    diagnose`), never issued automatically; `mitigation` is the one that is."""
 
     @field_validator("notify", mode="before")
     @classmethod
@@ -212,7 +238,8 @@ class RuleCreate(RulePatch):
     """Unique among the rules of the same run_id and project."""
     metric: text(200, 1)
     """A step metric (acr, acr_all_pass, ...), a window metric (acr_ema, acr_100, acr_volatility,
-    acr_streak, acr_pooled), n_invalid, reward_drop, stale, or scalars.NAME."""
+    acr_streak, acr_pooled), n_invalid, reward_drop, stale, acr_trained, non_finite_loss,
+    reward_spread (docs/detectors.md), or scalars.NAME."""
     op: Op
     """How the metric is compared with the threshold."""
     threshold: Annotated[float, Strict()]

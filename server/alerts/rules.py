@@ -86,7 +86,7 @@ def _apply(session: Session, rule: AlertRule, fields: dict[str, Any], settings: 
     if fields.get("run_id") is not None and session.get(Run, fields["run_id"]) is None:
         raise LookupError(run_not_found(fields["run_id"]))
     for name, value in fields.items():
-        if name == "mitigation" and value is not None:
+        if name in ("mitigation", "suggested_command") and value is not None:
             value = {"type": value["type"], "params": value.get("params") or {}}
         setattr(rule, name, value)
     _check_clear_side(rule)
@@ -123,6 +123,10 @@ def create_rule(session: Session, body: RuleCreate, settings: Settings) -> dict[
         split="train",
         enabled=True,
         builtin=False,
+        comparison="absolute",
+        baseline_steps=20,
+        warmup_steps=0,
+        alert_cooldown_steps=0,
         created_at=utcnow(),
     )
     fields = body.model_dump(exclude_unset=True)
@@ -130,7 +134,16 @@ def create_rule(session: Session, body: RuleCreate, settings: Settings) -> dict[
         k: v
         for k, v in fields.items()
         if v is not None
-        or k in ("run_id", "project", "clear_threshold", "mitigation", "description")
+        or k
+        in (
+            "run_id",
+            "project",
+            "clear_threshold",
+            "mitigation",
+            "description",
+            "recommended_action",
+            "suggested_command",
+        )
     }
     _apply(session, rule, fields, settings)
     session.add(rule)
@@ -159,6 +172,10 @@ def update_rule(
         "cooldown_steps",
         "split",
         "enabled",
+        "comparison",
+        "baseline_steps",
+        "warmup_steps",
+        "alert_cooldown_steps",
     ):
         if required in fields and fields[required] is None:
             raise RuleFieldError(required, f"'{required}' cannot be null")

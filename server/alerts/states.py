@@ -18,7 +18,14 @@ from .models import AlertEpisode, AlertRule, AlertState, Silence
 RULES, STATES = AlertRule.__table__, AlertState.__table__
 RuleRow = SimpleNamespace
 """A rule as evaluation reads it (`rules_and_states`): its columns as attributes."""
-STATE_FIELDS = ("episode_id", "streak", "clear_streak", "last_mitigation_step", "notified_through")
+STATE_FIELDS = (
+    "episode_id",
+    "streak",
+    "clear_streak",
+    "last_mitigation_step",
+    "notified_through",
+    "last_fired_step",
+)
 # The enabled rules that apply to a run (its own, its project's, global ones) with the run's
 # state of each, read with Core and built once (ingest runs it for every evaluated step).
 _RULES_AND_STATES = (
@@ -56,6 +63,7 @@ class RuleState:
     clear_streak: int = 0
     last_mitigation_step: int | None = None
     notified_through: int | None = None
+    last_fired_step: int | None = None
     stored: tuple | None = None
 
     def values(self) -> tuple:

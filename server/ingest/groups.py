@@ -28,6 +28,7 @@ from ..classify import (
 from ..group_blocks import decode_hashes, encode_arrays, encode_block
 from ..locks import RunState
 from ..models import GroupBlock, Run
+from ..reward_shape import add_reward_shape
 
 
 class IngestError(ValueError):
@@ -354,8 +355,11 @@ def _encode(cols: GroupColumns, indices: list[int]) -> dict:
     return encode_block(*columns)
 
 
-def step_deltas(classified: list[Classified]) -> dict[tuple[str, int], StepDelta]:
-    """What the batch adds to each (split, step): its records, and the groups it stored."""
+def step_deltas(
+    classified: list[Classified], settings: ACRSettings
+) -> dict[tuple[str, int], StepDelta]:
+    """What the batch adds to each (split, step): its records, and the groups it stored (their
+    classes and their reward shape, `add_reward_shape`, under the run's ``settings``)."""
     deltas: dict[tuple[str, int], StepDelta] = {}
     for item in classified:
         rec, cols = item.record, item.columns
@@ -363,8 +367,10 @@ def step_deltas(classified: list[Classified]) -> dict[tuple[str, int], StepDelta
         _merge_record(d, rec)
         if len(item.stored) == len(cols.cls):
             cols.add_to(d.acc)
+            add_reward_shape(d.acc, rec, cols, None, settings)
         elif item.stored:
             cols.add_to(d.acc, item.stored)
+            add_reward_shape(d.acc, rec, cols, item.stored, settings)
     return deltas
 
 

@@ -10,6 +10,7 @@ from sqlalchemy import bindparam, false, insert, select, union_all, update
 from sqlalchemy.orm import Session
 from vantage.client.acr import (
     STEP_METRIC_FIELDS,
+    ACRSettings,
     StepAccumulator,
 )
 from vantage.client.schema import StepsBatch
@@ -264,7 +265,8 @@ def store_batch(
     if not groups_stored:
         stored_steps = {k for k, row in step_rows.items() if row.id is not None}
         store_groups(session, run.key, batch.attempt, classified, result, stored_steps)
-    deltas = step_deltas(classified)
+    settings = ACRSettings(reward_min=run.reward_min, reward_max=run.reward_max)
+    deltas = step_deltas(classified, settings)
     touched_rows: list[SimpleNamespace] = []
     moved: list[tuple[str, int]] = []  # steps whose window inputs changed
     for key in keys:

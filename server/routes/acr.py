@@ -8,6 +8,7 @@ from vantage.client.schema import MAX_GROUPS_PER_REQUEST, ACRRequest
 
 from ..classify import BadGroupStats, classify_groups
 from ..deps import ReadKey
+from ..reward_shape import add_reward_shape
 from . import json_response, parse_body, raw_body_openapi, read_body
 
 router = APIRouter(prefix="/api/v1", tags=["acr"])
@@ -27,6 +28,7 @@ async def acr(request: Request, key: ReadKey) -> Response:
         raise HTTPException(422, exc.detail("body")) from exc
     acc = StepAccumulator()
     cols.add_to(acc)
+    add_reward_shape(acc, body, cols, None, settings)
     classes = cols.classes()
     groups = [
         {"index": i, "group_id": cols.group_ids[i], "class": classes[i].value, "side": cols.side[i]}

@@ -83,7 +83,8 @@ def test_default_rules_exist_and_are_editable(api):
         "stale",
     ):
         assert rules[name]["builtin"] and rules[name]["mitigation"] is None
-    assert (rules["acr_stall"]["metric"], rules["acr_stall"]["op"]) == ("acr", ">")
+    # the ACR the run trains on: the effective ACR when the trainer reports it (migration 0014)
+    assert (rules["acr_stall"]["metric"], rules["acr_stall"]["op"]) == ("acr_trained", ">")
     assert (rules["acr_stall"]["threshold"], rules["acr_stall"]["for_steps"]) == (0.35, 51)
     stall = rules["acr_stall"]
     r = api.put(f"/api/v1/alert-rules/{stall['id']}", json={"severity": "critical"})

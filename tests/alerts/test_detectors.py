@@ -1,0 +1,224 @@
+"""The built-in training-health detectors (docs/detectors.md) on a real server and database,
+fed over HTTP: a healthy noisy run fires none of them, and each fault fires its own rule within
+a few steps of where it begins (and no other detector). Their suggested commands are offered,
+never issued; their recommended action reaches the alert listing and the webhook body."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+
+import pytest
+
+from tests.helpers.alerts import Receiver
+from tests.helpers.api import new_run, post_steps
+from tests.helpers.cli import create_key, run_cli
+from tests.helpers.postgres import REQUIRE_POSTGRES, new_postgres_database
+from tests.helpers.server import start_server
+
+DETECTORS = (
+    "entropy_collapse",
+    "kl_spike",
+    "grad_norm_spike",
+    "loss_non_finite",
+    "reward_variance_spike",
+    "reward_out_of_range",
+)
+STEPS = 80  # a healthy run's
+FAULT = 30  # the step each fault begins at (the warmup is the first 20 steps), ...
+AFTER = 8  # ... and how many steps a faulty run goes on
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def server(request, tmp_path_factory):
+    drop = None
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('detectors-db') / 'vantage.db'}"
+    else:
+        try:
+            url, drop = new_postgres_database()
+        except Exception as exc:  # noqa: BLE001
+            if REQUIRE_POSTGRES:
+                pytest.fail(f"PostgreSQL is required but: {exc}")
+            pytest.skip(f"PostgreSQL not reachable: {exc}")
+    run_cli("db", "upgrade", "--database-url", url)
+    srv = start_server(url, tmp_path_factory.mktemp("detectors-logs"))
+    srv.keys = {"all": create_key(url, "ingest,read,control,admin", "all")}
+    srv.database_url = url
+    yield srv
+    srv.stop()
+    if drop is not None:
+        drop()
+
+
+@pytest.fixture
+def api(server):
+    with server.client("all") as client:
+        yield client
+
+
+def healthy_step(rng: random.Random, step: int) -> dict:
+    """A noisy, healthy GRPO step: 16 groups of 8 continuous rewards around 0.5, entropy
+    slowly falling, KL slowly rising, a log-normal gradient norm, a noisy loss."""
+    groups = [[rng.gauss(0.5, 0.1) for _ in range(8)] for _ in range(16)]
+    scalars = {
+        "entropy": (2.0 - 0.004 * step) * rng.uniform(0.97, 1.03),
+        "kl": (0.01 + 0.0004 * step) * rng.uniform(0.9, 1.1),
+        "grad_norm": math.exp(rng.gauss(0.0, 0.2)),
+        "loss": rng.gauss(0.1, 0.05),
+    }
+    return {"step": step, "groups": groups, "scalars": scalars}
+
+
+def with_fault(record: dict, fault: str | None, rng: random.Random) -> dict:
+    """``record`` with ``fault`` from step FAULT on (entropy collapse, KL and gradient spikes,
+    a NaN loss, rewards split into two clusters, rewards above reward_max)."""
+    step, scalars = record["step"], record["scalars"]
+    if fault is None or step < FAULT:
+        return record
+    if fault == "entropy_collapse":
+        scalars["entropy"] *= 0.25
+    elif fault == "kl_spike" and step == FAULT:
+        scalars["kl"] *= 10
+    elif fault == "grad_norm_spike" and step == FAULT:
+        scalars["grad_norm"] = 25.0
+    elif fault == "loss_non_finite" and step == FAULT:
+        scalars["loss"] = "NaN"
+    elif fault == "reward_variance_spike":  # half the completions found an exploit
+        record["groups"] = [
+            [rng.gauss(0.9, 0.02) if k % 2 else rng.gauss(0.3, 0.02) for k in range(8)]
+            for _ in range(16)
+        ]
+    elif fault == "reward_out_of_range":  # a reward scaled past its declared range
+        record["groups"] = [[r + 0.45 for r in g] for g in record["groups"]]
+    return record
+
+
+def feed(api, fault: str | None, seed: int) -> dict:
+    """A run, one request a step, with ``fault`` from step FAULT (AFTER steps more); without
+    one, STEPS steps."""
+    rng = random.Random(seed)
+    run = new_run(api, name=f"detectors-{fault or 'healthy'}")
+    for step in range(1, (STEPS if fault is None else FAULT + AFTER) + 1):
+        record = with_fault(healthy_step(rng, step), fault, rng)
+        post_steps(api, run, [record])
+    return run
+
+
+def detector_alerts(api, run_id: str) -> dict[str, list[dict]]:
+    alerts = api.get("/api/v1/alerts", params={"run_id": run_id}).json()["alerts"]
+    out: dict[str, list[dict]] = {}
+    for a in alerts:
+        if a["rule"] in DETECTORS:
+            out.setdefault(a["rule"], []).append(a)
+    return out
+
+
+def test_a_healthy_noisy_run_fires_no_detector(api):
+    for seed in (1, 2):
+        run = feed(api, None, seed)
+        assert detector_alerts(api, run["run_id"]) == {}
+
+
+@pytest.mark.parametrize("fault", DETECTORS)
+def test_each_fault_fires_its_own_detector_within_a_few_steps(api, fault):
+    run = feed(api, fault, seed=7)
+    fired = detector_alerts(api, run["run_id"])
+    assert set(fired) == {fault}, fired
+    (alert,) = fired[fault]
+    assert FAULT <= alert["fired_step"] <= FAULT + 5, alert
+    assert alert["recommended_action"]
+    if fault == "loss_non_finite":
+        assert alert["severity"] == "critical"
+    # suggested, never issued: built-ins carry no mitigation (docs/design.md §6)
+    commands = api.get(f"/api/v1/runs/{run['run_id']}/commands").json()["commands"]
+    assert commands == []
+    suggested = {
+        "entropy_collapse": {"type": "set_sampling", "params": {"temperature": 1.2}},
+        "grad_norm_spike": {"type": "checkpoint", "params": {}},
+        "loss_non_finite": {"type": "stop", "params": {}},
+    }.get(fault)
+    if alert["state"] == "firing":
+        assert alert["suggested_command"] == suggested
+
+
+def test_a_spike_inside_the_warmup_fires_nothing(api):
+    rng = random.Random(3)
+    run = new_run(api, name="warmup")
+    for step in range(1, 41):
+        record = healthy_step(rng, step)
+        if step == 12:
+            record["scalars"]["grad_norm"] = 50.0
+        post_steps(api, run, [record])
+    assert detector_alerts(api, run["run_id"]) == {}
+
+
+def test_out_of_range_rewards_are_counted_and_named_with_the_runs_bounds(api, server):
+    rules = {r["name"]: r for r in api.get("/api/v1/alert-rules").json()["rules"]}
+    rule = rules["reward_out_of_range"]
+    receiver = Receiver()
+    try:
+        r = api.put(f"/api/v1/alert-rules/{rule['id']}", json={"notify": [receiver.url]})
+        assert r.status_code == 200, r.text
+        run = new_run(api, name="bounds", reward_min=-1.0, reward_max=2.0)
+        answer = post_steps(api, run, [{"step": 1, "groups": [[5, 5, 5, 5], [-3, 2, 1, 0]]}])
+        assert answer["steps"][0]["n_out_of_range"] == 5
+        post_steps(api, run, [{"step": 2, "groups": [[0, 1, 0, 1]]}])
+        points = api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"]
+        assert [p["n_out_of_range"] for p in points] == [5, 0]
+        (body,) = receiver.wait_for(1)
+        assert body["rule"] == "reward_out_of_range" and body["step"] == 1
+        assert "[-1, 2]" in body["recommended_action"], body["recommended_action"]
+    finally:
+        api.put(f"/api/v1/alert-rules/{rule['id']}", json={"notify": []})
+        receiver.close()
+
+
+def test_detector_fields_are_optional_and_validated(api):
+    plain = api.post(
+        "/api/v1/alert-rules",
+        json={"name": "plain-0014", "metric": "acr", "op": ">", "threshold": 0.5},
+    ).json()
+    assert (plain["comparison"], plain["warmup_steps"], plain["alert_cooldown_steps"]) == (
+        "absolute",
+        0,
+        0,
+    )
+    assert plain["recommended_action"] is None and plain["suggested_command"] is None
+    bad = api.post(
+        "/api/v1/alert-rules",
+        json={"name": "bad", "metric": "acr", "op": ">", "threshold": 1, "comparison": "median"},
+    )
+    assert bad.status_code == 422
+    bad = api.post(
+        "/api/v1/alert-rules",
+        json={
+            "name": "bad",
+            "metric": "acr",
+            "op": ">",
+            "threshold": 1,
+            "suggested_command": {"type": "set_sampling", "params": {}},
+        },
+    )
+    assert bad.status_code == 422 and "temperature" in bad.text
+    api.delete(f"/api/v1/alert-rules/{plain['id']}")
+
+
+def test_the_monitor_warns_once_naming_the_bounds(server, tmp_path, caplog):
+    from vantage.client import Monitor
+
+    key = server.keys["all"]
+    with caplog.at_level(logging.WARNING, logger="vantage.client"):
+        mon = Monitor(server.url, key, run_name="warned", spool_dir=tmp_path / "spool")
+        try:
+            mon.log_groups(1, [[0, 2, 2, 0], [1, 0, 1, 0]])
+            assert mon.flush(30)
+            mon.log_groups(2, [[3, 3, 0, 0]])
+            assert mon.flush(30)
+        finally:
+            mon.close(timeout=10)
+    said = [r.getMessage() for r in caplog.records if "outside the run's bounds" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "2 reward(s) of step 1" in said[0] and "[0, 1]" in said[0]
+    assert "Monitor(reward_min=..., reward_max=...)" in said[0]

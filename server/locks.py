@@ -104,9 +104,12 @@ _READ_FOR_UPDATE_NOWAIT = _read_pg().with_for_update(of=RUNS, nowait=True)
 _ASYNC_COMMIT = func.set_config("synchronous_commit", "off", True).label("commit")
 _READ_FOR_UPDATE_ASYNC = _read_pg(_ASYNC_COMMIT).with_for_update(of=RUNS)
 # A transaction of its own whose commit waits for the WAL to be flushed past its commit record,
-# and so past every commit before it (the WAL is written in order): it takes a transaction id,
-# so that it has a commit record to flush.
-_FLUSH = text("SELECT pg_current_xact_id()")
+# and so past every commit before it (the WAL is written in order). PostgreSQL flushes at
+# commit only for a transaction that has a transaction id AND wrote WAL: a transactional
+# logical message (a few bytes, no table, no lock, allowed to any role) gives it both. A
+# transaction id alone commits without a flush: an `immediate` restart lost batches already
+# answered 200 (benchmarks/soak.py; tests/test_ingest_durability.py).
+_FLUSH = text("SELECT pg_logical_emit_message(true, 'vantage', '')")
 _TOUCH = update(RUNS).where(RUNS.c.id == bindparam("run_id")).values(attempt=RUNS.c.attempt)
 SAVE_RUN_STATE = (
     update(RUNS)

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import dash
 from dash import Input, Output, State, callback, ctx, dcc, html, no_update
 from vantage.dashboard import components, context, data, url_state
+from vantage.dashboard.pages.compare import side_by_side
 from vantage.dashboard.pages.compare.figures import compare_figure, no_runs_figure
 from vantage.dashboard.pages.compare.table import comparison_table
 
@@ -68,6 +69,8 @@ def layout(runs: str | None = None, **_query) -> html.Div:
                 dcc.Graph(id="compare-graph", config={"displaylogo": False}), className="card"
             ),
             html.Div(id="compare-table", className="card"),
+            html.Div(id="compare-side-card", className="card"),
+            html.Div(id="compare-config-card", className="card"),
         ]
     )
 
@@ -81,12 +84,16 @@ class ComparisonOutputs(NamedTuple):
     figure: Any
     table: Any
     marks: Any
+    side: Any = no_update
+    config: Any = no_update
 
 
 @callback(
     Output("compare-graph", "figure"),
     Output("compare-table", "children"),
     Output("compare-marks", "data"),
+    Output("compare-side-card", "children"),
+    Output("compare-config-card", "children"),
     Input("compare-runs", "value"),
     Input("compare-interval", "n_intervals"),
     State("compare-marks", "data"),
@@ -100,7 +107,9 @@ def show_comparison(run_ids, _n, marks) -> ComparisonOutputs:
     result = data.compare(info, run_ids)
     if not result["runs"]:
         return ComparisonOutputs(
-            no_runs_figure(), html.P("Choose runs above.", className="muted"), now
+            no_runs_figure(), html.P("Choose runs above.", className="muted"), now, [], []
         )
     figure = compare_figure(result["runs"], result["metrics"], result.get("timelines"))
-    return ComparisonOutputs(figure, comparison_table(result), now)
+    side = [html.H4("Side by side"), side_by_side.metrics_table(result)]
+    config = side_by_side.config_table(result["runs"])
+    return ComparisonOutputs(figure, comparison_table(result), now, side, config)

@@ -2,7 +2,8 @@
 
 Layout under ``output_dir``::
 
-    checkpoint/policy/       the policy (save_pretrained) and its tokenizer
+    checkpoint/policy/       the policy (save_pretrained; sharded, its gathered full weights) and
+                             its tokenizer
     checkpoint/state.pt      step, optimizer, scheduler, mitigation, AVSPO τ, temperature, commands
                              seen, run_id, reference spec, history
     checkpoint/rng-rank{r}.pt  each rank's Python, torch (and CUDA) RNG and its prompt sampler
@@ -26,6 +27,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 from .config import TrainConfig
 from .distributed import Distributed
 from .models import load_policy
+from .sharding import full_optimizer_state, full_state_dict, is_sharded
 
 __all__ = [
     "Checkpointable",
@@ -45,6 +47,7 @@ class Checkpointable(Protocol):
     ``state_dict`` (step, optimizer, mitigation, ...), on every rank of ``dist``."""
 
     policy: PreTrainedModel
+    optimizer: torch.optim.Optimizer
     tokenizer: PreTrainedTokenizerBase
     output_dir: Path
     dist: Distributed
@@ -60,11 +63,23 @@ class WeightsDiverged(RuntimeError):
     would replace the last good checkpoint with one no resume can use."""
 
 
-def _check_finite(policy: torch.nn.Module) -> None:
-    """Raise WeightsDiverged naming the first parameter that holds NaN or an infinity."""
-    for name, p in policy.named_parameters():
-        if not torch.isfinite(p).all():
-            raise WeightsDiverged(f"parameter {name} holds NaN or infinite values")
+def _check_finite(policy: torch.nn.Module, dist: Distributed) -> None:
+    """Raise WeightsDiverged naming the first parameter that holds NaN or an infinity; on every
+    rank when the policy is sharded (each checks its shards, then they agree)."""
+    bad = next(
+        (
+            name
+            for name, p in policy.named_parameters()
+            if not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
+        ),
+        None,
+    )
+    if is_sharded(policy):
+        (ranks_bad,) = dist.sum([float(bad is not None)])
+        if ranks_bad and bad is None:
+            bad = "on another rank"
+    if bad is not None:
+        raise WeightsDiverged(f"parameter {bad} holds NaN or infinite values")
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
@@ -88,19 +103,25 @@ def save_checkpoint(trainer: Checkpointable) -> Path:
     """Write the checkpoint atomically (a temporary folder renamed into place); every rank calls
     this together. Returns the checkpoint folder. Raises WeightsDiverged, writing nothing, when
     the weights are not finite (every rank holds the same weights, so every rank raises)."""
-    _check_finite(trainer.policy)
+    dist = trainer.dist
+    _check_finite(trainer.policy, dist)
+    # a sharded run gathers the full weights and optimizer state on rank 0 (None otherwise)
+    weights = full_state_dict(trainer.policy)
+    optimizer = full_optimizer_state(trainer.policy, trainer.optimizer)
     out = Path(trainer.output_dir)
     final, tmp = out / CHECKPOINT, out / f"{CHECKPOINT}.tmp"
-    dist = trainer.dist
     if dist.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
     torch.save(_rng_state(trainer), tmp / f"rng-rank{dist.rank}.pt")
     if dist.is_main:
-        trainer.policy.save_pretrained(tmp / "policy")
+        trainer.policy.save_pretrained(tmp / "policy", state_dict=weights)
         trainer.tokenizer.save_pretrained(tmp / "policy")
-        torch.save(trainer.state_dict(), tmp / "state.pt")
+        state = trainer.state_dict()
+        if optimizer is not None:  # by parameter name; `load_optimizer_state` takes both
+            state["optimizer"] = optimizer
+        torch.save(state, tmp / "state.pt")
     dist.barrier()
     if dist.is_main:
         old = out / f"{CHECKPOINT}.old"
@@ -134,17 +155,19 @@ def save_reference(
     output_dir: str | Path,
     config: TrainConfig,
     loaded_from_files: bool,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Record the policy at GRPO step 0 of attempt 1 as the reference. When its weights are the
-    unchanged files it came from, the spec points there (no copy); otherwise a snapshot is saved.
-    Returns the spec, also written to ``reference.json``."""
+    unchanged files it came from, the spec points there (no copy); otherwise a snapshot is saved
+    (of ``weights`` when given: a sharded policy's gathered full state dict). Returns the spec,
+    also written to ``reference.json``."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if loaded_from_files:
         keys = ("model_source", "model_path", "gguf_file", "init_checkpoint", "dtype")
         spec = {"kind": "source", **{k: getattr(config, k) for k in keys}}
     else:
-        policy.save_pretrained(out / "reference")
+        policy.save_pretrained(out / "reference", state_dict=weights)
         tokenizer.save_pretrained(out / "reference")
         spec = {"kind": "snapshot", "path": "reference"}
     (out / "reference.json").write_text(json.dumps(spec, indent=2))

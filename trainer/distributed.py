@@ -34,6 +34,10 @@ class Distributed:
         self.enabled = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.enabled else 0
         self.world_size = dist.get_world_size() if self.enabled else 1
+        # where the counts are reduced: NCCL takes CUDA tensors only, gloo CPU ones
+        self.device = torch.device("cpu")
+        if self.enabled and dist.get_backend() == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
 
     @property
     def is_main(self) -> bool:
@@ -41,18 +45,21 @@ class Distributed:
 
     def sum(self, values: list[float]) -> list[float]:
         """Element-wise sum over ranks (float64)."""
-        if not self.enabled:
-            return list(values)
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t)
-        return t.tolist()
+        return self._all_reduce(values, dist.ReduceOp.SUM)
 
     def min(self, values: list[float]) -> list[float]:
         """Element-wise minimum over ranks (float64)."""
+        return self._all_reduce(values, dist.ReduceOp.MIN)
+
+    def max(self, values: list[float]) -> list[float]:
+        """Element-wise maximum over ranks (float64)."""
+        return self._all_reduce(values, dist.ReduceOp.MAX)
+
+    def _all_reduce(self, values: list[float], op: Any) -> list[float]:
         if not self.enabled:
             return list(values)
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=op)
         return t.tolist()
 
     def broadcast(self, obj: Any) -> Any:

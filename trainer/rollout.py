@@ -7,6 +7,7 @@ contiguous, so ``rewards.view(P, G)`` gives the groups), as token tensors the lo
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,12 +17,18 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .sharding import agree, is_sharded
+
 __all__ = [
     "Rollouts",
     "HFBackend",
     "VLLMBackend",
     "completion_mask",
     "encode_prompts",
+    "kv_cache_keyword",
+    "prompt_prefix_cache",
+    "shared_prompt_cache",
+    "takes_logits_to_keep",
     "take_groups",
 ]
 
@@ -104,6 +111,71 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_id: int | list[int])
     return (seen_before == 0).long()
 
 
+def kv_cache_keyword(model: torch.nn.Module) -> str | None:
+    """The name the model's forward takes a KV cache under (``cache`` from transformers 5.x on,
+    ``past_key_values`` before), or None when it takes neither (or is an encoder-decoder)."""
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return None
+    parameters = inspect.signature(model.forward).parameters
+    return next((k for k in ("cache", "past_key_values") if k in parameters), None)
+
+
+def prompt_prefix_cache(
+    model: torch.nn.Module,
+    keyword: str,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    positions: torch.Tensor,
+) -> Any:
+    """A DynamicCache holding the keys and values of ``ids`` [b, L] (with their attention mask
+    and position ids), from one forward that skips the LM head where the model allows. Under
+    autograd when called with grad enabled: gradients reach the prefix through the cache."""
+    from transformers import DynamicCache
+
+    takes_config = "config" in inspect.signature(DynamicCache).parameters
+    cache = DynamicCache(config=model.config) if takes_config else DynamicCache()
+    extra = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
+    model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=True,
+        **{keyword: cache},
+        **extra,
+    )
+    return cache
+
+
+def takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the model's forward can compute the LM head on the last positions only."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+@torch.no_grad()
+def shared_prompt_cache(
+    model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int
+) -> dict[str, Any]:
+    """The KV cache of each prompt but its last token, computed once for its ``n`` completions
+    and repeated n times, as the keyword ``generate`` takes it; ``generate`` then runs only the
+    last prompt token and the new ones (a group's G rows share one prompt: without this the
+    prompt was encoded G times). {} where it does not apply: one completion a prompt, a one-token
+    prompt, a row whose prefix is all padding, a model that takes no cache (for a sharded
+    model: on some rank).
+
+    prompt_ids, prompt_mask: [P, Lp] left-padded. Positions are ``cumsum(mask) − 1``, padding
+    0, as ``generate`` numbers them, so the completions are those of the plain call."""
+    keyword = kv_cache_keyword(model)
+    prefix_mask = prompt_mask[:, :-1]
+    if n < 2 or keyword is None:
+        return {}
+    if not agree(model, bool(prefix_mask.numel()) and bool(prefix_mask.any(1).all())):
+        return {}
+    positions = (prompt_mask.long().cumsum(-1) - 1).masked_fill(prompt_mask == 0, 0)
+    cache = prompt_prefix_cache(model, keyword, prompt_ids[:, :-1], prefix_mask, positions[:, :-1])
+    cache.batch_repeat_interleave(n)
+    return {keyword: cache}
+
+
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     eos = model.generation_config.eos_token_id
     if eos is None:
@@ -134,8 +206,6 @@ class HFBackend:
         prompt_ids, prompt_mask = encode_prompts(
             self.tokenizer, prompts, self.chat_template, device
         )
-        prompt_ids = prompt_ids.repeat_interleave(n, dim=0)
-        prompt_mask = prompt_mask.repeat_interleave(n, dim=0)
         eos = _eos_ids(model, self.tokenizer)
         sampling: dict[str, Any] = (
             {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
@@ -144,12 +214,17 @@ class HFBackend:
         )
         was_training = model.training
         model.eval()
+        cache = shared_prompt_cache(model, prompt_ids, prompt_mask, n)
+        prompt_ids = prompt_ids.repeat_interleave(n, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(n, dim=0)
         out = model.generate(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
             max_new_tokens=max_new_tokens,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=eos,
+            synced_gpus=is_sharded(model),  # each forward is a collective: step together
+            **cache,
             **sampling,
         )
         model.train(was_training)

@@ -12,9 +12,9 @@ import pytest
 from vantage.client.acr import summarize_rewards
 
 
-def torchrun(tmp_path, *args, env: dict | None = None):
-    """Run dp_worker.py on 2 CPU processes (gloo); returns each rank's dump."""
-    worker = Path(__file__).parent / "dp_worker.py"
+def torchrun(tmp_path, *args, env: dict | None = None, worker: str = "dp_worker.py"):
+    """Run a worker script (dp_worker.py) on 2 CPU processes (gloo); returns each rank's dump."""
+    worker = Path(__file__).parent / worker
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     # --standalone: torchrun binds its rendezvous store to a port of its own choosing. A port
     # picked here and freed could be taken by another process before torchrun bound it, and

@@ -45,7 +45,8 @@ def webhook_body(
     """The §6 body, plus `alert_id` (the episode: a receiver that retries may de-duplicate on
     it and `state`), the rule's id and scope (`rule_id`, `rule_project`, `rule_run_id`), its
     condition (`metric`, `op`, `threshold`), `reason` (``why`` no step resolved the alert: its
-    rule was disabled, changed or deleted) and `recommended_action` (the rule's description);
+    rule was disabled, changed or deleted), `recommended_action` (`recommended_action`) and
+    `suggested_command` (a command offered, never issued by the alert);
     `text` is a Slack-compatible line that names only the new state. ``run`` and ``rule``:
     anything with a run's `id` and `name` and a rule's columns as attributes."""
     body = {
@@ -65,10 +66,37 @@ def webhook_body(
         "metric": rule.metric,
         "op": rule.op,
         "threshold": rule.threshold,
+        "comparison": getattr(rule, "comparison", None) or "absolute",
         "reason": why,
-        "recommended_action": rule.description or None,
+        "recommended_action": recommended_action(rule, run),
+        "suggested_command": getattr(rule, "suggested_command", None),
     }
     return {"text": summary(body, _slack, slack_link=True), **body}
+
+
+def recommended_action(rule: Any, run: Any) -> str | None:
+    """The rule's one-line recommended action (its description when it has none), with
+    ``{reward_min}`` and ``{reward_max}`` replaced by the run's bounds (``run``: anything with
+    them, or None to leave them)."""
+    text = getattr(rule, "recommended_action", None) or rule.description or None
+    if text and run is not None:
+        for name in ("reward_min", "reward_max"):
+            value = getattr(run, name, None)
+            if value is not None:
+                text = text.replace(f"{{{name}}}", f"{value:g}")
+    return text
+
+
+def compared(body: dict[str, Any]) -> str:
+    """What a rule's value is: its metric, or for a detector's comparison (docs/detectors.md)
+    the metric's z-score or its ratio to the early-run level, so that "kl = 8.3" is not read
+    as the KL itself."""
+    comparison = body.get("comparison")
+    if comparison == "zscore":
+        return f"z-score of {body['metric']}"
+    if comparison == "relative":
+        return f"{body['metric']} / early-run level"
+    return str(body["metric"])
 
 
 def summary(body: dict[str, Any], escape: Any = str, slack_link: bool = False) -> str:
@@ -83,14 +111,26 @@ def summary(body: dict[str, Any], escape: Any = str, slack_link: bool = False) -
         shown = escape(body["reason"])
     else:
         value = body.get("value")
-        shown = f"{escape(body['metric'])} = {'none' if value is None else f'{value:.4g}'}"
+        shown = f"{escape(compared(body))} = {'none' if value is None else f'{value:.4g}'}"
     cond = f" ({escape(body['op'])} {body['threshold']:g})" if firing else ""
     url = body.get("dashboard_url")
     link = f" <{url}|dashboard>" if url and slack_link else ""
+    test = "TEST, no alert: " if body.get("test") else ""  # a rule's "send a test message"
     return (
-        f"{icon} [{escape(body['severity'])}] {escape(body['rule'])} {verb} on run "
+        f"{icon} {test}[{escape(body['severity'])}] {escape(body['rule'])} {verb} on run "
         f"'{escape(body['run_name'])}'{at}: {shown}{cond}{link}"
     )
+
+
+def chat_line(body: dict[str, Any]) -> str:
+    """A body's `text`: its `summary` with Slack's escapes and dashboard link."""
+    return summary(body, _slack, slack_link=True)
+
+
+def _headline(body: dict[str, Any]) -> str:
+    """A header's or title's words: the rule and its new state (and TEST for a test message)."""
+    state = "FIRING" if body["state"] == "firing" else "RESOLVED"
+    return f"{body['rule']} {state}{' (TEST)' if body.get('test') else ''}"
 
 
 def _has_condition(body: dict[str, Any]) -> bool:
@@ -108,7 +148,7 @@ def _facts(body: dict[str, Any]) -> list[tuple[str, str]]:
         ("Severity", str(body["severity"])),
     ]
     if _has_condition(body):
-        facts.append(("Condition", f"{body['metric']} {body['op']} {body['threshold']:g}"))
+        facts.append(("Condition", f"{compared(body)} {body['op']} {body['threshold']:g}"))
     return facts
 
 
@@ -117,8 +157,7 @@ def slack_body(body: dict[str, Any]) -> dict[str, Any]:
     notifications show) and Block Kit `blocks`: a header, the line, the facts as fields, the
     recommended action and the dashboard link. Names are escaped (`_slack`), so a run named
     ``<!channel>`` pings no one."""
-    firing = body["state"] == "firing"
-    header = f"{body['rule']} {'FIRING' if firing else 'RESOLVED'}"
+    header = _headline(body)
     fields = [
         {"type": "mrkdwn", "text": _cut(f"*{label}*\n{_slack(text)}", SLACK_FIELD_CHARS)}
         for label, text in _facts(body)
@@ -161,7 +200,7 @@ def discord_body(body: dict[str, Any]) -> dict[str, Any]:
         action = _cut(_discord(body["recommended_action"]), DISCORD_FIELD_CHARS)
         fields.append({"name": "Recommended action", "value": action, "inline": False})
     embed: dict[str, Any] = {
-        "title": _cut(f"{body['rule']} {'FIRING' if firing else 'RESOLVED'}", DISCORD_TITLE_CHARS),
+        "title": _cut(_headline(body), DISCORD_TITLE_CHARS),
         "description": _cut(line, DISCORD_DESCRIPTION_CHARS),
         "color": DISCORD_COLOURS[colour],
         "fields": fields,

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -64,6 +64,30 @@ def enqueue(session: Session, urls: list[str], payload: dict[str, Any], episode_
                 next_attempt_at=now,
             )
         )
+
+
+def take_send_slot(session: Session, url: str, now: datetime, until: datetime) -> bool:
+    """Claim ``url``'s send slot until ``until`` with one conditional UPDATE (no lock is held
+    while a message is in flight): False when another sender holds it or the URL's last
+    message went less than `webhook_min_interval_s` before ``now``. The caller commits."""
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    session.execute(
+        insert(WebhookTarget).values(url=url, next_send_at=now).on_conflict_do_nothing()
+    )
+    slot = session.execute(
+        update(WebhookTarget)
+        .where(WebhookTarget.url == url, WebhookTarget.next_send_at <= now)
+        .values(next_send_at=until)
+    )
+    return slot.rowcount == 1
+
+
+def release_send_slot(session: Session, url: str, settings: Settings) -> None:
+    """Move ``url``'s send slot to `webhook_min_interval_s` from now (its message is done)."""
+    next_at = utcnow() + timedelta(seconds=settings.webhook_min_interval_s)
+    session.execute(
+        update(WebhookTarget).where(WebhookTarget.url == url).values(next_send_at=next_at)
+    )
 
 
 class OutboxSender:
@@ -122,7 +146,7 @@ class OutboxSender:
                 claimed = self._claim(session, url)
             if claimed is None:
                 return 0
-            error, outcome = self._deliver(url, claimed.payload)
+            error, outcome = self.deliver(url, claimed.payload)
             with self.session_factory() as session:
                 self._record(session, url, claimed.id, error, outcome)
             return int(outcome == "sent")
@@ -137,17 +161,8 @@ class OutboxSender:
         leaves the message to be sent again when the lease ends: at least once)."""
         now = utcnow()
         lease = now + timedelta(seconds=self.settings.webhook_timeout_s + 5)
-        insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-        session.execute(
-            insert(WebhookTarget).values(url=url, next_send_at=now).on_conflict_do_nothing()
-        )
-        slot = session.execute(
-            update(WebhookTarget)
-            .where(WebhookTarget.url == url, WebhookTarget.next_send_at <= now)
-            .values(next_send_at=lease)
-        )
-        if slot.rowcount != 1:  # another replica holds it, or the last message was < 1 s ago
-            session.rollback()
+        if not take_send_slot(session, url, now, lease):
+            session.rollback()  # another replica holds it, or the last message was < 1 s ago
             return None
         msg = session.scalar(
             select(WebhookMessage)
@@ -181,11 +196,7 @@ class OutboxSender:
         ``error`` when it went without an answer), "retry" (with backoff, until the give-up
         time) or "failed"."""
         now = utcnow()
-        session.execute(
-            update(WebhookTarget)
-            .where(WebhookTarget.url == url)
-            .values(next_send_at=now + timedelta(seconds=self.settings.webhook_min_interval_s))
-        )
+        release_send_slot(session, url, self.settings)
         msg = session.get(WebhookMessage, msg_id)
         if msg is None:
             session.commit()
@@ -221,7 +232,7 @@ class OutboxSender:
             )
         session.commit()
 
-    def _deliver(self, entry: str, payload: dict[str, Any]) -> tuple[str | None, str]:
+    def deliver(self, entry: str, payload: dict[str, Any]) -> tuple[str | None, str]:
         """Send the outbox's body to a `notify` entry in its kind's format: (error or None,
         outcome: "sent", "retry" or "failed"). Targets are checked again here: a host name may
         resolve elsewhere than when the rule was saved."""

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..alerts.listing import list_alerts
+from ..alerts.listing import DEFAULT_PAGE, MAX_PAGE, BadCursor, alert_page
 from ..alerts.metrics import condition_warning
 from ..alerts.models import AlertRule, Silence
 from ..alerts.rule_bodies import RuleCreate, RulePatch
@@ -37,6 +37,8 @@ from ..alerts.silences import (
     silence_visible,
     unknown_rule_warning,
 )
+from ..alerts.targets import RefusedTarget
+from ..alerts.try_target import NotATarget, TargetBusy, send_test_message
 from ..db import redo_on_lock_conflict
 from ..deps import ControlKey, ReadKey, SessionDep, SettingsDep, check_key, load_run
 from ..errors import field_error
@@ -136,7 +138,9 @@ def _written(session: Session, write: Callable[[], dict]) -> dict:
     except RuleExists as exc:
         raise HTTPException(409, str(exc)) from exc
     session.commit()
-    warning = condition_warning(rule["metric"], rule["op"], rule["threshold"])
+    warning = condition_warning(
+        rule["metric"], rule["op"], rule["threshold"], rule.get("comparison", "absolute")
+    )
     return {**rule, "warning": warning} if warning else rule
 
 
@@ -190,23 +194,60 @@ def rules_delete(
     return Response(status_code=204)
 
 
+class TestMessage(BaseModel):
+    """Body of `POST /api/v1/alert-rules/{id}/test-message`."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    target: Annotated[str, Field(min_length=1, max_length=2000)]
+    """One of the rule's `notify` entries, as the rule lists it."""
+
+
+@router.post("/alert-rules/{rule_id}/test-message")
+def rules_test_message(
+    rule_id: RuleId, body: TestMessage, key: ControlKey, session: SessionDep, settings: SettingsDep
+) -> dict:
+    """Send a test message (`test: true`, no alert) to one of the rule's targets now, through
+    the notifications' sender: `{target, sent, error}`. A target refused now (SSRF checks,
+    VANTAGE_WEBHOOK_ALLOW) is a 422; one that got a message within the last second a 429."""
+    rule = _own_rule(session, rule_id, key)
+    try:
+        return send_test_message(session, settings, rule, body.target, key.name)
+    except (NotATarget, RefusedTarget) as exc:
+        raise HTTPException(422, [field_error(str(exc), ["body", "target"])]) from exc
+    except TargetBusy as exc:
+        raise HTTPException(429, str(exc), headers={"Retry-After": "1"}) from exc
+
+
 class AlertFilters(BaseModel):
     """`GET /alerts`'s query: an unknown parameter is a 422, not a filter silently dropped."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
     # an empty value is refused, not looked up (`?run_id=` answered "run  not found")
     run_id: Annotated[str, Field(min_length=1)] | None = None
     rule: Annotated[str, Field(min_length=1)] | None = None
+    """A rule's name or id."""
     state: Literal["pending", "firing", "resolved"] | None = None
+    severity: Annotated[str, Field(min_length=1, max_length=32)] | None = None
+    project: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    """The run's project."""
     since: datetime | None = None
+    """Episodes changed at or after this time."""
+    order: Literal["newest", "firing_first"] = "newest"
+    """newest: newest first; firing_first: firing episodes first, then the others."""
+    limit: int = Field(DEFAULT_PAGE, ge=1, le=MAX_PAGE)
+    """Alerts per page."""
+    cursor: Annotated[str, Field(min_length=1, max_length=500)] | None = None
+    """The `next_cursor` of the page before (same filters and order)."""
 
 
 @router.get("/alerts")
 def alerts_index(
     key: ReadKey, session: SessionDep, query: Annotated[AlertFilters, Query()]
 ) -> dict:
-    """Alert episodes newest first, resolved ones included unless `state` filters them."""
-    run_id, rule, state, since = query.run_id, query.rule, query.state, query.since
+    """Alert episodes newest first (or firing first), resolved ones included unless `state`
+    filters them, `limit` a page: `{alerts, next_cursor}`; pass `next_cursor` as `cursor` for
+    the next page (null: this was the last)."""
+    run_id, since, project = query.run_id, query.since, query.project
     if run_id is not None:
         load_run(session, run_id, key)
     if since is not None:
@@ -214,10 +255,16 @@ def alerts_index(
             msg = "since must be a date between 1970 and 9000"
             raise HTTPException(422, [field_error(msg, ["query", "since"])])
         since = as_utc(since)
-    alerts = list_alerts(
-        session, run_id=run_id, rule=rule, state=state, since=since, project=key.project
-    )
-    return {"alerts": alerts}
+    if key.project is not None and project not in (None, key.project):
+        return {"alerts": [], "next_cursor": None}  # another project's runs: none it may see
+    filters = query.model_dump(include={"rule", "state", "severity", "order", "limit", "cursor"})
+    try:
+        page = alert_page(
+            session, run_id=run_id, since=since, project=key.project or project, **filters
+        )
+    except BadCursor as exc:
+        raise HTTPException(422, [field_error(str(exc), ["query", "cursor"])]) from exc
+    return {"alerts": page.alerts, "next_cursor": page.next_cursor}
 
 
 @router.post("/silences", status_code=201)

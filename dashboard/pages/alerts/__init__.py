@@ -1,0 +1,1 @@
+"""The alerts page (/dashboard/alerts): ``page`` (layout and callbacks) and its ``table``."""

@@ -1,0 +1,2 @@
+"""The rules page (/dashboard/rules): ``page`` (layout and callbacks), its ``table`` and its
+``form``."""

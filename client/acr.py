@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from . import moments
+
 __all__ = [
     "ACRSettings",
     "GroupClass",
@@ -387,16 +389,18 @@ class StepAccumulator:
     eff_n_zero_advantage: int = 0
     eff_reports: int = 0
     # Rewards outside [reward_min, reward_max] (any group; a stats group: those its min and max
-    # show, all n when min == max), and power sums of y = reward − reward_min over the
-    # completions of valid groups (`add_shape`): `shape_n` completions in Σy and Σy², those of
-    # `shape_m` completions (groups sent as lists) in Σy³ and Σy⁴.
+    # show, all n when min == max), and the scaled central moments of the rewards of the
+    # completions of valid groups (`add_shape`, `vantage.client.moments`): `shape_n` completions,
+    # kept in units of `shape_scale`; `shape_m` of them (groups sent as lists) have their 3rd
+    # and 4th moments in `shape_m3`, `shape_m4` (meaningless unless shape_m == shape_n).
     n_out_of_range: int = 0
     shape_n: int = 0
-    shape_s1: float = 0.0
-    shape_s2: float = 0.0
+    shape_scale: float = 0.0
+    shape_mean: float = 0.0
+    shape_m2: float = 0.0
+    shape_m3: float = 0.0
+    shape_m4: float = 0.0
     shape_m: int = 0
-    shape_s3: float = 0.0
-    shape_s4: float = 0.0
 
     def add(self, g: GroupSummary) -> None:
         """Count one classified group."""
@@ -465,19 +469,28 @@ class StepAccumulator:
         self.n_all_fail += by_side["all_fail"]
         self.n_constant += len(collapsed) - by_side["all_pass"] - by_side["all_fail"]
 
-    def add_shape(
-        self, n_out_of_range: int, n: int, sums: Sequence[float], m: int, high: Sequence[float]
-    ) -> None:
-        """Count rewards outside the bounds and the power sums of y = reward − reward_min:
-        ``sums`` (Σy, Σy²) over ``n`` completions of valid groups, ``high`` (Σy³, Σy⁴) over
-        ``m`` of them (see `reward_shape`)."""
+    def add_shape(self, n_out_of_range: int, part: moments.Moments, higher: bool) -> None:
+        """Count rewards outside the bounds and merge ``part``, the moments of rewards of
+        completions of valid groups (`vantage.client.moments`); ``higher``: its 3rd and 4th
+        moments are known (a group sent as statistics knows only n, mean and std)."""
         self.n_out_of_range += n_out_of_range
-        self.shape_n += n
-        self.shape_s1 += sums[0]
-        self.shape_s2 += sums[1]
-        self.shape_m += m
-        self.shape_s3 += high[0]
-        self.shape_s4 += high[1]
+        self._merge_shape(part, part[0] if higher else 0)
+
+    def _shape(self) -> moments.Moments:
+        return (
+            self.shape_n,
+            self.shape_scale,
+            self.shape_mean,
+            self.shape_m2,
+            self.shape_m3,
+            self.shape_m4,
+        )
+
+    def _merge_shape(self, part: moments.Moments, higher_n: int) -> None:
+        merged = moments.merge(self._shape(), part)
+        self.shape_n, self.shape_scale, self.shape_mean = merged[:3]
+        self.shape_m2, self.shape_m3, self.shape_m4 = merged[3:]
+        self.shape_m += higher_n
 
     def add_effective(self, n_valid: int, n_zero_advantage: int) -> None:
         """Count one rank's effective statistics, reported by the trainer after mitigation."""
@@ -487,7 +500,10 @@ class StepAccumulator:
 
     def merge(self, other: StepAccumulator) -> None:
         """Add another accumulator of the same (step, split) into this one."""
+        self._merge_shape(other._shape(), other.shape_m)
         for name in self.__slots__:  # type: ignore[attr-defined]
+            if name in _SHAPE_FIELDS:
+                continue
             if name == "group_sizes":
                 for size, count in other.group_sizes.items():
                     self.group_sizes[size] = self.group_sizes.get(size, 0) + count
@@ -497,6 +513,11 @@ class StepAccumulator:
     def metrics(self) -> dict[str, float | int | None]:
         """Every step metric of docs/design.md §3 by name; ratios are None on a 0 denominator."""
         return step_metrics(self)
+
+
+_SHAPE_FIELDS = frozenset(
+    ("shape_n", "shape_scale", "shape_mean", "shape_m2", "shape_m3", "shape_m4", "shape_m")
+)
 
 
 def step_metrics(acc: StepAccumulator) -> dict[str, float | int | None]:
@@ -542,10 +563,11 @@ def step_metrics(acc: StepAccumulator) -> dict[str, float | int | None]:
 
 def reward_shape(acc: StepAccumulator, binary: bool) -> dict[str, float | None]:
     """The spread and shape of a step's rewards over the completions of its valid groups, from
-    the power sums of y = reward − reward_min (float64; order-dependent in the last bits):
+    their merged central moments (`vantage.client.moments`: float64, scaled, exact in where
+    the rewards lie; order-dependent in the last bits):
 
     - ``reward_std``: the sample std of every completion's reward, pooled over groups (a stats
-      group adds its n, mean and std); None below 2 completions.
+      group adds its n, mean and std); None below 2 completions, or above the largest float.
     - ``reward_bimodality``: Sarle's bimodality coefficient with the sample-size correction,
       BC = (G1² + 1) / (G2 + 3(n−1)²/((n−2)(n−3))), G1 and G2 the adjusted sample skewness
       and excess kurtosis (SAS's and Excel's). About 1/3 for a normal distribution, 5/9 for
@@ -557,14 +579,12 @@ def reward_shape(acc: StepAccumulator, binary: bool) -> dict[str, float | None]:
     out: dict[str, float | None] = {"reward_std": None, "reward_bimodality": None}
     if n < 2:
         return out
-    mean = acc.shape_s1 / n
-    m2 = max(acc.shape_s2 / n - mean * mean, 0.0)
-    out["reward_std"] = _finite_or_none(math.sqrt(m2 * n / (n - 1)))
+    # population central moments in units of shape_scale (scale-free ratios below)
+    m2 = max(acc.shape_m2, 0.0) / n
+    out["reward_std"] = _finite_or_none(math.sqrt(m2 * n / (n - 1)) * acc.shape_scale)
     if binary or acc.shape_m != n or n < 4 or not m2 > 0 or not math.isfinite(m2):
         return out
-    m3 = acc.shape_s3 / n - 3 * mean * acc.shape_s2 / n + 2 * mean**3
-    m4 = acc.shape_s4 / n - 4 * mean * acc.shape_s3 / n + 6 * mean**2 * acc.shape_s2 / n
-    m4 -= 3 * mean**4
+    m3, m4 = acc.shape_m3 / n, acc.shape_m4 / n
     g1 = m3 / m2**1.5 * math.sqrt(n * (n - 1)) / (n - 2)
     g2 = ((n + 1) * (m4 / (m2 * m2) - 3) + 6) * (n - 1) / ((n - 2) * (n - 3))
     denominator = g2 + 3 * (n - 1) ** 2 / ((n - 2) * (n - 3))

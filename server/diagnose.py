@@ -23,7 +23,7 @@ from .alerts.listing import list_alerts
 from .alerts.messages import recommended_action
 from .alerts.metrics import SERIES_METRICS, Window
 from .alerts.states import rules_and_states
-from .commands import list_commands
+from .commands import ENDED_STATES, list_commands
 from .models import Run, Step
 from .queries import run_status
 
@@ -35,27 +35,60 @@ STALL_ACR = 0.35  # docs/design.md §1: "ACR > 0.35 for more than 50 steps" mark
 
 
 class RunNotFound(LookupError):
-    """No run has this id."""
+    """No run has this id, or starts with it (8 characters or more) alone; or the run has
+    steps, none in the split asked for."""
+
+
+# The shortest start of a run id that names a run (the dashboard shows ids' first 8).
+SHORT_ID = 8
+
+
+def find_run(session: Session, run_id: str) -> Run:
+    """The run of id ``run_id``, or the only one whose id starts with it (at least `SHORT_ID`
+    characters, the short id the dashboard shows). Raises RunNotFound, naming the runs a
+    start fits when it fits several."""
+    run = session.get(Run, run_id)
+    if run is not None:
+        return run
+    found = []
+    if len(run_id) >= SHORT_ID:
+        q = select(Run).where(Run.id.startswith(run_id, autoescape=True)).limit(3)
+        found = list(session.scalars(q))
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise RunNotFound(
+            f"{run_id!r} is the start of several runs' ids ({', '.join(r.id for r in found)}"
+            f"{', ...' if len(found) > 2 else ''}): give more of the id"
+        )
+    raise RunNotFound(f"no run {run_id!r}: `vantage diagnose` takes a run id (GET /api/v1/runs)")
 
 
 def diagnose(session: Session, run_id: str, split: str = "train") -> dict[str, Any]:
     """The report as a JSON-able dict: ``run``, ``acr``, ``rules`` (one verdict each),
     ``alerts`` (episodes stored), ``commands`` (applied ones with ``before``/``after`` means)
-    and ``next_actions`` (lines). Raises RunNotFound."""
-    run = session.get(Run, run_id)
-    if run is None:
+    and ``next_actions`` (lines). ``run_id``: an id or a unique start of one (`find_run`).
+    Raises RunNotFound, also for a split the run has no steps in while it has steps in
+    others (naming them); a run with no steps at all has "no data yet"."""
+    run = find_run(session, run_id)
+    run_id = run.id
+    splits = sorted(session.scalars(select(Step.split).where(Step.run_id == run_id).distinct()))
+    if splits and split not in splits:
         raise RunNotFound(
-            f"no run {run_id!r}: `vantage diagnose` takes a run id (GET /api/v1/runs)"
+            f"run {run_id} has no steps in split {split!r}: its splits are {', '.join(splits)}"
         )
     rows = list(
         session.scalars(
             select(Step).where(Step.run_id == run_id, Step.split == split).order_by(Step.step)
         )
     )
+    ended = run.status in ENDED_STATES
     rules = [r for r in _rules(session, run) if r.split == split and r.metric != "stale"]
-    verdicts = [_replay(rule, rows, run) for rule in rules]
+    verdicts = [_replay(rule, rows, run, ended) for rule in rules]
     acr = _acr_summary(rows)
     commands = _commands(session, run_id, rows)
+    no_data = "no data yet: the run has no steps stored; the report fills in as they arrive"
+    actions = _next_actions(verdicts, acr, commands) if rows else [no_data]
     return {
         "run": {
             "run_id": run.id,
@@ -72,7 +105,7 @@ def diagnose(session: Session, run_id: str, split: str = "train") -> dict[str, A
         "rules": verdicts,
         "alerts": list_alerts(session, run_id=run_id),
         "commands": commands,
-        "next_actions": _next_actions(verdicts, acr, commands),
+        "next_actions": actions,
     }
 
 
@@ -85,8 +118,10 @@ def _rules(session: Session, run: Run) -> list[Any]:
     return rules
 
 
-def _replay(rule: Any, rows: list[Step], run: Run) -> dict[str, Any]:
-    """The steps ``rule`` would fire at over ``rows`` (pending → firing → resolved, §6)."""
+def _replay(rule: Any, rows: list[Step], run: Run, ended: bool) -> dict[str, Any]:
+    """The steps ``rule`` would fire at over ``rows`` (pending → firing → resolved, §6). An
+    ``ended`` run's alerts ended with it: a rule still firing at its last step "fired
+    recently"."""
     bounds = (run.reward_min, run.reward_max)
     window, baseline = Window(), None
     needs = {rule.metric} & SERIES_METRICS
@@ -115,9 +150,9 @@ def _replay(rule: Any, rows: list[Step], run: Run) -> dict[str, Any]:
             firing, clear = True, 0
             fired.append(row.step)
     last_step = rows[-1].step if rows else None
-    if firing:
+    if firing and not ended:
         verdict = "firing"
-    elif fired and last_step is not None and fired[-1] >= last_step - RECENT_STEPS:
+    elif firing or (fired and last_step is not None and fired[-1] >= last_step - RECENT_STEPS):
         verdict = "fired recently"
     elif fired:
         verdict = "fired earlier"

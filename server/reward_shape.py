@@ -1,6 +1,7 @@
 """The reward shape of a record's stored groups (docs/detectors.md): how many rewards lie outside
-the run's ``[reward_min, reward_max]`` and the power sums behind a step's `reward_std` and
-`reward_bimodality` (`vantage.client.acr.reward_shape`), counted into the step's accumulator.
+the run's ``[reward_min, reward_max]`` and the central moments behind a step's `reward_std` and
+`reward_bimodality` (`vantage.client.moments`, `vantage.client.acr.reward_shape`), merged into
+the step's accumulator.
 
 Kept apart from classification (`vantage.server.classify`), which it reads: it is only counting,
 and a record classified in one vectorised pass is counted from the same ``[P, G]`` array.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from vantage.client import moments
 from vantage.client.acr import ACRSettings, StepAccumulator
 from vantage.client.schema import GroupsForm
 
@@ -26,7 +28,7 @@ def add_reward_shape(
 ) -> None:
     """Count the shape of the record's groups at ``indices`` (None: all) into ``acc``: rewards
     outside the bounds over every group (masked completions dropped; a non-finite reward is
-    never out of range, it is invalid), power sums of y = reward − reward_min over the
+    never out of range, it is invalid), the scaled central moments of the rewards of the
     completions of valid groups (`StepAccumulator.add_shape`)."""
     arrays = cols.arrays
     if arrays is not None and arrays.x is not None:
@@ -55,27 +57,48 @@ def _add_array(
     """``x``: [P, G] rewards (NaN for null), ``valid``: [P] whether each group is valid."""
     with np.errstate(all="ignore"):
         out = int(((x < settings.reward_min) | (x > settings.reward_max)).sum())
-        y = x[valid] - settings.reward_min
-        if not y.size:
-            acc.add_shape(out, 0, (0.0, 0.0), 0, (0.0, 0.0))
-            return
-        y2 = y * y
-        sums = (float(y.sum()), float(y2.sum()))
-        high = (float((y2 * y).sum()), float((y2 * y2).sum()))
-    acc.add_shape(out, int(y.size), sums, int(y.size), high)
+    acc.add_shape(out, _moments(x[valid]), higher=True)
+
+
+def _moments(values: np.ndarray) -> moments.Moments:
+    """`vantage.client.moments.from_values` for the (finite) rewards of valid groups, numpy."""
+    if not values.size:
+        return moments.EMPTY
+    lo, hi = float(values.min()), float(values.max())
+    scale = moments.scale_for(max(abs(lo), abs(hi)))
+    if scale == 0.0 or lo == hi:  # exactly no spread, not the round-off of a mean
+        return (int(values.size), scale, lo / scale if scale else 0.0, 0.0, 0.0, 0.0)
+    u = values / scale  # a power of two: exact, and every |u| < 1
+    mean = float(u.mean())
+    d = u - mean
+    d2 = d * d
+    return (
+        int(u.size),
+        scale,
+        mean,
+        float(d2.sum()),
+        float((d2 * d).sum()),
+        float((d2 * d2).sum()),
+    )
 
 
 def _add_stats(acc: StepAccumulator, stats, valid: bool, settings: ACRSettings) -> None:  # noqa: ANN001
     """A group sent as statistics: its min and max show how many rewards at least lie out of
-    range (all n when min == max); its n, mean and std give Σy and Σy², not the higher sums."""
+    range (all n when min == max); its n, mean and std give its mean and 2nd moment, not the
+    higher ones."""
     lo, hi, n = stats.min, stats.max, stats.n
     if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
         return
     below, above = lo < settings.reward_min, hi > settings.reward_max
     out = n if lo == hi and (below or above) else int(below) + int(above)
     if not valid or stats.mean is None or stats.std is None:
-        acc.add_shape(out, 0, (0.0, 0.0), 0, (0.0, 0.0))
+        acc.add_shape(out, moments.EMPTY, higher=False)
         return
-    mean_y = stats.mean - settings.reward_min
-    s2 = (n - 1) * stats.std * stats.std + n * mean_y * mean_y
-    acc.add_shape(out, n, (n * mean_y, s2), 0, (0.0, 0.0))
+    scale = moments.scale_for(max(abs(lo), abs(hi)))
+    if scale == 0.0:
+        acc.add_shape(out, (n, 0.0, 0.0, 0.0, 0.0, 0.0), higher=False)
+        return
+    # the sample std of values within [lo, hi] is below 2·scale: its square cannot overflow
+    std = stats.std / scale
+    part = (n, scale, stats.mean / scale, (n - 1) * std * std, 0.0, 0.0)
+    acc.add_shape(out, part, higher=False)

@@ -21,7 +21,9 @@ AVSPO = 20  # set_mitigation avspo is applied at this step
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory):
     """(database URL, run id) of a 40-step run: half its groups all-pass (ACR 0.5), AVSPO
-    applied at step 20 (effective ACR 0 from then on), a grad_norm spike at step 30."""
+    applied at step 20 (effective ACR 0 from then on), a grad_norm spike at step 30, one eval
+    step; then the ids of a finished run whose entropy collapsed to its end and of a run with
+    no steps."""
     url = f"sqlite:///{tmp_path_factory.mktemp('diagnose') / 'vantage.db'}"
     run_cli("db", "upgrade", "--database-url", url)
     srv = start_server(url, tmp_path_factory.mktemp("diagnose-logs"), "--insecure-no-auth")
@@ -47,13 +49,22 @@ def filled(tmp_path_factory):
                     ack = {"status": "applied", "step": AVSPO}
                     r = api.post(f"/api/v1/runs/{rid}/commands/{cid}/ack", json=ack)
                     assert r.status_code == 200, r.text
+            post_steps(api, run, [{"step": 40, "split": "eval", "groups": [[0, 1, 1, 0]]}])
+            # a run whose entropy collapsed up to its end, then finished (its alert resolved)
+            ended = new_run(api, name="ended")
+            for step in range(1, 31):
+                entropy = 2.0 if step <= 20 else 0.2
+                post_steps(api, ended, [{"step": step, "scalars": {"entropy": entropy}}])
+            r = api.post(f"/api/v1/runs/{ended['run_id']}/finish", json={"status": "finished"})
+            assert r.status_code == 200, r.text
+            empty = new_run(api, name="empty")
     finally:
         srv.stop()
-    return url, run["run_id"]
+    return url, run["run_id"], ended["run_id"], empty["run_id"]
 
 
 def test_diagnose_json_gives_verdicts_waste_commands_and_actions(filled):
-    url, run_id = filled
+    url, run_id, *_ = filled
     out = run_cli("diagnose", run_id, "--format", "json", "--database-url", url)
     report = json.loads(out.stdout)
     rules = {v["rule"]: v for v in report["rules"]}
@@ -77,10 +88,34 @@ def test_diagnose_json_gives_verdicts_waste_commands_and_actions(filled):
 
 
 def test_diagnose_text_and_an_unknown_run(filled):
-    url, run_id = filled
+    url, run_id, *_ = filled
     text = run_cli("diagnose", run_id, "--database-url", url).stdout
     assert "wasted rollouts 640 of 1280 completions (50.0%)" in text
     assert f"grad_norm_spike        scalars.grad_norm > 6 [zscore]: {SPIKE}" in text
     assert "step 20: set_mitigation" in text and "Next actions" in text
     missing = run_cli("diagnose", "no-such-run", "--database-url", url, check=False)
     assert missing.returncode == 1 and "no run 'no-such-run'" in missing.stderr
+
+
+def test_diagnose_short_ids_splits_ended_and_empty_runs(filled):
+    url, run_id, ended_id, empty_id = filled
+    report = json.loads(
+        run_cli("diagnose", run_id[:8], "--format", "json", "--database-url", url).stdout
+    )
+    assert report["run"]["run_id"] == run_id  # the short id the dashboard shows
+    bogus = run_cli("diagnose", run_id, "--split", "bogus", "--database-url", url, check=False)
+    assert bogus.returncode == 1 and "its splits are eval, train" in bogus.stderr
+    missing = run_cli(
+        "diagnose", "no-such-run", "--format", "json", "--database-url", url, check=False
+    )
+    assert missing.returncode == 1 and "no run 'no-such-run'" in json.loads(missing.stdout)["error"]
+    ended = run_cli("diagnose", ended_id, "--format", "json", "--database-url", url)
+    report = json.loads(ended.stdout)
+    (alert,) = [a for a in report["alerts"] if a["rule"] == "entropy_collapse"]
+    assert alert["state"] == "resolved"
+    (verdict,) = [v for v in report["rules"] if v["rule"] == "entropy_collapse"]
+    assert verdict["verdict"] == "fired recently" and verdict["fires_at"] == [25]
+    # a resolved alert keeps the command it suggested (docs/detectors.md)
+    assert alert["suggested_command"] == verdict["suggested_command"] is not None
+    empty = run_cli("diagnose", empty_id, "--database-url", url).stdout
+    assert "no data yet" in empty and "nothing to do" not in empty

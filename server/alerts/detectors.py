@@ -21,6 +21,7 @@ baseline soon forgets.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 from vantage.client.schema import NON_FINITE_TOKENS
@@ -31,6 +32,11 @@ from .states import RuleRow
 COMPARISONS = ("absolute", "zscore", "relative")
 # A z-score needs this many baseline values (fewer give a std too noisy to divide by).
 MIN_BASELINE = 10
+# ... and a baseline whose most common value fills more than this share of it has no spread to
+# measure a change in: the exact zeros a fully collapsed GRPO step logs for loss, grad_norm and
+# kl (or a constant clip) made the first change after them, even the next step of a ramp up from
+# 0, fire with a z-score of thousands. Such a baseline gives no z-score: the rule cannot fire.
+MAX_REPEATED_SHARE = 0.5
 # The std a z-score divides by is at least this share of the baseline's |mean|: a metric that
 # held perfectly still (a constant grad_norm clip) would otherwise make any change infinite.
 STD_FLOOR_SHARE = 0.01
@@ -143,7 +149,8 @@ def _zscore(
     parts: tuple[float | None, ...], recent: tuple[tuple[float, ...], ...], size: int
 ) -> tuple[float | None, tuple[tuple[float, ...], ...]]:
     """The largest z-score among the components that have a value and `MIN_BASELINE` values
-    in their baseline, (x − mean) / max(sample std, `STD_FLOOR_SHARE`·|mean|, `TINY`); and
+    in their baseline, not most of them equal (`_spread`), (x − mean) / max(sample std,
+    `STD_FLOOR_SHARE`·|mean|, `TINY`); and
     the baselines walked on (``recent``: per component its latest values, at most ``size``),
     each value entering within `WINSOR_Z` standard deviations of its baseline."""
     best = None
@@ -153,7 +160,7 @@ def _zscore(
             continue
         history = walked[k]
         n = len(history)
-        if n >= MIN_BASELINE:
+        if n >= MIN_BASELINE and _spread(history):
             mean = math.fsum(history) / n
             var = math.fsum([(h - mean) * (h - mean) for h in history]) / (n - 1)
             std = max(math.sqrt(var), STD_FLOOR_SHARE * abs(mean), TINY)
@@ -164,6 +171,12 @@ def _zscore(
             x = min(max(x, mean - WINSOR_Z * std), mean + WINSOR_Z * std)
         walked[k] = (*history[1 - size if n >= size else 0 :], x) if size > 1 else (x,)
     return best, tuple(walked)
+
+
+def _spread(history: tuple[float, ...]) -> bool:
+    """Whether a baseline's values vary enough to divide by their std: its most common value
+    fills at most `MAX_REPEATED_SHARE` of it."""
+    return max(Counter(history).values()) <= MAX_REPEATED_SHARE * len(history)
 
 
 def _relative(x: float | None, early: tuple[float, ...]) -> float | None:

@@ -44,9 +44,10 @@ def alert_dict(
         "fired_at": iso(ep.fired_at),
         "resolved_at": iso(ep.resolved_at),
         "mitigation": offer,
-        # what to do (docs/detectors.md): the dashboard shows both; the command is only offered
+        # what to do (docs/detectors.md): the dashboard shows both; the command is only offered,
+        # and stays in the alert once it resolved (what was suggested, for the record)
         "recommended_action": _action(rule, ep.run_id, session),
-        "suggested_command": rule.suggested_command if ep.state != "resolved" else None,
+        "suggested_command": rule.suggested_command,
     }
 
 

@@ -99,10 +99,16 @@ def compared(body: dict[str, Any]) -> str:
     return str(body["metric"])
 
 
+# The condition in the summary line in words: `text` is Slack-compatible (DESIGN §6), where
+# "<" and ">" must be escaped, and a generic receiver showed "acr = 1 (&gt; 0.5)".
+_OP_WORDS = {">": "above", ">=": "at or above", "<": "below", "<=": "at or below"}
+
+
 def summary(body: dict[str, Any], escape: Any = str, slack_link: bool = False) -> str:
     """One line saying what happened, names passed through ``escape``: ``:rotating_light:
-    [warning] acr_stall FIRING on run 'qwen' at step 12: acr = 0.5 (> 0.35)``; with
-    ``slack_link``, the dashboard link in Slack's ``<url|dashboard>`` form."""
+    [warning] acr_stall FIRING on run 'qwen' at step 12: acr = 0.5 (above 0.35)``; with
+    ``slack_link``, the dashboard link in Slack's ``<url|dashboard>`` form. The recommended
+    action stays in its own field: the line names only the new state (DESIGN §6)."""
     firing = body["state"] == "firing"
     at = f" at step {body['step']}" if body.get("step") is not None else ""
     icon = ":rotating_light:" if firing else ":white_check_mark:"
@@ -112,7 +118,8 @@ def summary(body: dict[str, Any], escape: Any = str, slack_link: bool = False) -
     else:
         value = body.get("value")
         shown = f"{escape(compared(body))} = {'none' if value is None else f'{value:.4g}'}"
-    cond = f" ({escape(body['op'])} {body['threshold']:g})" if firing else ""
+    words = _OP_WORDS.get(body.get("op"), escape(str(body.get("op"))))
+    cond = f" ({words} {body['threshold']:g})" if firing else ""
     url = body.get("dashboard_url")
     link = f" <{url}|dashboard>" if url and slack_link else ""
     test = "TEST, no alert: " if body.get("test") else ""  # a rule's "send a test message"

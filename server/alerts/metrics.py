@@ -67,7 +67,8 @@ SHARES = frozenset({"acr", "acr_trained", "acr_eps", "acr_all_pass", "acr_all_fa
                     "acr_ema"})  # fmt: skip
 NON_NEGATIVE = frozenset({*(m for m in STEP_METRICS if m.startswith("n_")), "wasted_rollouts",
                           "acr_streak", "acr_volatility", "stale", "reward_std",
-                          "non_finite_loss", "reward_spread"})  # fmt: skip
+                          "non_finite_loss", "reward_spread", "scalars.entropy",
+                          "scalars.grad_norm"})  # fmt: skip
 METRIC_RANGES: dict[str, tuple[float, float]] = {
     **{m: (0.0, 1.0) for m in SHARES},
     **{m: (0.0, math.inf) for m in NON_NEGATIVE},
@@ -75,14 +76,22 @@ METRIC_RANGES: dict[str, tuple[float, float]] = {
 }
 
 
-def condition_warning(metric: str, op: str, threshold: float) -> str | None:
+def condition_warning(
+    metric: str, op: str, threshold: float, comparison: str = "absolute"
+) -> str | None:
     """What to say of a rule whose condition its metric's range decides: it never fires
     (``acr > 7``, ``stale < -1``) or fires at every evaluated step (``acr > -5``); None
     otherwise. Such rules were taken without a word; they stay allowed, as a rule
-    may be kept at hand with an impossible threshold."""
-    if metric not in METRIC_RANGES:
+    may be kept at hand with an impossible threshold. A `relative` rule compares the metric
+    over its early-run level, a mean above 0: of a metric that is never negative, a ratio at
+    0 or more (``scalars.entropy < -0.5`` never holds); a `zscore` has no range."""
+    if metric not in METRIC_RANGES or comparison == "zscore":
         return None
     lo, hi = METRIC_RANGES[metric]
+    if comparison == "relative":
+        if lo < 0:
+            return None
+        lo, hi, metric = 0.0, math.inf, f"{metric} / its early-run level"
     never = {">": threshold >= hi, ">=": threshold > hi, "<": threshold <= lo,
              "<=": threshold < lo}[op]  # fmt: skip
     always = {">": threshold < lo, ">=": threshold <= lo, "<": threshold > hi,

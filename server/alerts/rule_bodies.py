@@ -36,6 +36,10 @@ from .metrics import check_metric
 from .targets import parse_target
 
 Op = Literal[">", ">=", "<", "<="]
+# What a recommended action's ``{name}`` may be (`vantage.server.alerts.messages`), and how a
+# placeholder looks (a JSON object such as {"temperature": 1.2} is none).
+PLACEHOLDERS = ("reward_min", "reward_max")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 RULE_FIELDS = (
     "name",
     "run_id",
@@ -222,6 +226,18 @@ class RulePatch(BaseModel):
     @classmethod
     def _metric(cls, v: str | None) -> str | None:
         return None if v is None else check_metric(v)
+
+    @field_validator("recommended_action")
+    @classmethod
+    def _placeholders(cls, v: str | None) -> str | None:
+        """A placeholder that is not replaced would reach every notification as typed."""
+        unknown = sorted({m for m in _PLACEHOLDER.findall(v or "") if m not in PLACEHOLDERS})
+        if unknown:
+            raise ValueError(
+                f"unknown placeholder(s) {', '.join('{' + m + '}' for m in unknown)}: "
+                f"recommended_action may use {', '.join('{' + m + '}' for m in PLACEHOLDERS)}"
+            )
+        return v
 
     @field_validator("threshold", "clear_threshold")
     @classmethod

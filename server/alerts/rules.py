@@ -16,6 +16,7 @@ from ..keys import KeyInfo
 from ..locks import lock_runs
 from ..models import Run, iso, run_not_found, utcnow
 from ..settings import Settings
+from .detectors import MIN_BASELINE
 from .episodes import end_rule_episodes
 from .models import AlertRule, AlertState
 from .rule_bodies import RULE_FIELDS, RuleCreate, RulePatch
@@ -90,6 +91,7 @@ def _apply(session: Session, rule: AlertRule, fields: dict[str, Any], settings: 
             value = {"type": value["type"], "params": value.get("params") or {}}
         setattr(rule, name, value)
     _check_clear_side(rule)
+    _check_comparison(rule)
     _check_unique_name(session, rule)
     rule.updated_at = utcnow()
 
@@ -107,6 +109,30 @@ def _check_clear_side(rule: AlertRule) -> None:
             "clear_threshold",
             f"clear_threshold {clear:g} must be {side} the threshold {rule.threshold:g} for "
             f"op '{rule.op}': the alert resolves once the value is past it",
+        )
+
+
+def _check_comparison(rule: AlertRule) -> None:
+    """A detector comparison the rule could never evaluate (docs/detectors.md): a z-score with
+    fewer baseline values than one needs, or a comparison or warmup on `stale`, which the
+    clock evaluates (seconds since the run's last data), not its steps."""
+    if rule.metric == "stale" and rule.comparison != "absolute":
+        raise RuleFieldError(
+            "comparison",
+            f"comparison '{rule.comparison}' cannot watch stale: stale is the seconds since the "
+            "run's last data, evaluated by the clock rather than step by step, so it has no "
+            "baseline; use comparison 'absolute'",
+        )
+    if rule.metric == "stale" and rule.warmup_steps:
+        raise RuleFieldError(
+            "warmup_steps",
+            "stale is evaluated by the clock rather than step by step: warmup_steps must be 0",
+        )
+    if rule.comparison == "zscore" and (rule.baseline_steps or 0) < MIN_BASELINE:
+        raise RuleFieldError(
+            "baseline_steps",
+            f"a zscore rule needs baseline_steps {MIN_BASELINE} or more (a z-score needs "
+            f"{MIN_BASELINE} baseline values); with {rule.baseline_steps} it could never fire",
         )
 
 

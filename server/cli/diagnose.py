@@ -22,22 +22,36 @@ def register(sub: argparse._SubParsersAction) -> None:
         "wasted share of rollouts, the commands applied and what changed after them, and "
         "the recommended next actions.",
     )
-    p.add_argument("run_id", metavar="RUN", help="the run's id (GET /api/v1/runs lists them)")
-    p.add_argument("--split", default="train", help="the split to read (default: train)")
+    p.add_argument(
+        "run_id",
+        metavar="RUN",
+        help="the run's id (GET /api/v1/runs lists them) or its start, 8 characters or more, "
+        "when no other run's id starts so (the short id the dashboard shows)",
+    )
+    p.add_argument(
+        "--split",
+        default="train",
+        help="the split to read (default: train); one the run has no steps in is refused, "
+        "naming those it has",
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
     uses_database(p)
     p.set_defaults(func=cmd_diagnose)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    """Print the report; exit 1 naming the run when there is none."""
+    """Print the report; exit 1 naming the run when there is none (with ``--format json``,
+    as ``{"error": ...}`` on stdout, so that a script reads JSON either way)."""
     from ..diagnose import RunNotFound, diagnose
 
     with open_session(args) as session:
         try:
             report = diagnose(session, args.run_id, args.split)
         except RunNotFound as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            if args.format == "json":
+                print(json.dumps({"error": str(exc)}))
+            else:
+                print(f"error: {exc}", file=sys.stderr)
             return 1
     if args.format == "json":
         print(json.dumps(report, indent=2, allow_nan=False))

@@ -175,7 +175,11 @@ def save_steps_and_run(session: Session, run: RunState, writes: StepWrites) -> N
 
 def _accumulator(data: dict[str, Any]) -> StepAccumulator:
     acc = StepAccumulator()
+    # power sums (shape_s1...) stored before the moments: their counts would read as no spread
+    legacy = "shape_s1" in data
     for k, v in data.items():
+        if legacy and k.startswith("shape_"):
+            continue
         if k == "group_sizes":
             acc.group_sizes = {int(size): count for size, count in v.items()}
         elif k == "reward_sum":

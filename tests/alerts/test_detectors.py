@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import statistics
 
 import pytest
 
@@ -154,6 +155,19 @@ def test_a_spike_inside_the_warmup_fires_nothing(api):
     assert detector_alerts(api, run["run_id"]) == {}
 
 
+def test_the_first_change_after_exact_zeros_fires_no_z_score(api):
+    """A fully collapsed GRPO step logs kl, grad_norm and loss as exact 0: a baseline of
+    zeros has no spread, so neither the first change after them nor a ramp up from 0 fires."""
+    rng = random.Random(4)
+    run = new_run(api, name="zeros")
+    for step in range(1, 46):
+        record = healthy_step(rng, step)
+        ramp = max(0, step - 29)  # 0 up to step 29, then 1, 2, 3, ...
+        record["scalars"].update(kl=1e-6 * ramp, grad_norm=0.3 * bool(ramp), loss=0.0)
+        post_steps(api, run, [record])
+    assert detector_alerts(api, run["run_id"]) == {}
+
+
 def test_out_of_range_rewards_are_counted_and_named_with_the_runs_bounds(api, server):
     rules = {r["name"]: r for r in api.get("/api/v1/alert-rules").json()["rules"]}
     rule = rules["reward_out_of_range"]
@@ -173,6 +187,42 @@ def test_out_of_range_rewards_are_counted_and_named_with_the_runs_bounds(api, se
     finally:
         api.put(f"/api/v1/alert-rules/{rule['id']}", json={"notify": []})
         receiver.close()
+
+
+def _sarle(values: list[float]) -> float:
+    """Sarle's bimodality coefficient of ``values`` (docs/detectors.md), two-pass, exact sums."""
+    n = len(values)
+    mean = math.fsum(values) / n
+    m2, m3, m4 = (math.fsum((v - mean) ** k for v in values) / n for k in (2, 3, 4))
+    g1 = m3 / m2**1.5 * math.sqrt(n * (n - 1)) / (n - 2)
+    g2 = ((n + 1) * (m4 / m2**2 - 3) + 6) * (n - 1) / ((n - 2) * (n - 3))
+    return (g1 * g1 + 1) / (g2 + 3 * (n - 1) ** 2 / ((n - 2) * (n - 3)))
+
+
+def test_reward_std_and_bimodality_do_not_depend_on_the_bounds(api):
+    """The statistics were power sums of reward − reward_min: wide bounds lost every digit
+    (bounds ±1e8 gave a std of 0, ±1e308 null). Two ranks' records of one step merge."""
+    rng = random.Random(11)
+    groups = [[rng.random() for _ in range(8)] for _ in range(8)]
+    flat = [r for g in groups for r in g]
+    std = statistics.stdev(flat)
+    for bound in (1.0, 1e6, 1e8, 1e308):
+        run = new_run(api, name=f"bounds-{bound:g}", reward_min=-bound, reward_max=bound)
+        records = [
+            {"step": 1, "rank": rank, "groups": groups[4 * rank : 4 * rank + 4]} for rank in (0, 1)
+        ]
+        post_steps(api, run, records)
+        (point,) = api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"]
+        assert point["reward_std"] == pytest.approx(std, rel=1e-12), bound
+        assert point["reward_bimodality"] == pytest.approx(_sarle(flat), rel=1e-9), bound
+    # values near the largest float: scaled, so nothing overflows
+    run = new_run(api, name="huge", reward_min=-1.7e308, reward_max=1.7e308)
+    huge = [1e308, -1e308, 1.5e308, -1.5e308, 5e307, 0.0]
+    post_steps(api, run, [{"step": 1, "groups": [huge]}])
+    (point,) = api.get(f"/api/v1/runs/{run['run_id']}/metrics").json()["points"]
+    scaled = [v / 1e300 for v in huge]
+    assert point["reward_std"] == pytest.approx(statistics.stdev(scaled) * 1e300, rel=1e-12)
+    assert point["reward_bimodality"] == pytest.approx(_sarle(scaled), rel=1e-9)
 
 
 def test_detector_fields_are_optional_and_validated(api):
@@ -202,6 +252,28 @@ def test_detector_fields_are_optional_and_validated(api):
         },
     )
     assert bad.status_code == 422 and "temperature" in bad.text
+    # a rule that could never fire is refused; one whose range decides it is taken with a warning
+    base = {"name": "bad", "op": ">", "threshold": 1}
+    for body, field, said in (
+        ({"metric": "scalars.kl", "comparison": "zscore", "baseline_steps": 9}, "baseline_steps",
+         "baseline_steps 10 or more"),
+        ({"metric": "stale", "comparison": "zscore"}, "comparison", "cannot watch stale"),
+        ({"metric": "acr", "recommended_action": "check {reward_mn} and {reward_max}"},
+         "recommended_action", "{reward_mn}"),
+    ):  # fmt: skip
+        bad = api.post("/api/v1/alert-rules", json={**base, **body})
+        assert bad.status_code == 422, bad.text
+        (detail,) = bad.json()["detail"]
+        assert detail["loc"][-1] == field and said in detail["msg"], detail
+    r = api.put(f"/api/v1/alert-rules/{plain['id']}", json={"comparison": "zscore"})
+    assert r.status_code == 200, r.text  # baseline_steps 20 by default
+    r = api.put(f"/api/v1/alert-rules/{plain['id']}", json={"baseline_steps": 5})
+    assert r.status_code == 422 and "baseline_steps 10 or more" in r.text
+    relative = {"metric": "scalars.entropy", "comparison": "relative", "op": "<"}
+    r = api.put(f"/api/v1/alert-rules/{plain['id']}", json={**relative, "threshold": -0.5})
+    assert r.status_code == 200 and "never holds" in r.json()["warning"], r.text
+    r = api.put(f"/api/v1/alert-rules/{plain['id']}", json={"threshold": 0.5})
+    assert "warning" not in r.json(), r.text
     api.delete(f"/api/v1/alert-rules/{plain['id']}")
 
 

@@ -103,7 +103,7 @@ def test_the_json_body_is_the_webhook_message():
     firing = body()
     assert firing["text"] == (
         ":rotating_light: [critical] acr_stall FIRING on run 'qwen &lt;grpo&gt; *fast*' at step "
-        "12: acr = 0.5 (&gt; 0.35) <https://vantage.example.com/dashboard/runs/run-1|dashboard>"
+        "12: acr = 0.5 (above 0.35) <https://vantage.example.com/dashboard/runs/run-1|dashboard>"
     )
     assert (firing["state"], firing["run_name"], firing["step"], firing["value"]) == (
         "firing", "qwen <grpo> *fast*", 12, 0.5,
@@ -142,7 +142,7 @@ def test_discord_format():
     assert message["allowed_mentions"] == {"parse": []}  # "@everyone" in a name pings no one
     assert message["content"] == (
         "\N{POLICE CARS REVOLVING LIGHT} [critical] acr\\_stall FIRING on run "
-        "'qwen \\<grpo\\> \\*fast\\*' at step 12: acr = 0.5 (\\> 0.35)"
+        "'qwen \\<grpo\\> \\*fast\\*' at step 12: acr = 0.5 (above 0.35)"
     )
     (embed,) = message["embeds"]
     assert embed["title"] == "acr_stall FIRING" and embed["description"] == message["content"]
@@ -165,7 +165,7 @@ def test_discord_format():
 def test_e_mail_format():
     message = email_message(body(), "Vantage <vantage@example.com>", "ops@example.com", "t=1,v1=ab")
     assert message["Subject"] == (
-        "[critical] acr_stall FIRING on run 'qwen <grpo> *fast*' at step 12: acr = 0.5 (> 0.35)"
+        "[critical] acr_stall FIRING on run 'qwen <grpo> *fast*' at step 12: acr = 0.5 (above 0.35)"
     )
     assert (message["From"], message["To"]) == ("Vantage <vantage@example.com>", "ops@example.com")
     assert message["X-Vantage-Signature"] == "t=1,v1=ab"

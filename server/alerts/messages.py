@@ -252,6 +252,9 @@ def email_message(
 
 
 SIGNATURE_HEADER = "X-Vantage-Signature"
+# The outbox message's id, the same on every try of one message: a receiver that keeps the ids
+# it has seen turns at-least-once delivery into one notification per message.
+MESSAGE_ID_HEADER = "X-Vantage-Message-Id"
 
 
 def signature_header(secret: str, body: bytes, timestamp: int) -> str:

@@ -34,7 +34,14 @@ from sqlalchemy.orm import Session
 from ..models import as_utc, utcnow
 from ..settings import Settings
 from .mail import send_email
-from .messages import SIGNATURE_HEADER, discord_body, json_bytes, signature_header, slack_body
+from .messages import (
+    MESSAGE_ID_HEADER,
+    SIGNATURE_HEADER,
+    discord_body,
+    json_bytes,
+    signature_header,
+    slack_body,
+)
 from .models import WebhookMessage, WebhookTarget
 from .targets import RefusedTarget, check_target, parse_target, redact_target
 
@@ -146,7 +153,7 @@ class OutboxSender:
                 claimed = self._claim(session, url)
             if claimed is None:
                 return 0
-            error, outcome = self.deliver(url, claimed.payload)
+            error, outcome = self.deliver(url, claimed.payload, message_id=str(claimed.id))
             with self.session_factory() as session:
                 self._record(session, url, claimed.id, error, outcome)
             return int(outcome == "sent")
@@ -232,10 +239,13 @@ class OutboxSender:
             )
         session.commit()
 
-    def deliver(self, entry: str, payload: dict[str, Any]) -> tuple[str | None, str]:
+    def deliver(
+        self, entry: str, payload: dict[str, Any], message_id: str | None = None
+    ) -> tuple[str | None, str]:
         """Send the outbox's body to a `notify` entry in its kind's format: (error or None,
         outcome: "sent", "retry" or "failed"). Targets are checked again here: a host name may
-        resolve elsewhere than when the rule was saved."""
+        resolve elsewhere than when the rule was saved. ``message_id`` (the outbox row's id)
+        goes out as `MESSAGE_ID_HEADER` on webhooks, the same on every try."""
         try:
             check_target(entry, self.settings.webhook_allow)
         except RefusedTarget as exc:
@@ -243,9 +253,11 @@ class OutboxSender:
         target = parse_target(entry)
         if target.kind == "email":
             return send_email(self.settings, target.address, payload)
-        return self._post(target.address, FORMATS[target.kind](payload))
+        return self._post(target.address, FORMATS[target.kind](payload), message_id)
 
-    def _post(self, url: str, payload: dict[str, Any]) -> tuple[str | None, str]:
+    def _post(
+        self, url: str, payload: dict[str, Any], message_id: str | None = None
+    ) -> tuple[str | None, str]:
         """POST ``payload`` to ``url``: (error or None, outcome).
 
         A message the target took but did not answer within ``webhook_timeout_s`` counts as
@@ -255,6 +267,10 @@ class OutboxSender:
         took it and then failed has lost it, which the log says."""
         body = json_bytes(payload)
         headers = {"content-type": "application/json"}
+        if message_id is not None:
+            # Delivery is at least once: a server killed between the target's answer and the
+            # outbox recording it sends the message again. The id lets a receiver drop the copy.
+            headers[MESSAGE_ID_HEADER] = message_id
         if self.settings.webhook_secret is not None:
             secret = self.settings.webhook_secret.get_secret_value()
             headers[SIGNATURE_HEADER] = signature_header(secret, body, int(time.time()))

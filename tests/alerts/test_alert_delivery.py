@@ -121,6 +121,11 @@ def test_a_message_that_keeps_failing_does_not_hold_back_the_next(fast_server, r
         firing = [m for m in receiver.messages if m["state"] == "firing"]
         assert len(firing) == 1 if refusal == 404 else len(firing) >= 2, receiver.messages
         assert receiver.messages[-1]["state"] == "resolved"
+        # every try of one message carries its outbox id, so a receiver can drop copies
+        ids = [(m["state"], h["x-vantage-message-id"]) for (h, _), m in
+               zip(receiver.raw, receiver.messages, strict=True)]  # fmt: skip
+        assert len({i for state, i in ids if state == "firing"}) == 1, ids
+        assert len(set(dict(ids).values())) == 2, ids
         # the server log names the failing target by host, not by its secret (a trial)
         logged = fast_server.log_path.read_text()
         shown = f"webhook http://127.0.0.1:{receiver.port}/… (firing message of alert "

@@ -88,6 +88,7 @@ class Monitor:
         batch_groups: int = BATCH_GROUPS,
         batch_interval_s: float = BATCH_INTERVAL_S,
         request_timeout_s: float = 10.0,
+        samples_per_step: int = 8,
         strict: bool = False,
     ) -> None:
         self.strict = bool(strict)
@@ -122,6 +123,7 @@ class Monitor:
             if not value > 0:  # NaN too
                 raise ValueError(f"Monitor: {name} must be above 0, not {value}")
         self._group_counters: dict[tuple[int, str, int], int] = {}
+        self.samples_per_step = checks.count("samples_per_step", samples_per_step, 1_000)
         self._splits: set[str] = set()  # split names that passed `checks.split_name`
         self._throttle = Throttle()
         self._closed = False
@@ -320,22 +322,57 @@ class Monitor:
     def _log_scalars(
         self, step: int, scalars: Mapping[str, Any], split: str = "train", rank: int | None = None
     ) -> None:
-        """Queue named numbers for ``step`` (loss, kl, ...); tensors are converted off-thread
-        (in the call when ``strict``, so that a value that is no number raises here)."""
+        """Queue named numbers for ``step`` (loss, kl, ...); tensors and arrays are converted
+        off-thread (in the call when ``strict``, so that a value that is no number raises
+        here), other values in the call (a list is skipped and counted in `rejected_calls`)."""
         step, split, rank = self._where(step, split, rank)
         named = {}
         for name, value in checks.scalars_map(scalars).items():
-            try:  # a bad name or a text value costs its scalar alone
+            try:  # a bad name or a value that is no number costs its scalar alone
                 text = checks.scalar_name(name)
                 checks.refuse_text(text, value)
+                if hasattr(value, "detach"):  # a tensor: not its autograd graph (torch warns
+                    value = value.detach()  # when float() reads one with requires_grad)
+                # a plain value is read now: a list was refused later by the sender, uncounted
+                if value is not None and (self.strict or not _read_later(value)):
+                    value = checks.scalar_value(text, value)  # None is the API's "no value"
             except (ValueError, TypeError) as exc:
                 self._reject(f"log_scalars(step={step}) scalar", exc)
                 continue
-            if hasattr(value, "detach"):  # a tensor: not its autograd graph (torch warns when
-                value = value.detach()  # float() reads one with requires_grad)
-            named[text] = checks.scalar_value(text, value) if self.strict else value
+            named[text] = value
         if named:
             self._worker.put(Scalars(step, split, rank, time.time(), named))
+
+    def log_samples(
+        self, step: int, prompt: Any, completions: Any, rewards: Any, *args: Any, **kwargs: Any
+    ) -> None:
+        """Bad input is logged and skipped (raised when ``strict``); the call never blocks."""
+        try:
+            self._log_samples(step, prompt, completions, rewards, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a bad call never stops training
+            self._reject(f"log_samples(step={step!r})", exc)
+
+    def _log_samples(
+        self,
+        step: int,
+        prompt: str,
+        completions: Iterable[str],
+        rewards: Any,
+        prompt_id: str | int | None = None,
+        split: str = "train",
+        rank: int | None = None,
+    ) -> None:
+        """Queue what the model answered for one prompt at ``step`` (opt-in; docs/design.md §5
+        'Samples'): the ``prompt`` text, its ``completions`` (texts) and their ``rewards`` (one
+        number each; a tensor too), and the ``prompt_id`` its groups carry, so that the
+        dashboard's prompts tab shows them beside that prompt. A few per step: at most
+        ``samples_per_step`` (the Monitor's, default 8) per (step, split, rank), more are
+        dropped and counted. Text past 4,000 characters is cut, its end replaced by
+        "… [N characters cut]"; the first 64 completions are kept. Sent in the background,
+        best-effort and never spooled (`samples_sent`, `samples_dropped` count them)."""
+        step, split, rank = self._where(step, split, rank)
+        sample = (prompt, completions, rewards, prompt_id)
+        self._worker.samples.add(step, split, rank, self.samples_per_step, *sample)
 
     def _where(self, step: Any, split: Any, rank: Any) -> tuple[int, str, int]:
         """A call's (step, split, rank), checked as the server checks a record's."""
@@ -455,6 +492,16 @@ class Monitor:
         return self._delivery.last_steps
 
     @property
+    def samples_sent(self) -> int:
+        """Completion samples the server has taken."""
+        return self._worker.samples.sent
+
+    @property
+    def samples_dropped(self) -> int:
+        """Completion samples dropped (over ``samples_per_step``, a full outbox, refused)."""
+        return self._worker.samples.dropped
+
+    @property
     def dropped_groups(self) -> int:
         return self._worker.dropped_groups
 
@@ -469,11 +516,17 @@ class Monitor:
 
 # Each public log_* wrapper, which keeps a bad call from stopping training, shows help() and
 # editors the parameters and the description of the method it wraps, not `*args, **kwargs`.
-for _name in ("log_groups", "log_effective", "log_scalars"):
+for _name in ("log_groups", "log_effective", "log_scalars", "log_samples"):
     _wrapper, _wrapped = getattr(Monitor, _name), getattr(Monitor, f"_{_name}")
     _wrapper.__signature__ = inspect.signature(_wrapped)
     _docs = (inspect.cleandoc(_wrapped.__doc__ or ""), inspect.cleandoc(_wrapper.__doc__ or ""))
     _wrapper.__doc__ = "\n\n".join(_docs)
+
+
+def _read_later(value: Any) -> bool:
+    """Whether a scalar is an array or tensor (it has ``item``), which the sender reads off the
+    training thread: reading a GPU tensor waits for the device."""
+    return hasattr(value, "item")
 
 
 def _seconds(timeout: float | None) -> float:

@@ -18,6 +18,7 @@ import orjson
 
 from .delivery import Delivery
 from .items import Ack, QueueItem, StepRecords
+from .sample_outbox import SampleOutbox
 from .schema import MAX_GROUPS_PER_REQUEST
 from .spool import Spool
 from .throttle import Throttle
@@ -69,6 +70,7 @@ class Worker:
         self.queue: deque[QueueItem] = deque()
         self.enqueued = self.dequeued = self.queue_dropped = 0
         self.acks: deque[Ack] = deque()
+        self.samples = SampleOutbox(throttle)  # best-effort, never spooled
         self.delivery = Delivery(
             transport,
             spool,
@@ -209,6 +211,7 @@ class Worker:
             and not self.force_drain
             and not self.draining
             and (not self._online() or not self.spool.pending_acks)
+            and (not self._online() or not self.samples.waiting)
         )
 
     def a_run_to_end(self) -> bool:
@@ -362,6 +365,8 @@ class Worker:
     def _send(self, now: float, backoff: Backoff, closing: bool, retry_at: float) -> float:
         """One round of network work; the time of the next try."""
         failed = self.delivery.pump(now)
+        if failed is None and self.samples.waiting:  # the server takes batches: samples next
+            self._send_samples()
         if failed is None or self.delivery.progress:
             backoff.reset()
             self._note_answering()
@@ -375,6 +380,14 @@ class Worker:
         if not self.delivery.progress:
             self._note_failing(failed)
         return time.monotonic() + delay
+
+    def _send_samples(self) -> None:
+        """Send the waiting samples (best-effort: a transient failure leaves them for the next
+        round, and never backs the batches off)."""
+        transport, attempt = self.delivery.transport, self.delivery.attempt
+        if transport is None or attempt is None or self.delivery.refused is not None:
+            return
+        self.samples.send(transport, self.delivery.run_id, attempt, self._remaining())
 
     def _done(self, closing: bool) -> bool:
         """Whether close's last round is over: all is sent, nothing can be, or time is up. A
@@ -409,6 +422,8 @@ class Worker:
         spool (deleting it when nothing in it is worth keeping)."""
         finished = False
         try:
+            if self.samples.waiting and self._online():  # the last round's, before the end
+                self._send_samples()
             if not self.queue:
                 finished = self.delivery.finish(
                     self.deadline, self.finish_status, self.dropped_groups

@@ -45,6 +45,8 @@ def _shell() -> html.Div:
                         [
                             dcc.Link("Runs", href=URL_BASE, id="nav-runs"),
                             dcc.Link("Compare", href=URL_BASE + "compare", id="nav-compare"),
+                            dcc.Link("Alerts", href=URL_BASE + "alerts", id="nav-alerts"),
+                            dcc.Link("Rules", href=URL_BASE + "rules", id="nav-rules"),
                         ]
                     ),
                     html.Span(id="whoami", className="whoami"),
@@ -132,13 +134,23 @@ def _catchall(app: FastAPI, dash_app: Dash) -> None:
                 result = setup()
                 if inspect.isawaitable(result):
                     await result
-            return Response(content=dash_app.index(), media_type="text/html")
+            # an address no page answers gets Dash's "not found" page with a 404, not a 200
+            status = 200 if _is_page(dash_app, request.url.path) else 404
+            return Response(content=dash_app.index(), media_type="text/html", status_code=status)
         finally:
             reset_current_request(token)
 
     app.add_api_route(
         f"{auth.PREFIX}/{{path:path}}", index, methods=["GET"], include_in_schema=False
     )
+
+
+def _is_page(dash_app: Dash, path: str) -> bool:
+    """Whether a page answers ``path``, as Dash Pages' router decides (its own matcher)."""
+    from dash._pages import _path_to_page
+
+    page, _variables = _path_to_page(dash_app.strip_relative_path(path) or "")
+    return bool(page)
 
 
 def _log_callback_error(err: Exception) -> None:

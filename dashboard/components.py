@@ -91,8 +91,9 @@ def mitigation_text(run: dict) -> tuple[str, str]:
     if req and req != current:
         state = f"{state} → {req} ({requested.get('status', 'pending')})"
     help_text = (
-        f"Automatic mitigation mode: {mode} (auto: alerts issue their mitigation; suggest: they "
-        f"appear on the run page for one click; off: nothing). In effect, as the trainer last "
+        f"Automatic mitigation mode: {mode} (auto: a firing alert whose rule carries a "
+        f"mitigation command sends it to the trainer; suggest: the command appears on the run "
+        f"page for one click; off: alerts only notify). In effect, as the trainer last "
         f"reported: {reported or 'not reported'}; last acked: {app or 'none'}; last requested: "
         f"{req or 'none'}."
     )
@@ -118,7 +119,53 @@ def current_mitigation(run: dict) -> str:
     return reported or mitigation_modes(run)[0] or "none"
 
 
-ALERTS_DO = {"auto": "alerts act", "suggest": "alerts suggest", "off": "alerts notify only"}
+# "alerts act" went unexplained: say what they do (the hover has the full sentence)
+ALERTS_DO = {
+    "auto": "alerts apply their fix",
+    "suggest": "alerts suggest their fix",
+    "off": "alerts notify only",
+}
+
+
+def health_badge(run: dict, component_id: str | None = None) -> html.Span:
+    """The run's health verdict (`vantage.server.health`) as a coloured word; the hover says
+    why and what the word means."""
+    from vantage.server.health import LEVEL, MEANING
+
+    health = run.get("health") or "unknown"
+    extra = {"id": component_id} if component_id else {}
+    return html.Span(
+        health,
+        className=f"health-badge health-level-{LEVEL.get(health, 'none')}",
+        title=f"{run.get('health_reason') or ''} {MEANING.get(health, '')}".strip(),
+        **{"data-health": health},
+        **extra,
+    )
+
+
+def cost_text(cost: dict | None) -> tuple[str, str]:
+    """A run's (or project's) cost of collapse (`vantage.server.cost`) in short, and in full
+    for its hover: the share, the completions and, when known, the GPU-hours wasted."""
+    cost = cost or {}
+    share = cost.get("wasted_share")
+    wasted = int(cost.get("wasted_rollouts") or 0)
+    gpu_hours = cost.get("wasted_gpu_hours")
+    parts = [
+        "—" if share is None else f"{100 * share:.0f}%",
+        f"{wasted:,} completions",
+    ]
+    if gpu_hours is not None:
+        parts.append(f"{gpu_hours:,.2f} GPU-h")
+    help_text = (
+        "Cost of collapse (raw): completions in groups whose completions all got one reward, so "
+        "plain GRPO learns nothing from them; as a share of all completions, as completions, "
+        "and as GPU-hours (the run config's gpus × each step's step_s × its wasted share) when "
+        "the trainer reports both. Under AVSPO these groups still get a gradient: the figure "
+        "is what plain GRPO would have wasted."
+    )
+    if gpu_hours is None:
+        help_text += " No GPU-hours: the run reports no gpus in its config or no step_s."
+    return " · ".join(parts), help_text
 
 
 def run_ended(run: dict) -> bool:

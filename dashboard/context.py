@@ -30,6 +30,7 @@ class DashboardState:
     session_factory: Callable[[], Any]
     key_cache: dict[str, tuple[float, Any]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    app: Any = None  # the FastAPI app it is mounted on (in-process API calls outside a request)
 
 
 _latest: DashboardState | None = None
@@ -38,13 +39,14 @@ _latest: DashboardState | None = None
 def configure(settings: Any, session_factory: Callable[[], Any], app: Any = None) -> DashboardState:
     """Make the dashboard's state for ``app`` (and the default outside requests)."""
     global _latest
-    _latest = DashboardState(settings, session_factory)
+    _latest = DashboardState(settings, session_factory, app=app)
     if app is not None:
         app.state.vantage_dashboard = _latest
     return _latest
 
 
-def _request_app() -> Any:
+def request_app() -> Any:
+    """The FastAPI app of the request being answered, or None outside one."""
     try:
         from dash.backends._fastapi import get_current_request
 
@@ -55,7 +57,7 @@ def _request_app() -> Any:
 
 def state(app: Any = None) -> DashboardState:
     """The state of ``app``, else of the current request's app, else the latest mounted."""
-    app = app if app is not None else _request_app()
+    app = app if app is not None else request_app()
     found = getattr(getattr(app, "state", None), "vantage_dashboard", None)
     if found is not None:
         return found

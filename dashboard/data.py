@@ -3,10 +3,14 @@ by what the caller's key may see. Callbacks call these; so do the tests and the 
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from vantage.server.queries import PROMPT_COLUMNS
+from vantage.server.run_listing import RUN_ORDERS
+from vantage.server.run_listing import RUN_STATUSES as RUN_STATUSES  # for the runs page
 
 from . import context
 
@@ -35,13 +39,97 @@ def _alerts(session, run_id: str | None = None, state: str | None = "firing") ->
     return list(lister(session, run_id=run_id, state=state))
 
 
-RUN_STATUSES = ("running", "stale", "finished", "failed")
-# how the runs list can be ordered: key → its label (the first is the default)
-RUN_ORDERS = {
-    "newest": "newest first",
-    "alerts": "most firing alerts first",
-    "acr": "highest latest ACR first (raw)",
-}
+# The costs of collapse scan every step of a run or project: not at each refresh.
+PROJECT_COST_TTL_S = 60.0
+RUN_COST_TTL_S = 30.0
+ENDED_COST_TTL_S = 3600.0  # an ended run's steps change only if it is relaunched or pruned
+FILTERS_TTL_S = 5.0  # a new run's project and tag reach the filters' lists within this time
+_costs: dict[tuple, tuple[float, Any]] = {}
+_inflight: set[tuple] = set()  # run costs being computed by a thread (`_run_cost_soon`)
+_inflight_lock = threading.Lock()
+
+
+def _cached(key: tuple, ttl_s: float, compute) -> Any:  # noqa: ANN001
+    """``compute()``, or its value of the last ``ttl_s`` seconds for ``key`` (per server)."""
+    key = (id(context.state()), *key)
+    hit = _costs.get(key)
+    if hit is not None and hit[0] > time.monotonic():
+        return hit[1]
+    value = compute()
+    if len(_costs) > 1000:
+        _costs.clear()
+    _costs[key] = (time.monotonic() + ttl_s, value)
+    return value
+
+
+def _run_cost_soon(run: dict) -> dict | None:
+    """The run's cost as `_run_costs` keeps it, or None while it is being computed: the run
+    page asks at each live update, and a scan of a 100,000-step run's steps (about a second on
+    PostgreSQL) must not hold its first load or a tick; a thread computes it meanwhile."""
+    state = context.state()
+    key = (id(state), *_cost_key(run))
+    hit = _costs.get(key)
+    if hit is not None and hit[0] > time.monotonic():
+        return hit[1]
+    with _inflight_lock:
+        if key in _inflight:
+            return None
+        _inflight.add(key)
+
+    def compute() -> None:
+        try:
+            with state.session_factory() as s:
+                _store(key, run, _run_costs_of(s, [run["run_id"]])[run["run_id"]])
+        finally:
+            with _inflight_lock:
+                _inflight.discard(key)
+
+    threading.Thread(target=compute, name="vantage-run-cost", daemon=True).start()
+    return None
+
+
+def _run_costs_of(session, run_ids: list[str]) -> dict[str, dict]:
+    """`vantage.server.cost.run_costs` (imported when first asked)."""
+    from vantage.server.cost import run_costs
+
+    return run_costs(session, run_ids)
+
+
+def _cost_key(run: dict) -> tuple:
+    ended = run.get("status") in ("finished", "failed")
+    return ("run", run["run_id"], run.get("attempt"), run.get("last_step") if ended else None)
+
+
+def _store(key: tuple, run: dict, cost: dict) -> None:
+    if len(_costs) > 10_000:
+        _costs.clear()
+    ttl = ENDED_COST_TTL_S if key[-1] is not None else RUN_COST_TTL_S
+    _costs[key] = (time.monotonic() + ttl, cost)
+
+
+def _run_costs(session, runs: list[dict]) -> dict[str, dict]:
+    """The cost of each of ``runs`` (`vantage.server.cost.run_costs`): at most RUN_COST_TTL_S
+    old while it runs, kept while an ended run stays as it is; those not cached in one query."""
+    now, state_id = time.monotonic(), id(context.state())
+    out, missing = {}, []
+    for run in runs:
+        hit = _costs.get((state_id, *_cost_key(run)))
+        if hit is not None and hit[0] > now:
+            out[run["run_id"]] = hit[1]
+        else:
+            missing.append(run)
+    if missing:
+        found = _run_costs_of(session, [r["run_id"] for r in missing])
+        for run in missing:
+            _store((state_id, *_cost_key(run)), run, found[run["run_id"]])
+            out[run["run_id"]] = found[run["run_id"]]
+    return out
+
+
+def _scope(info, project: str | None) -> str | None:
+    """The project the key may see (its own when limited to one), else ``project``."""
+    own = getattr(info, "project", None) if info is not None else None
+    return own or project or None
 
 
 def runs_overview(
@@ -54,55 +142,47 @@ def runs_overview(
 ) -> tuple[list[dict], int]:
     """The runs the key may see with the given project, tag and status (None: any), in
     ``order`` (a RUN_ORDERS key; newest first within ties), as (the first ``limit`` of them,
-    how many there are). Each shown run has ``spark`` (recent ACRs), ``latest_effective``
-    (the newest step's effective ACR, or None) and ``alerts`` (firing episodes); only the shown
-    runs' sparklines are read (every run's, each refresh, on a list of hundreds)."""
-    q = _queries()
-    if info is not None and getattr(info, "project", None):
-        project = info.project
+    how many there are); filters, order and limit are the database's
+    (`vantage.server.run_listing`), so only the shown runs are read. Each has ``health``,
+    ``cost`` (`vantage.server.cost`), ``spark`` (recent ACRs), ``latest_effective`` (the
+    effective ACR of the step of ``latest_acr``) and ``alerts`` (firing episodes)."""
+    from vantage.server import run_listing
+
+    if not context.can(info, "read"):
+        return [], 0
+    filters = {"project": _scope(info, project), "tag": tag or None, "status": status or None}
+    order = order if order in RUN_ORDERS else "newest"
     with context.session() as s:
-        runs = q.list_runs(s, project=project or None, tag=tag or None)
-        runs = [r for r in runs if context.can_see(info, r)]
-        if status:
-            runs = [r for r in runs if r.get("status") == status]
-        alerts_by_run: dict[str, list] = {}
-        for a in _alerts(s):
-            alerts_by_run.setdefault(a.get("run_id"), []).append(a)
-        for run in runs:
-            run["alerts"] = alerts_by_run.get(run["run_id"], [])
-        runs = _ordered(runs, order)
-        shown = runs if limit is None else runs[: max(0, limit)]
+        total = run_listing.count_runs(s, **filters)
+        shown, _next = run_listing.runs_page(
+            s, order=order, limit=max(1, limit if limit is not None else total), **filters
+        )
+        if limit is not None and limit <= 0:
+            shown = []
+        sparks = run_listing.recent_acrs(s, shown, SPARK_STEPS, SPARK_POINTS)
+        costs = _run_costs(s, shown)
         for run in shown:
-            _add_sparkline(s, q, run)
-    return shown, len(runs)
+            run["cost"] = costs[run["run_id"]]
+            run["alerts"] = _alerts(s, run["run_id"]) if run["alerts_firing"] else []
+            run["spark"] = sparks[run["run_id"]]
+    return shown, total
 
 
-def _ordered(runs: list[dict], order: str) -> list[dict]:
-    """``runs`` (newest first) in ``order``; a stable sort keeps newest first within ties."""
-    if order == "alerts":
-        return sorted(runs, key=lambda r: -len(r["alerts"]))
-    if order == "acr":
-        # runs without an ACR last
-        return sorted(
-            runs, key=lambda r: (r.get("latest_acr") is None, -(r.get("latest_acr") or 0))
-        )
-    return runs
+def project_costs(info, project: str | None = None) -> dict[str | None, dict]:
+    """`vantage.server.cost.project_costs` of the projects the key sees (of ``project`` only
+    when given; None: the runs without a project), at most PROJECT_COST_TTL_S old."""
+    from vantage.server import cost, run_listing
 
+    if not context.can(info, "read"):
+        return {}
+    scope = _scope(info, project)
 
-def _add_sparkline(session, q, run: dict) -> None:
-    """Set the run's ``spark`` (ACRs of its last SPARK_STEPS steps) and ``latest_effective``."""
-    last = run.get("last_step")
-    spark: list = []
-    run["latest_effective"] = None
-    if last is not None:
-        m = q.run_metrics(
-            session, run["run_id"], from_step=last - SPARK_STEPS + 1, max_points=SPARK_POINTS
-        )
-        spark = [p.get("acr") for p in m["points"]]
-        # the newest step's, as the run page shows it (an older step's sat beside the newest
-        # ACR)
-        run["latest_effective"] = m["points"][-1].get("acr_effective") if spark else None
-    run["spark"] = spark
+    def compute() -> dict:
+        with context.session() as s:
+            projects = [scope] if scope else [*run_listing.filter_values(s)[0], None]
+            return cost.project_costs(s, projects)
+
+    return _cached(("projects", scope), PROJECT_COST_TTL_S, compute)
 
 
 def visible_runs(info) -> list[dict]:
@@ -117,12 +197,21 @@ def visible_run(info, run_id: str) -> dict | None:
     return run if context.can_see(info, run) else None
 
 
-def filter_options(info) -> tuple[list[str], list[str]]:
-    """The projects and tags of the runs the key may see (for the runs page's filters)."""
-    runs = visible_runs(info)
-    projects = sorted({r["project"] for r in runs if r.get("project")})
-    tags = sorted({t for r in runs for t in (r.get("tags") or [])})
-    return projects, tags
+def filter_options(info, fresh: bool = False) -> tuple[list[str], list[str]]:
+    """The projects and tags of the runs the key may see (for the runs page's filters), at
+    most FILTERS_TTL_S old unless ``fresh`` (a page's address that names a new tag)."""
+    from vantage.server import run_listing
+
+    if not context.can(info, "read"):
+        return [], []
+    scope = _scope(info, None)
+
+    def compute() -> tuple[list[str], list[str]]:
+        with context.session() as s:
+            return run_listing.filter_values(s, scope)
+
+    # at every refresh of the runs page, and a scan of every run's tags
+    return compute() if fresh else _cached(("filters", scope), FILTERS_TTL_S, compute)
 
 
 def run_snapshot(info, run_id: str, max_points: int = 5000) -> dict[str, Any] | None:
@@ -141,6 +230,7 @@ def run_snapshot(info, run_id: str, max_points: int = 5000) -> dict[str, Any] | 
             *q.applied_commands(s, run_id),
         ]
         alerts = _alerts(s, run_id, state=None)
+        run["cost"] = _run_cost_soon(run)
         tail = metrics["points"]
         if metrics["downsampled"] and run.get("last_step") is not None:
             tail = q.run_metrics(s, run_id, from_step=run["last_step"] - TAIL_STEPS + 1)["points"]
@@ -167,6 +257,7 @@ def run_since(
         run = q.get_run(s, run_id)
         if not context.can_see(info, run):
             return None
+        run["cost"] = _run_cost_soon(run)
         points = q.run_metrics(s, run_id, from_step=after_step)["points"]
         again = None
         if after_step is not None and points and points[0]["step"] == after_step:
@@ -290,8 +381,12 @@ def run_marks(info, run_ids: list[str]) -> list[list]:
 
 
 def compare(info, run_ids: list[str], max_points: int = 2000) -> dict[str, Any]:
-    """Runs, their metrics (downsampled), window metrics and mitigation timelines, for the
+    """Runs, their metrics (downsampled), window metrics, mitigation timelines and totals
+    (``totals``: `comparison.run_totals` with `cost.run_costs`'s wasted rollouts), for the
     compare page."""
+    from vantage.server.comparison import run_totals
+    from vantage.server.cost import run_costs
+
     q = _queries()
     runs, metrics, windows, timelines = [], {}, {}, {}
     with context.session() as s:
@@ -304,4 +399,25 @@ def compare(info, run_ids: list[str], max_points: int = 2000) -> dict[str, Any]:
             summary = q.run_summary(s, rid) or {}
             windows[rid] = summary.get("window", {})
             timelines[rid] = summary.get("mitigation_timeline", [])
-    return {"runs": runs, "metrics": metrics, "windows": windows, "timelines": timelines}
+        shown = [r["run_id"] for r in runs]
+        totals, costs = run_totals(s, shown), run_costs(s, shown)
+    for rid in shown:
+        totals[rid].update(costs.get(rid) or {})
+    return {
+        "runs": runs,
+        "metrics": metrics,
+        "windows": windows,
+        "timelines": timelines,
+        "totals": totals,
+    }
+
+
+def samples(info, run_id: str, prompt_id: str | None, limit: int = 5) -> list[dict] | None:
+    """The run's latest completion samples of ``prompt_id`` (`samples.list_samples`, newest
+    step first); None if the run is missing or not visible to ``info``."""
+    from vantage.server.samples import list_samples
+
+    with context.session() as s:
+        if not context.can_see(info, _queries().get_run(s, run_id)):
+            return None
+        return list_samples(s, run_id, prompt_id=prompt_id, limit=limit)

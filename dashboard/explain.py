@@ -155,8 +155,8 @@ PRIMER = (
         "the reward function). The dotted green line is what chance alone would give at the "
         "current pass rate; ACR far above it means the prompt mix no longer fits the policy. "
         "The pink line is the effective ACR, after a mitigation gave collapsed groups a "
-        "gradient again. Shaded bands show when a mitigation was on (blue AVSPO, yellow AAPO); "
-        "red triangles show alerts.",
+        "gradient again. Shaded bands show when a mitigation was on (mint green AVSPO, yellow "
+        "AAPO, pink DAPO), each named above the chart; red triangles show alerts.",
     ),
     (
         "What should I do when it is high?",

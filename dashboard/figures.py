@@ -43,6 +43,19 @@ COLORS = {
 NOTE = {"xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "showarrow": False}
 
 
+# Below this many steps on the x axis, a tick at every step: Plotly's own ticks fell between
+# steps (0.5, 1.5) on a short run, and a step is a whole number.
+FEW_STEPS = 10
+
+
+def step_dtick(first: int | None, last: int | None) -> int | None:
+    """The x axis's ``dtick`` for steps ``first`` to ``last``: 1 while they span fewer than
+    FEW_STEPS steps, else None (Plotly's ticks, whole numbers at that span)."""
+    if first is None or last is None or last - first >= FEW_STEPS:
+        return None
+    return 1
+
+
 def base_layout(title: str, height: int = 380) -> dict:
     """The layout every chart starts from: its title, height, legend below, steps on x."""
     return {

@@ -22,6 +22,7 @@ from .routes import (
     known_query_only,
     metrics,
     runs,
+    samples,
 )
 from .routes import alerts as alert_routes
 from .settings import Settings
@@ -74,7 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # ingest no dependency it does not need)
     for module in (health, ingest, acr):
         app.include_router(module.router)
-    for module in (runs, metrics, commands, alert_routes):
+    for module in (runs, metrics, commands, samples, alert_routes):
         app.include_router(module.router, dependencies=[Depends(known_query_only)])
     app.add_api_route(
         "/api/{path:path}", no_route, methods=NO_ROUTE_METHODS, include_in_schema=False

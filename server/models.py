@@ -83,7 +83,10 @@ def run_not_found(run_id: str) -> str:
 
 class Run(Base):
     __tablename__ = "runs"
-    __table_args__ = (Index("ix_runs_key", "key", unique=True),)
+    __table_args__ = (
+        Index("ix_runs_key", "key", unique=True),
+        Index("ix_runs_created", "created_at", "id"),  # the runs list's newest-first pages
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     # A small integer that names the run in `groups`, the largest table: its key and every index
@@ -248,6 +251,10 @@ class Step(Base):
     expected_acr: Mapped[float | None] = mapped_column(Float)
     excess_acr: Mapped[float | None] = mapped_column(Float)
     reward_mean: Mapped[float | None] = mapped_column(Float)
+    # Migration 0014: rewards outside [reward_min, reward_max], and the rewards' spread and shape.
+    n_out_of_range: Mapped[int] = mapped_column(default=0, server_default="0")
+    reward_std: Mapped[float | None] = mapped_column(Float)
+    reward_bimodality: Mapped[float | None] = mapped_column(Float)
     evaluated: Mapped[bool] = mapped_column(default=False)
     # The step's point of `GET /metrics` as JSON, written with the row (`queries.point_json`);
     # None for rows written before migration 0004 (readers build it from the columns).
@@ -279,3 +286,32 @@ class Command(Base):
     acked_at: Mapped[datetime | None]
     acked_step: Mapped[int | None] = mapped_column(BigInteger)
     detail: Mapped[str | None] = mapped_column(Text)
+
+
+class Sample(Base):
+    """Completions of one prompt at one step, as a trainer chose to keep them
+    (`Monitor.log_samples`, opt-in): what the model answered. Kept for the server's
+    `samples_keep_days` and `samples_keep_steps` (`vantage.server.samples.prune_samples`).
+    ``rewards`` hold numbers, null, or "NaN"/"Infinity"/"-Infinity" as text (never a NaN)."""
+
+    __tablename__ = "samples"
+    __table_args__ = (
+        # a sample sent again under its number is stored once; leads with (run, step) for the
+        # step filter and the retention by steps
+        UniqueConstraint("run_id", "step", "split", "rank", "attempt", "seq"),
+        Index("ix_samples_run_prompt_step", "run_id", "prompt_id", "step"),
+        Index("ix_samples_created_at", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(BigInteger)
+    split: Mapped[str] = mapped_column(String(64))
+    rank: Mapped[int]
+    attempt: Mapped[int]
+    seq: Mapped[int]
+    prompt_id: Mapped[str | None] = mapped_column(String(128))
+    prompt: Mapped[str] = mapped_column(Text)
+    completions: Mapped[list[Any]]
+    rewards: Mapped[list[Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -42,6 +42,7 @@ from .models import (
     as_utc,
     iso,
 )
+from .run_health import attach_health
 
 DEFAULT_MAX_POINTS = 5000
 POINT_COLUMNS = ("step", "attempt", "time", *STEP_METRIC_FIELDS)
@@ -110,10 +111,11 @@ def list_runs(
 
 
 def get_run(session: Session, run_id: str) -> dict[str, Any] | None:
+    """The run as `GET /runs/{id}` answers it (with its ``health``), or None."""
     run = session.get(Run, run_id)
     if run is None:
         return None
-    return run_dict(run, mitigation_state(session, [run_id])[run_id])
+    return attach_health(session, [run_dict(run, mitigation_state(session, [run_id])[run_id])])[0]
 
 
 def _downsample(

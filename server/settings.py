@@ -92,6 +92,12 @@ class Settings(BaseSettings):
     # once (the target will not take it).
     webhook_give_up_s: Seconds = 3600.0
     outbox_poll_s: Seconds = 0.25
+    # Completion samples (`Monitor.log_samples`, docs/design.md §4 'Samples'): kept this many
+    # days after they arrive and, per run, for its last `samples_keep_steps` steps (unset: no
+    # step limit); the periodic pass deletes older ones every `samples_prune_s`.
+    samples_keep_days: Annotated[float, Field(gt=0, le=36_600, allow_inf_nan=False)] | None = 30.0
+    samples_keep_steps: int | None = Field(default=None, ge=1, le=2**62)
+    samples_prune_s: Seconds = 600.0
     # Run the periodic alert pass and the outbox sender in this process.
     alert_worker: bool = True
     # `vantage serve` processes sharing the port (`--workers` overrides); on PostgreSQL more

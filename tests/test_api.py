@@ -48,7 +48,7 @@ def test_docs_pages_load_their_scripts_from_the_server_not_a_cdn(auth_server):
 DOCUMENTED_BODIES = (
     "StepsBatch", "StepRecord", "Effective", "RawGroup", "StatsGroup", "GroupStats", "RunCreate",
     "RunPatch", "Heartbeat", "Finish", "CommandCreate", "CommandAck", "ACRRequest", "RuleCreate",
-    "RulePatch", "SilenceCreate", "SilenceMatchers", "Mitigation",
+    "RulePatch", "SilenceCreate", "SilenceMatchers", "Mitigation", "SamplesBatch", "SampleIn",
 )  # fmt: skip
 
 

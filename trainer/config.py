@@ -37,6 +37,7 @@ class TrainConfig:
     device: str = "auto"  # "auto" (CUDA when present), "cpu" or "cuda"
     dtype: str = "float32"  # parameters: "float32" or "bfloat16" (bf16 is for GPUs)
     torch_threads: int = 0  # torch.set_num_threads; 0 leaves torch's default
+    fsdp: bool = False  # under torchrun: shard the policy (and reference) with FSDP2; bf16 on CUDA
 
     # ---- policy model
     model_source: str = "tiny"  # "tiny" (built from the fields below), "hf", "gguf" or "smollm2"
@@ -117,6 +118,7 @@ class TrainConfig:
     api_key: str | None = None  # ingest key; env VANTAGE_API_KEY when unset
     project: str | None = None  # server project
     run_id: str | None = None  # resume monitoring of this run (a checkpoint remembers it)
+    log_samples: int = 0  # prompts a step sends with completions and rewards (0: none; §5 Samples)
 
     def __post_init__(self) -> None:
         if isinstance(self.server, str) and self.server.strip().lower() == "none":
@@ -171,6 +173,8 @@ class TrainConfig:
             raise ValueError("reward_max must exceed reward_min")
         if self.task == "jsonl" and not self.data_path:
             raise ValueError("task jsonl needs data_path (a GSM8K-format JSONL file)")
+        if self.fsdp and self.backend == "vllm":
+            raise ValueError("fsdp: true works with backend hf only (vLLM loads whole weights)")
         if self.model_source in ("hf", "gguf") and not self.model_path:
             raise ValueError(f"model_source {self.model_source} needs model_path")
         self._validate_identity()
@@ -235,6 +239,7 @@ _RANGES = (
     # a rank's groups of one step fit one request to the server (and P·G rollouts are
     # generated at once)
     ("prompts_per_step", 1, MAX_GROUPS_PER_REQUEST),
+    ("log_samples", 0, 1_000),  # the Monitor's samples_per_step takes at most 1,000
     ("tiny_max_positions", 2, math.inf),
     # within float32's range (3.4e38), where AdamW computes: a larger lr overflows inside it
     ("lr", 0, 1e30),

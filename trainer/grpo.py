@@ -49,6 +49,13 @@ from .mitigation import Mitigation
 from .monitoring import MonitorAdapter
 from .rewards import math_reward
 from .rollout import HFBackend, Rollouts, take_groups
+from .sharding import (
+    full_state_dict,
+    fused_adamw,
+    is_sharded,
+    load_optimizer_state,
+    shard_model,
+)
 
 __all__ = ["GRPOTrainer", "StepHook"]
 
@@ -85,6 +92,7 @@ class GRPOTrainer:
             lr=config.lr,
             betas=tuple(config.adam_betas),
             weight_decay=config.weight_decay,
+            fused=fused_adamw(policy),
         )
         warmup = max(1, config.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -133,6 +141,11 @@ class GRPOTrainer:
         every_group = torch.cat([b.rewards for b in batches])  # the raw ACR covers them all
         prompt_ids = [p.prompt_id for b in batches for p in b.problems]
         self.monitor.log_groups(step, every_group, prompt_ids)
+        first = batches[0]  # a few prompts of the first batch, from rank 0 only
+        n_samples = self.config.log_samples if self.dist.is_main else 0
+        self.monitor.log_samples(
+            step, first.problems, first.rollouts.texts, first.rewards, n_samples
+        )
         acr, reward_mean, reward_std = self.step_acr(every_group)
         problems, rollouts, rewards = self.trained_groups(batches, int(min(fewest_kept, per_step)))
         clock.lap("score")
@@ -285,15 +298,20 @@ class GRPOTrainer:
                 raise RuntimeError("no reference policy was recorded at GRPO step 0")
             self.reference = load_reference(self.reference_spec, self.output_dir, self.config)
             self.reference.to(self.device).eval().requires_grad_(False)
+            if is_sharded(self.policy):  # every rank builds it at the same step boundary
+                shard_model(self.reference, self.device)
         return self.reference
 
     def record_reference(self, loaded_from_files: bool) -> None:
         """At GRPO step 0 of attempt 1: remember the policy as the reference (a snapshot unless the
         weights are still exactly the files they were loaded from)."""
+        # sharded, the weights are gathered on rank 0 first (every rank takes part)
+        weights = None if loaded_from_files else full_state_dict(self.policy)
         if self.dist.is_main:
             self.reference_spec = save_reference(
-                self.policy, self.tokenizer, self.output_dir, self.config, loaded_from_files
-            )
+                self.policy, self.tokenizer, self.output_dir, self.config, loaded_from_files,
+                weights,
+            )  # fmt: skip
         self.reference_spec = self.dist.broadcast(self.reference_spec)
 
     @torch.no_grad()
@@ -325,8 +343,11 @@ class GRPOTrainer:
         batch = rollouts.completion_ids.shape[0]
         micro = c.micro_batch_size or batch
         chunks = [slice(i, min(i + micro, batch)) for i in range(0, batch, micro)]
-        params = [p for p in self.policy.parameters() if p.requires_grad]
+        # the optimizer's own: FSDP leaves the root's weights gathered after a forward without a
+        # backward (generation), and policy.parameters() then yields those, not the shards
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad]
         old_logp, ref_logp = self._frozen_logprobs(rollouts, chunks)
+        sharded = is_sharded(self.policy)  # FSDP sums the gradients in backward
 
         self.policy.train()
         totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
@@ -334,6 +355,8 @@ class GRPOTrainer:
         for _ in range(c.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for rows in chunks:
+                if sharded:  # reduce-scatter once, after the last micro-batch
+                    self.policy.set_requires_gradient_sync(rows is chunks[-1])  # type: ignore[operator]
                 logp, entropy = completion_logprobs(
                     self.policy, rollouts, rows, self.temperature, entropy=True
                 )
@@ -354,8 +377,11 @@ class GRPOTrainer:
                 totals["kl"] += float((out.kl * m).sum()) * share
                 totals["entropy"] += float((entropy * m).sum()) * share  # type: ignore[operator]
                 totals["clip_fraction"] += float((out.clipped * m).sum()) * share
-            self.dist.all_reduce_grads(params)
+            if not sharded:
+                self.dist.all_reduce_grads(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip)
+            if hasattr(grad_norm, "full_tensor"):  # a DTensor when the grads are sharded
+                grad_norm = grad_norm.full_tensor()
             totals["grad_norm"] += float(grad_norm) / c.num_iterations
             self.optimizer.step()
         self.scheduler.step()
@@ -376,15 +402,22 @@ class GRPOTrainer:
         problems = self.task.eval_problems[self.dist.rank :: self.dist.world_size]
         correct = 0.0
         sampler = HFBackend(self.tokenizer, self.config.chat_template)
-        for i in range(0, len(problems), 64):
-            if self.stop_signal is not None:
+        sharded = is_sharded(self.policy)  # then every rank generates as often, stops together
+        chunks = math.ceil(len(problems) / 64)
+        if sharded:
+            (chunks,) = self.dist.max([chunks])
+        for i in range(0, 64 * int(chunks), 64):
+            stop = self.stop_signal is not None
+            if sharded:
+                stop = self.dist.sum([float(stop)])[0] > 0
+            if stop:
                 problems = []  # every rank still takes part in the sum below
                 break
             chunk = problems[i : i + 64]
-            out = sampler.generate(
-                self.policy, [p.question for p in chunk], 1, 0.0, 1.0, self.config.max_new_tokens
-            )
-            correct += float((self.score(out.texts, chunk) == self.config.reward_max).sum())
+            questions = [p.question for p in chunk or self.task.eval_problems[:1]]
+            out = sampler.generate(self.policy, questions, 1, 0.0, 1.0, self.config.max_new_tokens)
+            if chunk:  # a sharded rank out of problems generated for the others' sake
+                correct += float((self.score(out.texts, chunk) == self.config.reward_max).sum())
         total_correct, total, cut = self.dist.sum(
             [correct, float(len(problems)), float(self.stop_signal is not None and not problems)]
         )
@@ -463,7 +496,7 @@ class GRPOTrainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.mitigation = Mitigation(**state["mitigation"])
         self.avspo_state = AvspoState(**state["avspo_state"])

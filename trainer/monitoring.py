@@ -81,6 +81,24 @@ class MonitorAdapter:
     def log_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
         self._call("log_scalars", step, dict(scalars))
 
+    def log_samples(
+        self, step: int, problems: list[Any], texts: list[str], rewards: torch.Tensor, n: int
+    ) -> None:
+        """Send ``n`` of the step's prompts with their completions and rewards (``rewards``
+        [P, G], ``texts`` the P·G completions prompt-major): the collapsed groups first (what
+        the dashboard's prompts tab asks about), then the others, in order. 0 sends none."""
+        if n <= 0 or not self.active or not problems:
+            return
+        g = len(texts) // len(problems)
+        rows = rewards.detach().cpu().tolist()
+        collapsed = [i for i, row in enumerate(rows) if row and max(row) == min(row)]
+        chosen = set(collapsed)
+        order = collapsed + [i for i in range(len(rows)) if i not in chosen]
+        for i in order[:n]:
+            p = problems[i]
+            completions = texts[i * g : (i + 1) * g]
+            self._call("log_samples", step, p.question, completions, rows[i], prompt_id=p.prompt_id)
+
     def poll_commands(self) -> list[Command]:
         polled = self._call("poll_commands") or []
         out = []

@@ -37,6 +37,7 @@ from .monitoring import MonitorAdapter, make_monitor
 from .resume import find_checkpoint, resume
 from .rollout import VLLMBackend
 from .sft import sft_warm_start
+from .sharding import shard_model
 from .signals import Interrupted, interrupt_on_signals, stop_on_signals
 from .summary import summarize
 
@@ -63,9 +64,11 @@ def setup(
     task = load_task(cfg)
     _seed(cfg, dist)
     sft_stats = _warm_start(cfg, policy, tokenizer, task, dist) if checkpoint is None else {}
+    if cfg.fsdp:
+        _shard(policy, dist, device)
     # one run_id for every rank: the checkpoint's, the config's, or a new one from rank 0
     run_id = dist.broadcast(state.get("run_id") or cfg.run_id or str(uuid.uuid4()))
-    monitor = _start_monitor(cfg, run_id, dist, monitor_factory)
+    monitor = _start_monitor(cfg, run_id, dist, monitor_factory, device)
     backend = _rollout_backend(cfg, policy, tokenizer, dist)
 
     trainer = GRPOTrainer(cfg, policy, tokenizer, task, monitor, dist, backend)
@@ -169,10 +172,26 @@ def _warm_start(
     return sft_stats
 
 
+def _shard(policy: PreTrainedModel, dist: Distributed, device: torch.device) -> None:
+    """``fsdp: true``: shard the policy over the ranks (after the warm start and any resumed
+    weights, before the optimizer is built); a single process has nothing to shard."""
+    if not dist.enabled:
+        log.warning("fsdp: true in a single process (no torchrun): the policy is not sharded")
+        return
+    shard_model(policy, device)
+
+
 def _start_monitor(
-    cfg: TrainConfig, run_id: str, dist: Distributed, factory: MonitorFactory | None
+    cfg: TrainConfig,
+    run_id: str,
+    dist: Distributed,
+    factory: MonitorFactory | None,
+    device: torch.device | None = None,
 ) -> MonitorAdapter:
-    """This rank's Monitor of the run (none without a server or a factory)."""
+    """This rank's Monitor of the run (none without a server or a factory). The run's config
+    carries ``gpus`` (the ranks' GPUs, 0 on CPU): with the ``step_s`` scalar it prices the
+    rollouts that collapse wasted in GPU-hours (`vantage.server.cost`)."""
+    gpus = dist.world_size if device is not None and device.type == "cuda" else 0
     return make_monitor(
         factory,
         cfg.server,
@@ -183,13 +202,14 @@ def _start_monitor(
             "run_id": run_id,
             "launch_id": None,
             "project": cfg.project,
-            "config": cfg.to_dict(),
+            "config": {**cfg.to_dict(), "gpus": gpus},
             "reward_min": cfg.reward_min,
             "reward_max": cfg.reward_max,
             "trainer_eps": TRAINER_EPS,
             "rank": dist.rank,
             "world_size": dist.world_size,
             "group_size": cfg.group_size,
+            "samples_per_step": max(1, cfg.log_samples),
         },
     )
 

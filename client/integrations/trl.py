@@ -43,6 +43,7 @@ import numbers
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import trl_samples
 from .trl_avspo import RemoteAvspo
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class VantageRewards:
         reward_weights: Sequence[float] | None = None,
         num_generations: int | None = None,
         log_func: str | int | None = None,
+        log_samples: int = 0,
     ) -> None:
         funcs = list(reward_funcs) if isinstance(reward_funcs, list | tuple) else [reward_funcs]
         self.monitor = monitor
@@ -137,6 +139,9 @@ class VantageRewards:
         self.last_step: int | None = None
         self._outputs: dict[int, list[float]] = {}
         self._prompts: list[Any] | None = None
+        # completion samples a batch sends (trl_samples); their texts are kept only then
+        self.log_samples = int(log_samples)
+        self._completions: list[Any] | None = None
         self._state: Any = None
         self._fallback_step = 0
         self.reward_funcs = [
@@ -149,6 +154,8 @@ class VantageRewards:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             out = func(*args, **kwargs)
             try:
+                if self.log_samples:
+                    self._completions = kwargs.get("completions")
                 self._collect(index, out, kwargs.get("prompts"), kwargs.get("trainer_state"))
             except Exception:  # monitoring must never break training
                 log.exception("vantage: could not log the rewards of %s", _name(func))
@@ -203,6 +210,9 @@ class VantageRewards:
             step = self._fallback_step
         if training:
             self.last_values, self.last_step = values, step
+        texts = None  # every rank gathers (a collective), rank 0 sends
+        if self.log_samples:
+            texts = trl_samples.gather_texts(dist, self._prompts, self._completions)
         if dist is not None and dist.get_world_size() > 1 and dist.get_rank() != 0:
             return
         if not g or len(values) % g:
@@ -215,6 +225,10 @@ class VantageRewards:
         if self.monitor is not None:
             self.monitor.log_groups(step, groups, prompt_ids=group_prompts,
                                     split="train" if training else "eval")  # fmt: skip
+            if texts is not None:
+                split = "train" if training else "eval"
+                trl_samples.log_samples(self.monitor, step, groups, texts, group_prompts,
+                                        self.log_samples, split)  # fmt: skip
 
 
 # TRL's names for the canonical scalars of docs/design.md §5 (TRL name → canonical name): the
@@ -364,6 +378,7 @@ def attach(
     monitor: Monitor | None,
     log_func: str | int | None = None,
     apply_commands: bool = True,
+    log_samples: int = 0,
 ) -> Any:
     """Wire a constructed ``GRPOTrainer`` to ``monitor``: its reward functions are wrapped in
     place (weights and ``num_generations`` taken from the trainer) and a ``VantageCallback`` is
@@ -391,6 +406,7 @@ def attach(
         reward_weights=weights,
         num_generations=getattr(trainer, "num_generations", None),
         log_func=log_func,
+        log_samples=log_samples,
     )
     rewards.num_generations_eval = getattr(trainer, "num_generations_eval", None)
     rewards.model = getattr(trainer, "model", None)

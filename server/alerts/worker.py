@@ -12,6 +12,7 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session
 
 from ..db import first_line
+from ..samples import prune_samples
 from ..settings import Settings
 from .evaluation import Evaluator
 from .outbox import OutboxSender
@@ -49,13 +50,26 @@ class AlertWorker:
 
     def _periodic(self) -> None:
         failing = Failing("periodic alert pass")
+        pruned_at = -float("inf")
         while not self.stopping.is_set():
             try:
                 self.evaluator.periodic_pass(self.session_factory)
+                if time.monotonic() - pruned_at >= self.settings.samples_prune_s:
+                    pruned_at = time.monotonic()
+                    self._prune_samples()
                 failing.ok()
             except Exception as exc:  # noqa: BLE001 - a database hiccup must not end the loop
                 self.stopping.wait(failing.failed(exc))
             self.stopping.wait(self.settings.periodic_pass_s)
+
+    def _prune_samples(self) -> None:
+        """The samples' retention (`samples_keep_days`, `samples_keep_steps`)."""
+        s = self.settings
+        with self.session_factory() as session:
+            deleted = prune_samples(session, s.samples_keep_days, s.samples_keep_steps)
+            session.commit()
+        if deleted:
+            log.info("deleted %d completion samples past their retention", deleted)
 
     def _outbox(self) -> None:
         failing = Failing("webhook outbox pass")

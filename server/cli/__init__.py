@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable, Sequence
 
 from ..preflight import SERVER_MODULES, needs
-from . import db, demo, keys, runs, serve, sync, train
+from . import db, demo, diagnose, keys, runs, serve, sync, train
 
 __all__ = ["build_parser", "main"]
 
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         "`vantage demo` shows it all; `vantage COMMAND --help` tells more.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (serve, db, keys, runs, sync, train, demo):
+    for group in (serve, db, keys, runs, sync, train, demo, diagnose):
         group.register(sub)
     return parser
 

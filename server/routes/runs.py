@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -13,11 +13,13 @@ from ..alerts.episodes import end_run_episodes
 from ..commands import ENDED_STATES, deliver_commands, end_commands
 from ..deps import AdminKey, ControlKey, IngestKey, ReadKey, SessionDep, SettingsDep, load_run
 from ..errors import field_error
+from ..health import PRECEDENCE as HEALTH_VERDICTS
 from ..ingest import forget_run
 from ..locks import run_lock
 from ..maintenance import delete_run_data
 from ..models import utcnow
-from ..queries import get_run, list_runs, run_dict
+from ..queries import get_run, run_dict
+from ..run_listing import DEFAULT_LIMIT, MAX_LIMIT, BadCursor, runs_page
 from ..runs import (
     LaunchOlderThanAttempt,
     RunNameRequired,
@@ -76,16 +78,31 @@ class RunFilters(BaseModel):
     # an empty value is refused, not a filter that matches nothing (`?project=` listed no run)
     project: Annotated[str, Field(min_length=1)] | None = None
     tag: Annotated[str, Field(min_length=1)] | None = None
+    status: Literal["running", "stale", "finished", "failed"] | None = None
+    health: Literal[HEALTH_VERDICTS] | None = None  # type: ignore[valid-type]
+    order: Literal["newest", "health", "acr", "alerts"] = "newest"
+    limit: Annotated[int, Field(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT
+    cursor: Annotated[str, Field(min_length=1, max_length=2000)] | None = None
+    # the cost of collapse of each run listed (docs/design.md §9): a scan of its steps
+    cost: bool = False
 
 
 @router.get("")
 def runs_index(key: ReadKey, session: SessionDep, query: Annotated[RunFilters, Query()]) -> dict:
-    project, tag = query.project, query.tag
+    """A page of runs (newest first unless ``order`` says otherwise), each with its ``health``
+    verdict (with ``?cost=true`` also its ``cost`` of collapse), and ``next_cursor``: pass it
+    as ``cursor`` for the next page (null after the last)."""
+    project = query.project
     if key.project is not None and project not in (None, key.project):
         # it listed the key's own project's runs as if they were the other's
         raise HTTPException(403, f"this key is limited to project '{key.project}'")
-    runs = list_runs(session, project=key.project or project, tag=tag)
-    return {"runs": runs}
+    filters = query.model_dump(exclude={"project", "cost"})
+    scope = key.project or project
+    try:
+        runs, next_cursor = runs_page(session, project=scope, with_cost=query.cost, **filters)
+    except BadCursor as exc:
+        raise HTTPException(422, [field_error(str(exc), ["query", "cursor"])]) from exc
+    return {"runs": runs, "next_cursor": next_cursor}
 
 
 @router.get("/{run_id}")
@@ -122,21 +139,25 @@ def delete_run(run_id: str, key: AdminKey, session: SessionDep, settings: Settin
 @router.post("/{run_id}/heartbeat")
 def heartbeat(run_id: str, body: Heartbeat, key: IngestKey, session: SessionDep) -> dict:
     """Liveness and client health of one rank; rank 0 of the newest attempt gets the open
-    commands back. The answer's ``newest_attempt`` tells a superseded launch that it is one."""
-    run = load_run(session, run_id, key)
-    if body.attempt > run.attempt:
-        raise HTTPException(409, f"attempt {body.attempt} is unknown for run {run_id}")
-    run.last_seen_at = utcnow()
-    health = dict(run.client_health or {})
-    counters = body.model_dump(
-        include={"spooled_groups", "dropped_groups", "dead_letter_batches"}, exclude_none=True
-    )
-    health[str(body.rank)] = {**health.get(str(body.rank), {}), **counters}
-    run.client_health = health
-    # only the newest launch's rank 0 takes commands (a superseded one would act in its place)
-    newest_sends = body.rank == 0 and body.attempt == run.attempt
-    commands = deliver_commands(session, run_id) if newest_sends else []
-    session.commit()
+    commands back. The answer's ``newest_attempt`` tells a superseded launch that it is one.
+    Under the run's lock, taken before the run is read: the per-rank health is read, changed
+    and written back whole, and two ranks' concurrent heartbeats lost one rank's counts."""
+    with run_lock(session, run_id):
+        run = load_run(session, run_id, key)
+        if body.attempt > run.attempt:
+            raise HTTPException(409, f"attempt {body.attempt} is unknown for run {run_id}")
+        run.last_seen_at = utcnow()
+        health = dict(run.client_health or {})
+        counters = body.model_dump(
+            include={"spooled_groups", "dropped_groups", "dead_letter_batches"}, exclude_none=True
+        )
+        health[str(body.rank)] = {**health.get(str(body.rank), {}), **counters}
+        run.client_health = health
+        # only the newest launch's rank 0 takes commands (a superseded one would act in its
+        # place)
+        newest_sends = body.rank == 0 and body.attempt == run.attempt
+        commands = deliver_commands(session, run_id) if newest_sends else []
+        session.commit()
     return {"commands": commands, "newest_attempt": run.attempt}
 
 

@@ -121,7 +121,8 @@ def test_ids_counters_are_per_step_split_and_rank(tmp_path: Path):
     mon.log_groups(3, [[1, 0]], rank=1)
     mon.log_groups(3, [[1, 0]], group_ids=["a"])
     mon.log_groups(3, [[1, 0]])
-    mon.log_scalars(3, {"loss": torch.tensor(0.25), "bad": "x"})
+    mon.log_scalars(3, {"loss": torch.tensor(0.25), "bad": "x", "pair": [1, 2]})
+    assert mon.stats["rejected_calls"] == 2  # each skipped scalar, in the call
     mon.log_effective(3, n_valid=2, n_zero_advantage=1, mitigation={"mode": "aapo", "m": 1})
     mon.close(timeout=2)
     recs = {(r["split"], r["rank"]): r for r in spooled_records(mon.spool_path)}

@@ -78,10 +78,19 @@ def test_stored_acr_equals_trl_frac_reward_zero_std(
 ):
     trainer = grpo_trainer(tmp_path, max_steps=8)
     mon = Monitor(noauth_server.url, None, run_name="trl", spool_dir=tmp_path / "spool")
-    callback = attach(trainer, mon)
+    callback = attach(trainer, mon, log_samples=2)
     trainer.train()
     mon.close(timeout=30)
     assert callback.rewards.logged_steps == list(range(1, 9))
+    # log_samples=2: two prompts a step with their completions, collapsed groups first
+    with noauth_server.api() as api:
+        got = api.get(f"/api/v1/runs/{mon.run_id}/samples", params={"limit": 200}).json()
+    samples = got["samples"]
+    assert sorted(s["step"] for s in samples) == sorted(list(range(1, 9)) * 2)
+    for s in samples:
+        assert s["prompt"][0] in "0123456789" and s["prompt"].endswith("=")
+        assert len(s["completions"]) == len(s["rewards"]) == 4
+    assert any(s["prompt"][0] in "12" and len(set(s["rewards"])) == 1 for s in samples)
     trl = {h["step"]: h for h in trainer.state.log_history if "frac_reward_zero_std" in h}
     points = {p["step"]: p for p in noauth_server.metrics(mon.run_id)}
     assert sorted(points) == sorted(trl) == list(range(1, 9))

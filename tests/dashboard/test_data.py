@@ -13,11 +13,13 @@ from dash.html import Div
 from vantage.dashboard import context, data, sample_data
 from vantage.dashboard.pages.run import banner as run_banner
 from vantage.dashboard.pages.run import figures
+from vantage.dashboard.pages.run import scalars as run_scalars
 from vantage.dashboard.pages.run import series as run_series
 from vantage.dashboard.pages.run import shapes as run_shapes
 from vantage.dashboard.pages.run import view as run_view
 from vantage.dashboard.pages.runs.table import runs_table
 from vantage.server.db import make_engine, session_factory
+from vantage.server.health import WORST_FIRST
 from vantage.server.keys import KeyInfo
 
 
@@ -118,17 +120,20 @@ def test_the_runs_list_filters_by_status_orders_and_shows_the_first_runs(dashboa
     assert len(set(scored)) > 1 and acrs[: len(scored)] == sorted(scored, reverse=True)
     alerts = [len(r["alerts"]) for r in data.runs_overview(READ, order="alerts")[0]]
     assert alerts == sorted(alerts, reverse=True)
+    ranks = [WORST_FIRST.index(r["health"]) for r in data.runs_overview(READ, order="health")[0]]
+    assert ranks == sorted(ranks) and "failed" in {r["health"] for r in everything}
 
 
 def test_the_runs_list_shows_a_mitigated_runs_effective_acr(dashboard):
     """A run AVSPO brought to an effective ACR of 0 showed only its raw ACR, in red: the
-    reddest run on the list (a trial). A run without mitigation keeps its raw colour."""
+    reddest run on the list (a trial). Both are labelled, each in its own colour, and the
+    verdict says mitigated; a run whose trainer sent no effective ACR keeps its raw colour."""
 
     def cell(runs, run_id):
         table = runs_table(runs).children
         [row] = [r for r in table.children[1].children if r.to_plotly_json()["props"].get(
             "data-run-id") == run_id]  # fmt: skip
-        return row.children[4]
+        return row.children[5]
 
     collapsed = [[1, 1, 1, 1]] * 4
     effective = {"n_valid": 4, "n_zero_advantage": 0}
@@ -136,17 +141,20 @@ def test_the_runs_list_shows_a_mitigated_runs_effective_acr(dashboard):
         runs = {}
         for name, mode in (("eff-avspo", "avspo"), ("eff-plain", "none")):
             run_id, attempt = sample_data.create_run(api, name)
-            records = [{"step": s, "groups": collapsed, "effective": effective,
+            said = {"effective": effective} if mode == "avspo" else {}
+            records = [{"step": s, "groups": collapsed, **said,
                         "mitigation": {"mode": mode}} for s in range(3)]  # fmt: skip
             sample_data.send_steps(api, run_id, attempt, records)
             runs[mode] = run_id
     overview = data.runs_overview(READ)[0]
     avspo = cell(overview, runs["avspo"])
     raw, effective = avspo.children
-    assert raw.className == "acr-bad" and raw.children == "1.00"
+    assert raw.className == "acr-bad" and raw.children == "raw 1.00"
     assert effective.className == "acr-ok" and effective.children == "effective 0.00"
     plain = cell(overview, runs["none"])
     assert plain.className == "acr-bad" and plain.children == "1.00"
+    health = {r["run_id"]: r["health"] for r in overview}
+    assert (health[runs["avspo"]], health[runs["none"]]) == ("mitigated", "collapsing")
 
 
 def test_live_update_appends_only_new_steps(dashboard):
@@ -155,7 +163,7 @@ def test_live_update_appends_only_new_steps(dashboard):
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 10))
         first = run_view.first_load(READ, run_id)
         state = first.state
-        assert state["last_step"] == 9 and first[-1] is False  # interval on: still running
+        assert state["last_step"] == 9 and first.interval_disabled is False  # still running
         quiet = run_view.live_update(READ, run_id, state)
         assert quiet.acr_figure is no_update
         sample_data.send_steps(api, run_id, attempt, sample_data.step_records(10, 3))
@@ -169,7 +177,7 @@ def test_live_update_appends_only_new_steps(dashboard):
         # A finished run turns the interval off.
         api.post(f"/api/v1/runs/{run_id}/finish", json={"status": "finished"})
         done = run_view.live_update(READ, run_id, update.state)
-        assert done[-1] is True
+        assert done.interval_disabled is True
 
 
 def shapes_of(figure_or_patch) -> list[dict]:
@@ -484,3 +492,39 @@ def test_refresh_intervals_stay_within_a_browsers_timer():
     assert context.refresh_ms(times=2) == context.MAX_INTERVAL_MS == 2**31 - 1
     context.configure(SimpleNamespace(dashboard_refresh_s=2.0), lambda: None)
     assert context.refresh_ms(times=2) == 4000
+
+
+def test_a_chosen_scalar_view_redraws_then_live_appends_to_it(dashboard):
+    with dashboard.api() as api:
+        run_id, attempt = sample_data.create_run(api, "scalar-view")
+        sample_data.send_steps(api, run_id, attempt, sample_data.step_records(0, 5))
+        state = run_view.first_load(READ, run_id).state
+        view = run_scalars.normal_view(["kl"], 0.5, [], "step")
+        out = run_view.scalars_reload(READ, run_id, state, view)
+        assert [t["name"] for t in out.scalars_figure["data"]] == ["KL", "KL, smoothed"]
+        assert out.acr_figure is no_update and out.state["scalars"] == ["kl"]
+        ema = out.state["scalar_ema"]["kl"]
+        records = sample_data.step_records(5, 1)
+        sample_data.send_steps(api, run_id, attempt, records)
+        live = run_view.live_update(READ, run_id, out.state)
+    ops = {tuple(op["location"]): op["params"]["value"]
+           for op in live.scalars_figure.to_plotly_json()["operations"]}  # fmt: skip
+    kl = records[0]["scalars"]["kl"]
+    assert ops[("data", 0, "y")] == [kl]  # raw, then the line continued from its average
+    assert ops[("data", 1, "y")] == [pytest.approx(0.5 * ema + 0.5 * kl)]
+
+
+def test_the_compare_totals_count_steps_wasted_rollouts_and_pool_the_effective_acr(dashboard):
+    with dashboard.api() as api:
+        run_id, attempt = sample_data.create_run(api, "compare-totals")
+        records = sample_data.step_records(0, 3)
+        for record, zero in zip(records, (4, 8, 0), strict=True):
+            record["effective"] = {"n_valid": 16, "n_zero_advantage": zero}
+        answer = sample_data.send_steps(api, run_id, attempt, records)
+    result = data.compare(READ, [run_id])
+    totals = result["totals"][run_id]
+    assert totals["steps"] == 3
+    assert totals["wasted_rollouts"] == sum(s["wasted_rollouts"] for s in answer["steps"])
+    valid = [s["n_valid"] for s in answer["steps"]]  # each step's effective ACR, by its groups
+    pooled = sum(z / 16 * v for z, v in zip((4, 8, 0), valid, strict=True)) / sum(valid)
+    assert totals["acr_effective_pooled"] == pytest.approx(pooled)

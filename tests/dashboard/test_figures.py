@@ -290,31 +290,35 @@ def test_kpi_cards_explain_each_number():
     state = kpis.initial_state({}, tail, False, 1)
     avspo = {"group_size": 8, "status": "running", "mitigation_reported": {"mode": "avspo"}}
     cards = {c["id"]: c for c in kpis.cards(state, avspo)}
-    assert cards["wasted"]["sub"] == "last 3 steps, before mitigation"
+    assert cards["wasted"]["sub"] == "last 3 steps; AVSPO acts on it: effective 0.00"
     # a run whose mitigation brought the effective ACR to 0 looked failing on every ACR card
-    # (a trial): they say so and take its colour
+    # (a trial), then "Wasted rollouts 94%" was green (issue 42): the raw cards say "raw", turn
+    # grey ("info": neither fine nor a worry) and say why; the effective ACR has its own card
     mitigated = [point(s, 0.9, acr_effective=0.0) for s in range(3)]
     state = kpis.initial_state({"acr_streak": 60}, mitigated, False, 1)
     cards = {c["id"]: c for c in kpis.cards(state, avspo)}
-    assert cards["acr"]["value"] == "0.90" and cards["acr"]["level"] == "ok"
-    assert cards["acr"]["sub"] == "step 2 · effective 0.00 after mitigation"
+    assert cards["acr"]["value"] == "0.90" and cards["acr"]["level"] == "info"
+    assert cards["acr"]["sub"] == "step 2 · AVSPO acts on it: effective 0.00"
+    assert "raw" in cards["acr"]["title"] and "raw" in cards["wasted"]["title"]
+    assert (cards["acr_effective"]["value"], cards["acr_effective"]["level"]) == ("0.00", "ok")
+    assert cards["acr_effective"]["sub"] == "after AVSPO"
     # a run with no mitigation is judged by its ACR, even when its trainer sends an effective
     # one (it read "effective … after mitigation" beside "Mitigation: none": a trial)
     plain = {c["id"]: c for c in kpis.cards(state, {"group_size": 8, "status": "running"})}
     assert plain["acr"]["sub"] == "step 2" and plain["acr"]["level"] == "bad"
     assert "mitigation" not in plain["acr_streak"]["sub"] and plain["acr_streak"]["level"] == "bad"
     cards = {c["id"]: c for c in kpis.cards(state, avspo)}
-    assert cards["acr_streak"]["sub"] == "raw ACR; effective 0.00 after mitigation"
-    assert cards["acr_streak"]["level"] == "ok"
+    assert cards["acr_streak"]["sub"] == "AVSPO acts on it: effective 0.00"
+    assert cards["acr_streak"]["level"] == "info"
     # so do the trend and wasted cards, which stayed red (raw values, still shown)
     mitigated = [
         point(s, 0.9, acr_effective=0.0, wasted_rollouts=30, n_completions=32) for s in range(3)
     ]
     state = kpis.initial_state({"acr_streak": 60, "acr_ema": 0.9}, mitigated, False, 1)
     cards = {c["id"]: c for c in kpis.cards(state, avspo)}
-    assert cards["acr_ema"]["value"] == "0.90" and cards["acr_ema"]["level"] == "ok"
-    assert cards["acr_ema"]["sub"].endswith("; raw ACR")
-    assert cards["wasted"]["value"] == "94%" and cards["wasted"]["level"] == "ok"
+    assert cards["acr_ema"]["value"] == "0.90" and cards["acr_ema"]["level"] == "info"
+    assert cards["acr_ema"]["sub"].endswith("; AVSPO acts on it: effective 0.00")
+    assert cards["wasted"]["value"] == "94%" and cards["wasted"]["level"] == "info"
     still = [
         point(s, 0.9, acr_effective=0.8, wasted_rollouts=30, n_completions=32) for s in range(3)
     ]
@@ -441,13 +445,18 @@ def test_the_mitigation_shown_is_what_the_trainer_reports_in_effect():
     from vantage.dashboard import components
 
     run = {"mitigation_mode": "auto", "mitigation_applied": {"mode": "aapo"}}
-    assert components.mitigation_text(run)[0] == "aapo · alerts act"  # acked, nothing reported
+    assert (
+        components.mitigation_text(run)[0] == "aapo · alerts apply their fix"
+    )  # acked, nothing reported
     run["mitigation_reported"] = {"mode": "avspo", "alpha": 0.5}  # a resume went back to it
     text, help_text = components.mitigation_text(run)
-    assert text == "avspo (alpha=0.5) · alerts act"  # with the settings it reports
+    assert text == "avspo (alpha=0.5) · alerts apply their fix"  # with the settings it reports
     assert "last reported: avspo; last acked: aapo" in help_text
     run["mitigation_requested"] = {"mode": "none", "status": "pending"}
-    assert components.mitigation_text(run)[0] == "avspo (alpha=0.5) → none (pending) · alerts act"
+    assert (
+        components.mitigation_text(run)[0]
+        == "avspo (alpha=0.5) → none (pending) · alerts apply their fix"
+    )
     # a setting of the trainer's own that is not a number or text reads as JSON, not Python
     reported = {"mode": "clip", "band": {"a": [1, None]}, "on": True}
     run = {"mitigation_mode": "off", "mitigation_reported": reported}
@@ -482,12 +491,13 @@ def test_the_scalars_charted_are_those_the_run_logged():
     fig = figures.scalars_figure([point(0, scalars=many)])
     assert [t["name"] for t in fig["data"]] == ["loss", "entropy", "alpha", "beta"]
     assert fig["layout"]["title"]["text"].endswith(
-        "<sup>4 of 5 shown (all in the CSV export)</sup>"
+        "<sup>4 of 5 shown: pick others above (all in the CSV export)</sup>"
     )
     many["loss"] = "NaN"  # both notes, on the title's second line
     title = figures.scalars_figure([point(3, scalars=many)])["layout"]["title"]["text"]
     assert title.endswith(
-        "<sup>non-finite: loss NaN at step 3 · 4 of 5 shown (all in the CSV export)</sup>"
+        "<sup>non-finite: loss NaN at step 3 · 4 of 5 shown: pick others above "
+        "(all in the CSV export)</sup>"
     )
     go.Figure(fig)
     plain = figures.reward_figure([point(0, scalars={"loss": 1.0})])
@@ -820,3 +830,32 @@ def test_the_latest_acr_card_keeps_the_acr_of_the_newest_step_that_has_one():
     none = kpis.initial_state({}, [point(1, None), point(2, None)], False, 1)
     card = {c["id"]: c for c in kpis.cards(none, {"group_size": 8})}["acr"]
     assert (card["value"], card["sub"]) == ("—", "step 2")
+
+
+def test_short_runs_get_a_tick_per_step_and_band_labels_clear_the_plot():
+    """A 3-step run's axis read 0, 0.5, 1, 1.5 (steps are whole numbers), and the AVSPO band's
+    label lay over its start line and the alert triangles (issue 42)."""
+    short = [point(s, 0.5) for s in range(3)]
+    assert figures.acr_figure(short)["layout"]["xaxis"]["dtick"] == 1
+    assert figures.reward_figure(short)["layout"]["xaxis"]["dtick"] == 1
+    long = [point(s, 0.5) for s in range(40)]
+    assert figures.acr_figure(long)["layout"]["xaxis"]["dtick"] is None
+    timeline = [{"type": "set_mitigation", "params": {"mode": "avspo"}, "status": "applied",
+                 "step": 5, "command_id": "c1", "issued_by": "alert:acr_stall"}]  # fmt: skip
+    [band] = run_shapes.mitigation_bands(timeline, 40)
+    assert band["label"]["yanchor"] == "bottom"  # above the plotting area
+
+
+def test_the_runs_table_as_html_escapes_every_text():
+    """The runs table goes to the browser as one HTML text (`html_text`): a run's name, tags and
+    project stay text, and its sparkline is drawn inline (Markdown dropped a data: image, and
+    the whole table with it)."""
+    from vantage.dashboard.html_text import to_html
+    from vantage.dashboard.pages.runs.table import runs_table
+
+    run = {"run_id": 'r"1', "name": "<script>x</script>", "status": "running", "tags": ["a&b"],
+           "health": "healthy", "health_reason": "fine", "spark": [0.1, 0.5]}  # fmt: skip
+    text = to_html(runs_table([run]))
+    assert "<script>" not in text and "&lt;script&gt;x&lt;/script&gt;" in text
+    assert 'data-run-id="r&quot;1"' in text and "a&amp;b" in text and "\n" not in text
+    assert "<svg" in text and "<img" not in text

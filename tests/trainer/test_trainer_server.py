@@ -22,6 +22,7 @@ def test_trainer_streams_to_a_real_server_and_obeys_its_commands(warm_policy, tm
         steps=5,
         server=server_url,
         run_name="trainer-e2e",
+        log_samples=2,
     )
     trainer = setup(cfg)
     run_id = trainer.run_id
@@ -80,3 +81,9 @@ def test_trainer_streams_to_a_real_server_and_obeys_its_commands(warm_policy, tm
     assert run["mitigation_reported"] == {"mode": "avspo", "threshold": "fixed", "alpha": 0.5,
                                           "eta": 0.01}  # fmt: skip
     assert summarize_rewards([1.0, 1.0]).cls == "collapsed"  # the engine the trainer shares
+    # log_samples: 2 prompts a step with their completions and rewards, collapsed groups first
+    samples = api.get(f"/api/v1/runs/{run_id}/samples", params={"limit": 200}).json()["samples"]
+    assert sorted(s["step"] for s in samples) == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    for s in samples:
+        assert len(s["completions"]) == len(s["rewards"]) == 4 and s["prompt_id"]
+        assert "=" in s["prompt"]  # the arithmetic question

@@ -11,7 +11,8 @@ from vantage.dashboard import components, explain
 
 
 def header(run: dict) -> list:
-    """The run's title, status, identity, mitigation and notes."""
+    """The run's title, status, health verdict (`vantage.server.health`) with its reason,
+    identity, mitigation and notes."""
     tags = ", ".join(run.get("tags") or [])
     bits = [
         f"project {run.get('project') or '—'}",
@@ -23,6 +24,15 @@ def header(run: dict) -> list:
     mit, mit_help = components.mitigation_text(run)
     out = [
         html.H2([run.get("name") or run["run_id"], " ", components.status_badge(run["status"])]),
+        html.Div(
+            [
+                "Health: ",
+                components.health_badge(run, "run-health"),
+                " ",
+                html.Span(run.get("health_reason") or "", className="muted"),
+            ],
+            className="run-health",
+        ),
         html.Div(" · ".join(bits), className="muted"),
         html.Div(["Mitigation: ", html.Span(mit, title=mit_help, id="run-mitigation")]),
     ]

@@ -17,8 +17,10 @@ from vantage.dashboard.figures import (
     base_layout,
     grid_layout,
     plotly_text,
+    step_dtick,
 )
 
+from . import scalars
 from .series import (
     ACR_SERIES,
     MAX_SCALAR_CHARTS,
@@ -28,7 +30,6 @@ from .series import (
     has_reward_std,
     reward_series,
     scalar_names,
-    scalar_series,
     series_xy,
 )
 from .shapes import attempt_lines, attempt_starts, mitigation_shapes, threshold_line
@@ -104,6 +105,11 @@ def _traces(xy, series: Sequence[Series], **extra) -> list[dict]:
     ]
 
 
+def _dtick(points: Sequence[Point]) -> int | None:
+    """`step_dtick` of the points' steps (a tick per step on a short run)."""
+    return step_dtick(points[0]["step"], points[-1]["step"]) if points else None
+
+
 def acr_figure(
     points: Sequence[Point],
     timeline: Iterable[dict] = (),
@@ -137,6 +143,7 @@ def acr_figure(
     starts = attempt_starts(points)
     mitigations = mitigation_shapes(timeline, last)
     layout["shapes"] = [threshold_line(), *attempt_lines(starts), *mitigations]
+    layout["xaxis"]["dtick"] = _dtick(points)
     if not points:
         layout["annotations"] = [dict(NO_STEPS_NOTE)]
     return {"data": data, "layout": layout}
@@ -152,6 +159,7 @@ def reward_figure(
     title = f"Reward mean{' ± std' if banded else ''}: watch for drops"
     layout = base_layout(title + (" (downsampled)" if downsampled else ""), REWARD_HEIGHT)
     layout["yaxis"] = {"title": {"text": "reward"}}
+    layout["xaxis"]["dtick"] = _dtick(points)
     series = reward_series(bounds)
     data = _traces(series_xy(points, series), series)
     data[REWARD_BAND]["showlegend"] = banded
@@ -179,19 +187,24 @@ def non_finite_scalar(points: Iterable[Point]) -> str | None:
 SCALARS_TITLE = "Trainer scalars (as the trainer logged them)"
 
 
-def scalars_shown(points: Sequence[Point]) -> str | None:
-    """How many of the logged scalars are charted, when not all are: "4 of 9 shown (...)"."""
-    names = scalar_names(points)
-    if len(names) <= MAX_SCALAR_CHARTS:
+def scalars_shown(
+    points: Sequence[Point], shown: int = MAX_SCALAR_CHARTS, names: list[str] | None = None
+) -> str | None:
+    """How many of the logged scalars (``names``, else `scalar_names` of ``points``) are
+    charted, when not all are: "4 of 9 shown (...)"."""
+    names = scalar_names(points) if names is None else names
+    if len(names) <= shown:
         return None
-    return f"{MAX_SCALAR_CHARTS} of {len(names)} shown (all in the CSV export)"
+    return f"{shown} of {len(names)} shown: pick others above (all in the CSV export)"
 
 
-def scalars_title(non_finite: str | None, shown: str | None = None) -> str:
-    """The scalars chart's title; below it, in smaller type, the first non-finite scalars and
-    how many of the scalars are charted (``shown``): on one line they ran past the half-width
-    chart and were cut off."""
-    notes = [f"non-finite: {non_finite}" if non_finite else None, shown]
+def scalars_title(
+    non_finite: str | None, shown: str | None = None, view_note: str | None = None
+) -> str:
+    """The scalars chart's title; below it, in smaller type, the first non-finite scalars, how
+    many of the scalars are charted (``shown``) and how they are drawn (``view_note``,
+    `scalars.view_note`): on one line they ran past the half-width chart and were cut off."""
+    notes = [f"non-finite: {non_finite}" if non_finite else None, shown, view_note]
     below = " · ".join(n for n in notes if n)
     return f"{SCALARS_TITLE}<br><sup>{below}</sup>" if below else SCALARS_TITLE
 
@@ -210,24 +223,44 @@ NO_STEPS_NOTE = {
 }
 
 
-def scalars_figure(points: Sequence[Point]) -> Figure:
-    """The run's logged scalars, one small chart each: up to MAX_SCALAR_CHARTS of them, the
-    well-known ones first (the title says how many more there are); a note instead of empty
-    charts while none was logged."""
-    names = scalar_names(points)
-    series = scalar_series(names)
-    title = scalars_title(non_finite_scalar(points), scalars_shown(points))
-    base = base_layout(title, SCALARS_HEIGHT)
+def scalars_figure(points: Sequence[Point], view: dict | None = None) -> Figure:
+    """The run's logged scalars, one small chart each: those ``view`` picks (`scalars.charted`;
+    by default up to MAX_SCALAR_CHARTS, the well-known ones first, and the title says how many
+    more there are), smoothed, on a log scale, by step or wall time as ``view`` says
+    (`scalars.normal_view`); a note instead of empty charts while none was logged."""
+    view = view or scalars.DEFAULT_VIEW
+    series = scalars.charted_series(scalars.charted(points, view))
+    shown = scalars_shown(points, len(series) if view.get("names") else MAX_SCALAR_CHARTS)
+    title = scalars_title(non_finite_scalar(points), shown, scalars.view_note(view))
+    base = base_layout(title, scalars.height(len(series), SCALARS_HEIGHT))
     base["margin"] = {**base["margin"], "t": 75}  # room for the title's second line
     if not series:
         base.pop("xaxis")
         base.update(xaxis={"visible": False}, yaxis={"visible": False})
         return {"data": [], "layout": {**base, "annotations": [dict(NO_SCALARS_NOTE)]}}
-    rows, cols = (1, len(series)) if len(series) <= 2 else (2, 2)
-    data = _traces(series_xy(points, series), series)
-    for i, trace in enumerate(data):
+    rows, cols = scalars.grid(len(series))
+    by_time, weight = view.get("x") == "time", view.get("smoothing") or 0.0
+    xs = scalars.x_values(points, "time") if by_time else None
+    data = []
+    for i, trace in enumerate(_traces(series_xy(points, series), series)):
         trace["xaxis"], trace["yaxis"] = axis_ref(i)
+        if by_time:  # the hover's "step %{x}" would name a time a step
+            trace["x"] = xs
+            trace["hovertemplate"] = trace["hovertemplate"].replace("step %{x}", "%{x}", 1)
+        data.append(trace)
+        if weight:
+            smoothed = {**trace, "y": scalars.smooth(trace["y"], weight)[0], "mode": "lines"}
+            smoothed["name"] = f"{trace['name']}, smoothed"
+            trace.update(opacity=0.3, hoverinfo="skip")
+            trace.pop("hovertemplate", None)
+            data.append(smoothed)
     layout = json.loads(grid_layout(rows, cols, tuple(s.label for s in series), False))
+    for k in range(1, len(series) + 1):
+        suffix = "" if k == 1 else str(k)
+        if by_time:
+            layout[f"xaxis{suffix}"]["type"] = "date"
+        if view.get("log"):
+            layout[f"yaxis{suffix}"]["type"] = "log"
     base.pop("xaxis")
     layout.update(base, showlegend=False, hovermode="closest")
     return {"data": data, "layout": layout}

@@ -15,7 +15,7 @@ from typing import Any
 from dash import html
 from vantage.client.acr import DEFAULT_STREAK_THRESHOLD, EMA_ALPHA, sample_std
 from vantage.dashboard import explain
-from vantage.dashboard.components import current_mitigation
+from vantage.dashboard.components import cost_text, current_mitigation
 
 TAIL = 25  # steps kept for volatility, speed and the wasted share
 
@@ -129,18 +129,22 @@ def wasted_share(tail: Sequence[list], group_size: int | None) -> float | None:
 
 
 def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
-    """The KPI cards: id, title, value text, help text and a severity (ok / warn / bad)."""
+    """The KPI cards: id, title, value text, help text and a severity (ok / warn / bad, none:
+    nothing to judge, info: a raw figure that a working mitigation acts on).
+
+    Raw figures say "raw" in their titles; the effective ACR has a card of its own. Colours
+    judge the figure shown: a raw figure is coloured by its own value, unless a mitigation
+    holds the same step's effective ACR at or below 0.35, where a high raw figure is expected
+    (AVSPO leaves the raw collapse as it is and gives those groups a gradient): it is then grey,
+    neither fine nor a worry, and its sub-line says why ("Wasted rollouts 100%" in green read
+    as if the waste were fine)."""
     latest = state.get("latest") or {}
     acr = latest.get("acr")
-    # What the policy learns from once a mitigation acts: a run whose AVSPO brought it to 0
-    # looked failing on every card, so the ACR cards say it and take its colour. A run
-    # with no mitigation is judged by its ACR (its trainer's effective ACR read "after
-    # mitigation" with "Mitigation: none").
-    mitigating = current_mitigation(run) != "none"
-    effective = latest.get("acr_effective") if mitigating else None
-    mitigated = (
-        f"effective {explain.fmt(effective)} after mitigation" if effective is not None else None
-    )
+    mode = current_mitigation(run)
+    effective = latest.get("acr_effective")
+    # a mitigation that holds the effective ACR down: the raw cards' values are expected
+    acting = mode != "none" and effective is not None and effective <= explain.STALL_THRESHOLD
+    why = f"{mode.upper()} acts on it: effective {explain.fmt(effective)}" if acting else ""
     tail = state.get("tail") or []
     wasted = wasted_share(tail, run.get("group_size"))
     speed = steps_per_minute(tail)
@@ -151,9 +155,9 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
             return "none"
         return "bad" if value > bad else "warn" if value > warn else "ok"
 
-    # the raw cards (trend, streak, wasted) take the colour of what the policy learns from once
-    # a mitigation acts: a run AVSPO brought to 0 stayed red on them
-    after_mitigation = level(effective, 0.3, explain.STALL_THRESHOLD)
+    def raw_level(value, warn, bad):
+        return "info" if acting and value is not None else level(value, warn, bad)
+
     # no step with an ACR (every group invalid: all-NaN rewards): "0 steps above 0.35" and "0
     # wasted" were green, as if the run were healthy
     scored = acr is not None or state.get("ema") is not None
@@ -162,19 +166,36 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
     if wasted is None and tail and scored:  # no ACR at all: no "0.0/step" either
         # Without a group size that fits the data, show completions wasted per step instead.
         wasted_text = f"{explain.fmt(sum(r[3] or 0 for r in tail) / len(tail), 1)}/step"
+    wasted_sub = f"last {len(tail)} steps"
+    if why:
+        wasted_sub += f"; {why}"
+    cost = run.get("cost")
+    if cost:
+        wasted_sub += f"; whole run {cost_text(cost)[0]}"
+    if mode == "none" or effective is None:
+        effective_sub = "the trainer sends none" if effective is None else "no mitigation on"
+    else:
+        effective_sub = f"after {mode.upper()}"
     return [
         {
             "id": "acr",
-            "title": "Latest ACR",
+            "title": "Latest ACR (raw)",
             "value": explain.fmt(acr),
-            "sub": f"step {explain.fmt(latest.get('step'))}"
-            + (f" · {mitigated}" if mitigated else ""),
+            "sub": f"step {explain.fmt(latest.get('step'))}" + (f" · {why}" if why else ""),
             "help": explain.ACR,
-            "level": level(acr if effective is None else effective, 0.3, explain.STALL_THRESHOLD),
+            "level": raw_level(acr, 0.3, explain.STALL_THRESHOLD),
+        },
+        {
+            "id": "acr_effective",
+            "title": "Effective ACR",
+            "value": explain.fmt(effective),
+            "sub": effective_sub,
+            "help": explain.KPI_HELP.get("acr_effective", EFFECTIVE_HELP),
+            "level": level(effective, 0.3, explain.STALL_THRESHOLD),
         },
         {
             "id": "acr_100",
-            "title": "ACR, first 100 steps",
+            "title": "ACR, first 100 steps (raw)",
             "value": explain.fmt(state.get("acr_100")),
             "sub": "early collapse",
             "help": explain.ACR_100,
@@ -182,35 +203,28 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
         },
         {
             "id": "acr_ema",
-            "title": "ACR trend (EMA)",
+            "title": "ACR trend (EMA, raw)",
             "value": explain.fmt(state.get("ema")),
             "sub": f"volatility {explain.fmt(state.get('volatility'))}"
-            + ("; raw ACR" if mitigated else ""),
+            + (f"; {why}" if why else ""),
             "help": explain.ACR_EMA,
-            "level": level(state.get("ema"), 0.3, explain.STALL_THRESHOLD)
-            if effective is None
-            else after_mitigation,
+            "level": raw_level(state.get("ema"), 0.3, explain.STALL_THRESHOLD),
         },
         {
             "id": "acr_streak",
-            "title": "Steps above 0.35",
+            "title": "Steps above 0.35 (raw)",
             "value": explain.fmt(int(streak)),
-            "sub": "raw ACR; " + mitigated if mitigated else "stalled after 50",
+            "sub": why or "stalled after 50",
             "help": explain.ACR_STREAK,
-            "level": (level(streak, 10, 50) if effective is None else after_mitigation)
-            if scored
-            else "none",
+            "level": raw_level(streak, 10, 50) if scored else "none",
         },
         {
             "id": "wasted",
-            "title": "Wasted rollouts",
+            "title": "Wasted rollouts (raw)",
             "value": wasted_text,
-            # with AVSPO on and an effective ACR of 0, "93%" read as if it did nothing
-            "sub": f"last {len(tail)} steps" + (", before mitigation" if mitigated else ""),
+            "sub": wasted_sub,
             "help": explain.WASTED,
-            "level": (level(wasted, 0.3, 0.5) if effective is None else after_mitigation)
-            if scored
-            else "none",
+            "level": raw_level(wasted, 0.3, 0.5) if scored else "none",
         },
         {
             "id": "reward_mean",
@@ -229,6 +243,14 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
             "level": "bad" if run.get("status") in ("stale", "failed") else "none",
         },
     ]
+
+
+EFFECTIVE_HELP = (
+    "Effective ACR: the share of valid groups whose advantages are still all zero after the "
+    "trainer's mitigation (AVSPO, AAPO or DAPO), as the trainer reports it. This is what the "
+    "policy cannot learn from; the raw ACR beside it counts every collapsed group, which a "
+    "mitigation leaves as it is. At or below 0.35 is fine."
+)
 
 
 def kpi_cards(cards: list[dict]) -> list[html.Div]:

@@ -8,14 +8,24 @@ from urllib.parse import unquote
 
 import dash
 from dash import ALL, Input, Output, State, callback, ctx, dcc, html, no_update
-from vantage.dashboard import components, context, data, explain, url_state
-from vantage.dashboard.pages.run import command_log, command_panel, figures, prompts, view
+from vantage.dashboard import components, context, data, explain, step_focus, url_state
+from vantage.dashboard.pages.run import (
+    command_log,
+    command_panel,
+    figures,
+    prompts,
+    scalar_controls,
+    view,
+)
+from vantage.dashboard.pages.run import scalars as scalar_views
 
 dash.register_page(
     __name__, path_template="/runs/<run_id>", name="Run", title="Vantage · run", order=1
 )
 
 GRAPH_CONFIG = {"displaylogo": False, "responsive": True}
+# `?step=N` (the alerts page links to a run at its alert's step): the ACR chart shows that step
+_STEP_FOCUS = step_focus.keep_step_in_view("run-acr-graph", "run-step-focus")
 
 
 def _graph(id_: str, help_text: str, height: int) -> html.Div:
@@ -55,6 +65,7 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
     return html.Div(
         [
             dcc.Store(id="run-id", data=run_id),
+            _STEP_FOCUS,
             dcc.Store(id="run-name", data=run.get("name") or run_id),
             dcc.Store(id="run-state"),
             dcc.Store(id="run-pending-command"),
@@ -73,14 +84,7 @@ def layout(run_id: str | None = None, **_query) -> html.Div:
                         _graph("run-reward-graph", explain.REWARD_MEAN, figures.REWARD_HEIGHT),
                         style={"flex": 1},
                     ),
-                    html.Div(
-                        _graph(
-                            "run-scalars-graph",
-                            "The trainer's own logged scalars.",
-                            figures.SCALARS_HEIGHT,
-                        ),
-                        style={"flex": 1},
-                    ),
+                    html.Div(scalar_controls.card(GRAPH_CONFIG), style={"flex": 1}),
                 ],
                 style={"display": "flex", "gap": "1rem"},
             ),
@@ -177,17 +181,25 @@ def _missing(run_id: str, ambiguous: bool = False) -> html.Div:
     Output("run-scalars-graph", "figure"),
     Output("run-config", "children"),
     Output("run-interval", "disabled"),
+    Output("run-scalars-pick", "options"),
+    Output("run-scalars-graph", "style"),
     Input("run-id", "data"),
     Input("run-interval", "n_intervals"),
+    *(Input(control, "value") for control in scalar_controls.CONTROLS),
     State("run-state", "data"),
 )
 @context.in_thread
-def update_run(run_id, _n, state) -> view.RunOutputs:
+def update_run(run_id, _n, picked, smoothing, log, x, state) -> view.RunOutputs:
     info = context.current_key()
-    if ctx.triggered_id == "run-interval" and state:
+    scalar_view = scalar_views.normal_view(picked, smoothing, log, x)
+    # by the view itself, not by which input fired: a tick that fired with a control (one
+    # request for both) would otherwise append to the old view and drop the new one
+    if state and scalar_view != state.get("scalar_view"):
+        out = view.scalars_reload(info, run_id, state, scalar_view)
+    elif ctx.triggered_id == "run-interval" and state:
         out = view.live_update(info, run_id, state)
     else:
-        out = view.first_load(info, run_id, context.can(info, "control"))
+        out = view.first_load(info, run_id, context.can(info, "control"), scalar_view)
     if out is None:  # deleted, or moved to a project the key may not see, since the page loaded
         blank = {"data": [], "layout": {"height": 360}}
         # nothing stale left; the page keeps asking, so a run that registers later appears
@@ -390,3 +402,19 @@ def show_prompts(tab, side, split, run_id):
         return no_update, href
     rows = data.prompts(context.current_key(), run_id, side or None, split=split or None) or []
     return prompts.table(rows), href
+
+
+@callback(
+    Output("prompt-samples", "children"),
+    Input("prompts-table", "active_cell"),
+    State("run-id", "data"),
+    prevent_initial_call=True,
+)
+@context.in_thread
+def show_samples(cell, run_id):
+    """A clicked prompt's latest completions and rewards ("what did the model answer?")."""
+    prompt_id = cell.get("row_id") if isinstance(cell, dict) else None
+    if not isinstance(prompt_id, str):
+        return prompts.samples_hint()
+    found = data.samples(context.current_key(), run_id, prompt_id, prompts.SAMPLES_SHOWN)
+    return prompts.samples_view(prompt_id, found or [])

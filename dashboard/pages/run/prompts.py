@@ -1,4 +1,5 @@
-"""The run page's Prompts tab: the prompts whose groups collapsed most often."""
+"""The run page's Prompts tab: the prompts whose groups collapsed most often, and for a
+clicked prompt what the model answered (its latest completion samples, `Monitor.log_samples`)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def tab(run_id: str | None) -> html.Div:
                 download="",
             ),
             html.Div(id="prompts-body"),
+            html.Div(samples_hint(), id="prompt-samples", className="samples"),
         ],
         className="card",
     )
@@ -63,6 +65,7 @@ def table(rows: list[dict]) -> object:
         return html.P("No prompt ids were sent with this run's groups.", className="muted")
     columns = [{"name": c.replace("_", " "), "id": c} for c in data.PROMPT_COLUMNS]
     for row in rows:
+        row["id"] = row.get("prompt_id")  # the raw id: a clicked cell's row_id (`show_samples`)
         if isinstance(row.get("prompt_id"), str):
             row["prompt_id"] = explain.visible(row["prompt_id"])
         if row.get("collapse_rate") is not None:
@@ -80,5 +83,67 @@ def table(rows: list[dict]) -> object:
             "all_pass": "Groups where every completion passed: too easy.",
             "all_fail": "Groups where every completion failed: too hard.",
         },
+        style_cell_conditional=[{"if": {"column_id": "prompt_id"}, "cursor": "pointer"}],
     )
     return shown
+
+
+SAMPLES_SHOWN = 5  # a prompt's latest samples the tab shows
+
+
+def samples_hint() -> html.P:
+    """What the samples box says before a prompt is clicked."""
+    return html.P(
+        "Click a prompt in the table to see what the model answered: its latest completions "
+        "and their rewards.",
+        className="muted",
+    )
+
+
+def samples_view(prompt_id: str, samples: list[dict]) -> list:
+    """ "What did the model answer?" for ``prompt_id``: its latest samples (newest step first,
+    as `GET .../samples` gives them), each its step, the prompt, and every completion beside
+    its reward; or how to send samples, when the run has none for this prompt."""
+    title = html.H4(f"What did the model answer? Prompt {explain.visible(prompt_id)}")
+    if not samples:
+        return [
+            title,
+            html.P(
+                "No completions were sent for this prompt. The trainer sends a few per step "
+                "with Monitor.log_samples(step, prompt, completions, rewards, prompt_id=...): "
+                "the bundled trainer and the TRL integration do so with log_samples: N in "
+                "their config (N samples a step; 0, the default, sends none).",
+                className="muted",
+                id="prompt-samples-none",
+            ),
+        ]
+    out = [title]
+    for sample in samples[:SAMPLES_SHOWN]:
+        rewards = sample.get("rewards") or []
+        rows = [
+            html.Tr(
+                [
+                    html.Td(explain.fmt(r, 3), className="reward"),
+                    html.Td(html.Pre(explain.visible(text), className="completion")),
+                ]
+            )
+            for text, r in zip(sample.get("completions") or [], rewards, strict=False)
+        ]
+        head = f"step {sample.get('step')}"
+        if sample.get("split") not in (None, "train"):
+            head += f" ({sample['split']})"
+        out.append(
+            html.Div(
+                [
+                    html.Div(head, className="sample-step"),
+                    html.Pre(explain.visible(sample.get("prompt") or ""), className="prompt"),
+                    html.Table(
+                        [html.Thead(html.Tr([html.Th("reward"), html.Th("completion")])),
+                         html.Tbody(rows)],
+                        className="runs",
+                    ),
+                ],
+                className="sample",
+            )
+        )  # fmt: skip
+    return out

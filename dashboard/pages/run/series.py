@@ -239,15 +239,21 @@ NOT_CHARTED = frozenset({"reward_std"})  # drawn as the reward chart's band
 def scalar_names(points: Iterable[Point]) -> list[str]:
     """Every scalar logged in ``points`` that the chart may draw: the well-known ones first
     (held-out accuracy, loss, KL, entropy, temperature), then the others by name."""
-    seen = {name for p in points for name in (p.get("scalars") or {})} - NOT_CHARTED
+    return ordered_names({name for p in points for name in (p.get("scalars") or {})})
+
+
+def ordered_names(logged: set[str]) -> list[str]:
+    """`scalar_names` of the set of names logged (one pass over the points, done by the
+    caller)."""
+    seen = logged - NOT_CHARTED
     known = [s.key for s in SCALAR_SERIES if s.key in seen]
     return known + sorted(seen - set(known))
 
 
-def scalar_series(names: Sequence[str]) -> tuple[Series, ...]:
-    """The series of the first MAX_SCALAR_CHARTS of ``names`` (`scalar_names`)."""
+def scalar_series(names: Sequence[str], limit: int = MAX_SCALAR_CHARTS) -> tuple[Series, ...]:
+    """The series of the first ``limit`` of ``names`` (`scalar_names`)."""
     known = {s.key: s for s in SCALAR_SERIES}
-    return tuple(known.get(n) or _logged_series(n) for n in names[:MAX_SCALAR_CHARTS])
+    return tuple(known.get(n) or _logged_series(n) for n in names[:limit])
 
 
 def _logged_series(name: str) -> Series:

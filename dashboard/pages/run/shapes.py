@@ -61,6 +61,10 @@ def mitigation_bands(timeline: Iterable[dict], last_step: int | None) -> list[di
                     # a band in the right half is labelled from its right edge leftwards (a
                     # label running right from it was cut at the chart's edge)
                     "textposition": "top left" if start < span / 2 else "top right",
+                    # above the plotting area: inside it, the label lay over the band's start
+                    # line and over the alert triangles on a high raw ACR (issue 42)
+                    "yanchor": "bottom",
+                    "padding": 4,
                     "font": {"size": 10, "color": "#374151"},
                 },
             }

@@ -12,8 +12,10 @@ from typing import Any, NamedTuple
 
 from dash import Patch, html, no_update
 from vantage.dashboard import components, data
+from vantage.dashboard.figures import step_dtick
 
 from . import figures, kpis, series, shapes
+from . import scalars as scalar_views
 from .banner import banner, banner_key, header, suggestions
 
 APPEND_LIMIT = 5000
@@ -32,6 +34,8 @@ class RunOutputs(NamedTuple):
     scalars_figure: Any = no_update
     config: Any = no_update
     interval_disabled: Any = no_update
+    scalar_options: Any = no_update
+    scalars_style: Any = no_update
 
 
 def config_view(run: dict) -> html.Pre:
@@ -50,8 +54,11 @@ def config_view(run: dict) -> html.Pre:
     return html.Pre(json.dumps(shown, indent=2, default=str), className="config")
 
 
-def first_load(info, run_id: str, can_control: bool = False) -> RunOutputs | None:
-    """Every output of the data callback for a fresh page; None if the run is not visible."""
+def first_load(
+    info, run_id: str, can_control: bool = False, scalar_view: dict | None = None
+) -> RunOutputs | None:
+    """Every output of the data callback for a fresh page, the scalars chart as ``scalar_view``
+    says (`scalars.normal_view`; None: the default); None if the run is not visible."""
     snap = data.run_snapshot(info, run_id)
     if snap is None:
         return None
@@ -62,14 +69,13 @@ def first_load(info, run_id: str, can_control: bool = False) -> RunOutputs | Non
     # `tail` is every step when not downsampled, else the newest ones (for the KPI state).
     state = kpis.initial_state(summary.get("window") or {}, tail, downsampled, run.get("attempt"))
     state["last_step"] = points[-1]["step"] if points else None
+    state["first_step"] = points[0]["step"] if points else None  # for the ticks (`step_dtick`)
     state["can_control"] = can_control
     state["timeline"] = summary.get("mitigation_timeline") or []
     state["reported"] = snap["reported"]  # the live updates add the new steps' changes
     state["attempt_starts"] = shapes.attempt_starts(points)  # a new attempt reloads the page
     state["non_finite"] = figures.non_finite_scalar(points)
-    state["scalars"] = series.scalar_names(points)[: series.MAX_SCALAR_CHARTS]  # charted
-    state["shown"] = figures.scalars_shown(points)
-    state["last_scalars"] = _scalars_at(points[-1] if points else None)
+    state.update(_scalar_state(points, scalar_view))
     offers = suggestions(run, alerts, state)
     state["banner_key"] = banner_key(run, alerts, offers)
     state["reward_std"] = series.has_reward_std(points)
@@ -81,9 +87,69 @@ def first_load(info, run_id: str, can_control: bool = False) -> RunOutputs | Non
         state=state,
         acr_figure=figures.acr_figure(points, state["timeline"], alerts, downsampled),
         reward_figure=figures.reward_figure(points, downsampled, series.run_bounds(run)),
-        scalars_figure=figures.scalars_figure(points),
+        scalars_figure=figures.scalars_figure(points, state["scalar_view"]),
         config=components.plain(config_view(run)),
         interval_disabled=components.run_ended(run),
+        scalar_options=_options(state["scalar_options"]),
+        scalars_style=_scalars_style(state),
+    )
+
+
+def _scalar_state(points: list[dict], scalar_view: dict | None) -> dict:
+    """The state of the scalars chart drawn from ``points`` as ``scalar_view`` says: the view,
+    the names charted, the smoothed averages the live appends continue, every logged name
+    (the picker's options), and the scalars of the last step drawn. One pass over the points
+    for the names (each pass is ~2 ms at 5,000 points)."""
+    view = scalar_view or scalar_views.DEFAULT_VIEW
+    logged = {n for p in points for n in (p.get("scalars") or {})}
+    names = series.ordered_names(logged)
+    charted = list(view["names"]) if view.get("names") else names[: series.MAX_SCALAR_CHARTS]
+    shown = len(charted) if view.get("names") else series.MAX_SCALAR_CHARTS
+    return {
+        "scalar_view": view,
+        "scalars": charted,
+        "scalar_ema": scalar_views.ema_state(points, charted, view),
+        "scalar_options": names + sorted(logged - set(names)),  # the band's reward_std too
+        "shown": figures.scalars_shown(points, shown, names),
+        "last_scalars": _scalars_at(points[-1] if points else None),
+    }
+
+
+def _logged(points: list[dict]) -> list[str]:
+    """Every scalar name of ``points``, the charted ones' order first (the band's too)."""
+    logged = {n for p in points for n in (p.get("scalars") or {})}
+    names = series.ordered_names(logged)
+    return names + sorted(logged - set(names))
+
+
+def _options(names: list[str]) -> list[dict]:
+    return [{"label": n, "value": n} for n in names]
+
+
+def _scalars_style(state: dict) -> dict:
+    """The scalars graph's element height (px), the figure's (`figures.SCALARS_HEIGHT`)."""
+    n = len(state.get("scalars") or [])
+    return {"height": f"{scalar_views.height(n, figures.SCALARS_HEIGHT)}px"}
+
+
+def scalars_reload(info, run_id: str, state: dict, scalar_view: dict) -> RunOutputs | None:
+    """The scalars chart drawn again as ``scalar_view`` says (the picker, smoothing, log scale
+    or x axis changed), from the steps already drawn (a live update appends the rest); None
+    if the run is not visible."""
+    points = data.split_points(info, run_id, "train", max_points=5000)
+    if points is None:
+        return None
+    last = state.get("last_step")
+    points = [p for p in points if last is not None and p["step"] <= last]
+    new_state = {**state, **_scalar_state(points, scalar_view)}
+    new_state["last_scalars"] = state.get("last_scalars") or []  # late ones still come
+    if points and points[-1]["step"] == last:
+        new_state["last_scalars"] = _scalars_at(points[-1])
+    return RunOutputs(
+        state=new_state,
+        scalars_figure=figures.scalars_figure(points, new_state["scalar_view"]),
+        scalar_options=_options(new_state["scalar_options"]),
+        scalars_style=_scalars_style(new_state),
     )
 
 
@@ -91,8 +157,8 @@ def _new_scalar_chart(state: dict, points: list[dict]) -> bool:
     """Whether ``points`` bring a scalar that gets a chart of its own (the first scalars of a
     run, say): the scalars figure is then drawn again."""
     charted = state.get("scalars") or []
-    if len(charted) >= series.MAX_SCALAR_CHARTS:
-        return False
+    if (state.get("scalar_view") or {}).get("names") or len(charted) >= series.MAX_SCALAR_CHARTS:
+        return False  # a chosen set, or a full default one, stays as it is
     return bool(set(series.scalar_names(points)) - set(charted))
 
 
@@ -108,14 +174,6 @@ def _late_scalars(state: dict, again: dict | None) -> set[str]:
     return set(_scalars_at(again)) - set(state.get("last_scalars") or []) if again else set()
 
 
-def _append_late(patch: Patch, state: dict, again: dict, late: set[str]) -> None:
-    """Append the ``late`` scalars of step ``again`` to their charts' traces in ``patch``."""
-    for i, scalar in enumerate(series.scalar_series(state.get("scalars") or [])):
-        if scalar.key in late:
-            patch["data"][i]["x"].append(again["step"])
-            patch["data"][i]["y"].append(scalar.value(again))
-
-
 def live_update(info, run_id: str, state: dict) -> RunOutputs | None:
     """Outputs for one tick: Patches appending the new steps, or no_update where nothing
     changed; a full reload when a new attempt rewrote steps already shown."""
@@ -126,8 +184,11 @@ def live_update(info, run_id: str, state: dict) -> RunOutputs | None:
     late = _late_scalars(state, again)
     scalars = Patch()
     if late:
-        _append_late(scalars, state, again, late)
-        state = {**state, "last_scalars": _scalars_at(again)}
+        ema = scalar_views.append_late(
+            scalars, again, late, state.get("scalars") or [], state.get("scalar_view"),
+            state.get("scalar_ema") or {},
+        )  # fmt: skip
+        state = {**state, "last_scalars": _scalars_at(again), "scalar_ema": ema}
     new_attempt = run.get("attempt") != state.get("attempt") and state.get("attempt") is not None
     # A page left open for days would grow its figures without bound: past APPEND_LIMIT appended
     # steps, reload them downsampled.
@@ -135,7 +196,7 @@ def live_update(info, run_id: str, state: dict) -> RunOutputs | None:
     first_steps = bool(points) and state.get("last_step") is None  # the "no steps" note goes
     new_chart = _new_scalar_chart(state, [again, *points] if late else points)
     if new_attempt or too_long or first_steps or new_chart:
-        return first_load(info, run_id, state.get("can_control", False))
+        return first_load(info, run_id, state.get("can_control", False), state.get("scalar_view"))
     finished = components.run_ended(run)
     alerts = update["alerts"] or []
     if not points:
@@ -146,14 +207,25 @@ def live_update(info, run_id: str, state: dict) -> RunOutputs | None:
     acr, reward = Patch(), Patch()
     series.extend_patch(acr, points, series.ACR_SERIES)
     series.extend_patch(reward, points, series.reward_series(series.run_bounds(run)))
-    series.extend_patch(scalars, points, series.scalar_series(state.get("scalars") or []))
+    # a tick per step while the run is short, Plotly's once it is not
+    dtick = step_dtick(state.get("first_step"), new_state["last_step"])
+    acr["layout"]["xaxis"]["dtick"] = reward["layout"]["xaxis"]["dtick"] = dtick
+    new_state["scalar_ema"] = scalar_views.extend(
+        scalars, points, state.get("scalars") or [], state.get("scalar_view"),
+        state.get("scalar_ema") or {},
+    )  # fmt: skip
+    options = _logged([{"scalars": dict.fromkeys(state.get("scalar_options") or [])}, *points])
+    new_state["scalar_options"] = options
     if not state.get("reward_std") and series.has_reward_std(points):  # the band shows now
         reward["data"][figures.REWARD_BAND]["showlegend"] = True
         new_state["reward_std"] = True
     if not state.get("non_finite") and (
         note := figures.non_finite_scalar([again, *points] if late else points)
     ):
-        scalars["layout"]["title"]["text"] = figures.scalars_title(note, state.get("shown"))
+        note_view = scalar_views.view_note(state.get("scalar_view"))
+        scalars["layout"]["title"]["text"] = figures.scalars_title(
+            note, state.get("shown"), note_view
+        )
         new_state["non_finite"] = note
     timeline = update["timeline"] or []
     # Markers for alerts that fired since the last tick (the trace after the series); a pending
@@ -186,6 +258,7 @@ def live_update(info, run_id: str, state: dict) -> RunOutputs | None:
         reward_figure=reward,
         scalars_figure=scalars,
         interval_disabled=finished,
+        scalar_options=_options(options) if options != state.get("scalar_options") else no_update,
     )
 
 

@@ -7,6 +7,8 @@ from typing import Any, NamedTuple
 import dash
 from dash import Input, Output, callback, dcc, html
 from vantage.dashboard import components, context, data, url_state
+from vantage.dashboard.components import cost_text
+from vantage.dashboard.html_text import to_html
 from vantage.dashboard.pages.runs.table import runs_table
 
 dash.register_page(__name__, path="/", name="Runs", title="Vantage · runs", order=0)
@@ -32,7 +34,10 @@ def layout(
     the key sees, in ``?order=`` (a `data.RUN_ORDERS` key). A filter the page cannot apply is
     said, not dropped silently; a repeated one counts once (`url_state.one`)."""
     project, tag, status, order = map(url_state.one, (project, tag, status, order))
-    projects, tags = data.filter_options(context.current_key())
+    info = context.current_key()
+    projects, tags = data.filter_options(info)
+    if (project and project not in projects) or (tag and tag not in tags):
+        projects, tags = data.filter_options(info, fresh=True)  # a run newer than the cache's
     unknown = [
         f"{what} {asked!r}"
         for what, asked, known in (
@@ -64,9 +69,10 @@ def layout(
             if order and order not in data.RUN_ORDERS
             else None,
             html.P(
-                "Each GRPO run with its advantage collapse rate (ACR): the share of prompt groups "
-                "whose completions all got the same reward and so taught the model nothing. Red "
-                "means above 0.35, where runs tend to stall. Hover over any column title.",
+                "Each GRPO run with its health in one word and its advantage collapse rate (ACR): "
+                "the share of prompt groups whose completions all got the same reward and so "
+                "taught the model nothing. Red means above 0.35, where runs tend to stall. Hover "
+                "over any column title or verdict.",
                 className="muted",
             ),
             components.primer(),
@@ -85,6 +91,7 @@ def layout(
                 className="filters card",
             ),
             _ADDRESS_STORE,
+            html.Div(id="runs-costs", className="project-costs"),
             html.Div(
                 [
                     html.Div(id="runs-body"),
@@ -149,10 +156,43 @@ def refresh_runs(_n, project, tag, status, order, more) -> RunsOutputs:
     limit = RUNS_SHOWN * (1 + url_state.sent_count(more))
     runs, total = data.runs_overview(info, project, tag, status, order or "newest", limit)
     projects, tags = data.filter_options(info)
+    if (project and project not in projects) or (tag and tag not in tags):
+        # a run newer than the cached lists: without its project among the options, the
+        # dropdown would drop the value it shows
+        projects, tags = data.filter_options(info, fresh=True)
     if not runs and (project or tag or status):  # "No runs yet" read as an empty server
-        body = html.P("No run matches these filters.", className="muted", id="runs-empty")
+        table = html.P("No run matches these filters.", className="muted", id="runs-empty")
     else:
-        body = runs_table(runs)
+        table = runs_table(runs)
+    # one component: as ~1,200 Dash components, 50 rows took seconds to appear (`html_text`)
+    body = dcc.Markdown(to_html(table), dangerously_allow_html=True, className="runs-html")
     count = f"{len(runs):,} of {total:,} runs" if total > len(runs) else ""
     more_style = {} if total > len(runs) else {"display": "none"}
     return RunsOutputs(body, projects, tags, count, more_style)
+
+
+@callback(
+    Output("runs-costs", "children"),
+    Input("runs-interval", "n_intervals"),
+    Input("runs-project", "value"),
+)
+@context.in_thread
+def refresh_costs(_n, project) -> Any:
+    """The cost of collapse summed per project (`data.project_costs`, cached for a minute)."""
+    costs = data.project_costs(context.current_key(), url_state.sent_text(project))
+    if not costs:
+        return None
+    items: list[Any] = [html.B("Wasted rollouts (raw) by project: ")]
+    for name, cost in sorted(costs.items(), key=lambda kv: -kv[1]["wasted_rollouts"]):
+        text, help_text = cost_text(cost)
+        runs = f"{cost['runs']:,} run{'s' if cost['runs'] != 1 else ''}"
+        items.append(
+            html.Span(
+                [html.Span(name or "(no project)", className="muted"), f" {text} ({runs}) "],
+                title=help_text
+                + f" GPU-hours count the {cost['runs_with_gpus']:,} of {runs} that report them.",
+                className="project-cost",
+                **{"data-project": name or ""},
+            )
+        )
+    return components.plain(items)

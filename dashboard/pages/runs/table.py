@@ -12,7 +12,9 @@ from vantage.dashboard import explain
 from vantage.dashboard.components import (
     acr_class,
     alert_chips,
+    cost_text,
     current_mitigation,
+    health_badge,
     mitigation_text,
     run_ended,
     run_href,
@@ -49,15 +51,30 @@ def sparkline(values: list, latest: float | None = None) -> html.Img:
 
 RUNS_COLUMNS = [
     ("Run", "Name and id; click for details."),
+    (
+        "Health",
+        "One word for the run, from documented rules (docs/design.md §9): critical (a critical "
+        "alert fires), stalled, collapsing (ACR above 0.35), stale, failed, warning (another "
+        "alert fires), mitigated (raw ACR high, effective ACR at or below 0.35), starting, "
+        "healthy, finished. Hover over a verdict for its numbers.",
+    ),
     ("Status", "running, stale (no data lately), finished or failed."),
     ("Project / tags", "Where the run belongs."),
     ("Last step", "Newest training step received."),
     ("Latest ACR", explain.ACR),
     ("ACR trend", "ACR over the latest steps; the dotted line is the 0.35 stall threshold."),
     (
+        "Wasted",
+        "Cost of collapse over the whole run (raw): the share of completions in groups that "
+        "all got one reward, those completions, and GPU-hours (the run config's gpus × each "
+        "step's step_s × its wasted share) when the trainer reports both. Under AVSPO these "
+        "groups still get a gradient: the figure is what plain GRPO would have wasted.",
+    ),
+    (
         "Mitigation",
-        "Applied mitigation (→ requested) · what alerts do: act (issue their "
-        "mitigation), suggest it, or notify only.",
+        "Applied mitigation (→ requested) · what alerts do in the run's mode: apply their fix "
+        "(auto: a firing rule with a mitigation command sends it), suggest it for one click, or "
+        "notify only.",
     ),
     ("Alerts", "Alerts firing now (grey: firing when the run ended); hover for the value."),
     ("Client", "Delivery health of the trainer's client: spooled, dropped or refused data."),
@@ -76,6 +93,7 @@ def runs_table(runs: list[dict]) -> html.Div | html.P:
     rows = []
     for r in runs:
         mit, mit_help = mitigation_text(r)
+        cost = cost_text(r.get("cost"))
         tags = ", ".join(r.get("tags") or [])
         rows.append(
             html.Tr(
@@ -87,6 +105,7 @@ def runs_table(runs: list[dict]) -> html.Div | html.P:
                         ],
                         className="wrap",
                     ),
+                    html.Td(health_badge(r)),
                     html.Td(status_badge(r.get("status"))),
                     html.Td(
                         [r.get("project") or "—", html.Div(tags, className="muted")],
@@ -95,6 +114,7 @@ def runs_table(runs: list[dict]) -> html.Div | html.P:
                     html.Td(explain.fmt(r.get("last_step"))),
                     latest_acr_cell(r),
                     html.Td(sparkline(r.get("spark") or [], r.get("latest_acr"))),
+                    html.Td(cost[0], className="cost"),  # the column's title says what
                     html.Td(mit, title=mit_help),
                     html.Td(alert_chips(r.get("alerts") or [], run_ended(r)) or "—"),
                     html.Td(health_cell(r.get("client"))),
@@ -110,19 +130,21 @@ def runs_table(runs: list[dict]) -> html.Div | html.P:
 
 
 def latest_acr_cell(run: dict) -> html.Td:
-    """A run's latest ACR; with a mitigation on, the same step's effective ACR below it in its
-    own colour (a run AVSPO brought to an effective 0 showed only a red ACR, the reddest on the
-    list)."""
+    """A run's latest raw ACR; when its trainer sent the same step's effective ACR (after a
+    mitigation) and it differs, that below it, labelled and in its own colour (a run AVSPO
+    brought to an effective 0 showed only a red ACR, the reddest on the list)."""
     acr = run.get("latest_acr")
-    effective = run.get("latest_effective") if current_mitigation(run) != "none" else None
-    if effective is None:
-        return html.Td(explain.fmt(acr), className=acr_class(acr), title=explain.ACR)
+    effective = run.get("latest_effective")
+    if effective is None or (current_mitigation(run) == "none" and effective == acr):
+        # the column's title explains the ACR (repeated in each of 50 rows, it doubled the table)
+        return html.Td(explain.fmt(acr), className=acr_class(acr))
     return html.Td(
         [
-            html.Span(explain.fmt(acr), className=acr_class(acr)),
+            html.Span(f"raw {explain.fmt(acr)}", className=acr_class(acr)),
             html.Div(f"effective {explain.fmt(effective)}", className=acr_class(effective)),
         ],
-        title=f"{explain.ACR} Below it, the effective ACR: after the mitigation.",
+        title="Raw: every collapsed group. Effective: the groups that still had no gradient "
+        "after the mitigation.",
     )
 
 

@@ -97,7 +97,7 @@ FASTAPI_BODY_ERROR = "There was an error parsing the body"
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
     """FastAPI's answer, except that a 422 given as one message becomes a one-entry list, so
-    that every 422 lists its errors (README, "HTTP API"); ``loc`` is empty when the message
+    that every 422 lists its errors (docs/reference/http-api.md); ``loc`` is empty when the message
     concerns the request as a whole."""
     if exc.status_code == 422 and isinstance(exc.detail, str):
         exc = HTTPException(422, [field_error(exc.detail)], headers=exc.headers)

@@ -63,8 +63,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="Vantage",
         version="0.1.0",
         lifespan=lifespan,
-        description='Advantage-collapse monitoring for GRPO runs. The README ("HTTP API") '
-        "defines the step and window metrics and the identity of groups.",
+        description="Advantage-collapse monitoring for GRPO runs. The docs site defines the step "
+        "and window metrics (docs/concepts.md) and the rules every endpoint shares: auth, errors, "
+        "limits, the identity of groups (docs/reference/http-api.md).",
     )
     app.state.settings = settings
     app.state.engine = engine

@@ -15,7 +15,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.requests import Request  # at module level: FastAPI resolves annotations here
 from vantage.server.routes.metrics import PromptSide, Split
 
-from . import auth, context, data
+from . import auth, components, context, data
 from .callback_requests import CallbackRequests
 
 log = logging.getLogger("vantage.dashboard")
@@ -96,16 +96,33 @@ def _csv_routes(app: FastAPI) -> None:
         finally:
             reset_current_request(token)
 
+    def full_id(info, run_id: str) -> str:
+        # the short id the pages show names a run here too (it was a 404); a start that
+        # several runs share stays as asked, so it is not found
+        if data.visible_run(info, run_id) is not None or len(run_id) < components.SHORT_ID:
+            return run_id
+        ids = [r["run_id"] for r in data.visible_runs(info)]
+        chosen, _, _ = components.resolve_run_ids([run_id], ids)
+        return chosen[0] if chosen else run_id
+
     # the API's parameters and checks: `?split=` applies, and a bad side or split answers 422
     def metrics_csv(request: Request, run_id: str, split: Split | None = None) -> Response:
-        text = as_caller(request, lambda info: data.metrics_csv(info, run_id, split))
-        return csv_response(text, f"{run_id}.csv")
+        def build(info) -> tuple[Any, str]:
+            full = full_id(info, run_id)
+            return data.metrics_csv(info, full, split), full
+
+        text, full = as_caller(request, build)
+        return csv_response(text, f"{full}.csv")
 
     def prompts_csv(
         request: Request, run_id: str, side: PromptSide | None = None, split: Split | None = None
     ) -> Response:
-        text = as_caller(request, lambda info: data.prompts_csv(info, run_id, side, split))
-        return csv_response(text, f"{run_id}-prompts.csv")
+        def build(info) -> tuple[Any, str]:
+            full = full_id(info, run_id)
+            return data.prompts_csv(info, full, side, split), full
+
+        text, full = as_caller(request, build)
+        return csv_response(text, f"{full}-prompts.csv")
 
     def no_such_export(run_id: str, name: str) -> Response:  # not the page index, as 200
         return Response(f"no export '{name}': metrics.csv or prompts.csv", 404)

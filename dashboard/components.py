@@ -183,7 +183,8 @@ def alert_chips(alerts: list[dict], ended: bool = False) -> list:
         html.Span(
             _chip_label(a) if names[a.get("rule")] > 1 else a.get("rule", "alert"),
             className="alert-chip alert-chip-ended" if ended else "alert-chip",
-            title=f"{when}{a.get('severity', 'warning')}: value {explain.fmt(a.get('value'))} "
+            title=f"{when}{a.get('severity', 'warning')}: value {explain.fmt(a.get('value'))}"
+            f"{' s' if a.get('metric') == 'stale' else ''} "
             f"since step {a.get('fired_step')}; the rule of {_scope(a)}",
         )
         for a in alerts

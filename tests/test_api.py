@@ -1216,9 +1216,13 @@ def test_a_blank_or_bidi_spoofed_run_name_is_refused(api):
         (" ", "visible character"),  # "[ ]" in chat
         (" warning", "cannot start or end with a blank"),
         ("a\u200fb", "bidirectional control"),  # a mark reorders its neighbours too
+        ("extreme", "must be one of info, warning, critical"),  # only these change a verdict
+        ("bananas", "must be one of info, warning, critical"),
     ):
         r = api.post("/api/v1/alert-rules", json={**rule, "severity": severity})
         assert r.status_code == 422 and says in r.text, (severity, r.text)
+    r = api.post("/api/v1/alert-rules", json={**rule, "name": "sev", "severity": "Critical"})
+    assert r.status_code in (200, 201) and r.json()["severity"] == "critical", r.text
     run = new_run(api)
     r = api.patch(f"/api/v1/runs/{run['run_id']}", json={"name": "x\ny"})
     assert r.status_code == 422 and "control characters" in r.text, r.text

@@ -104,7 +104,22 @@ def _without_edge_blanks(what: str) -> Callable[[str], str]:
 
 
 RuleName = Annotated[Name, AfterValidator(_without_edge_blanks("a rule's name"))]
-Severity = Annotated[label(32, 1), AfterValidator(_without_edge_blanks("a severity"))]
+SEVERITIES = ("info", "warning", "critical")
+
+
+def _known_severity(value: str) -> str:
+    """``value`` in lower case when it is one of `SEVERITIES`: a free label ("Critical",
+    "extreme") was stored but only exact "critical" changed a run's health verdict."""
+    if value.lower() not in SEVERITIES:
+        raise ValueError(f"severity must be one of {', '.join(SEVERITIES)} (got {value!r})")
+    return value.lower()
+
+
+Severity = Annotated[
+    label(32, 1),
+    AfterValidator(_without_edge_blanks("a severity")),
+    AfterValidator(_known_severity),
+]
 
 
 def _target(url: str) -> str:
@@ -181,7 +196,8 @@ class RulePatch(BaseModel):
     min_valid_groups: StrictInt | None = Field(default=None, ge=0, le=10**9)
     """A step with fewer valid groups neither advances nor resets for_steps (default 1)."""
     severity: Severity | None = None
-    """Free label sent with notifications (default warning)."""
+    """info, warning or critical (any case, stored in lower case; default warning); a firing
+    critical alert makes a run's health critical."""
     notify: list[text(2000, 1)] | None = Field(default=None, max_length=20)
     """Targets notified on firing and on resolving (up to 2,000 characters each): webhook URLs
     (Slack's and Discord's get their own format; `slack+https://...` or `discord+https://...`

@@ -29,6 +29,15 @@ def test_a_rule_made_on_the_rules_page_fires_and_is_silenced_from_the_alerts_pag
     page.on("response", lambda r: failed.append(r.url) if r.status >= 500 else None)
     try:
         page.goto(f"{dashboard_server.url}/dashboard/rules")
+        # every error at once, beside the form, by label (a number too large to hold was
+        # "threshold: Field required"; bad JSON with no command was saved)
+        page.fill(field("threshold"), "1e400")
+        page.fill(field("mitigation.params"), "{not json")
+        page.click("#rules-save")
+        said = page.inner_text("#rules-editor #rules-form-error")
+        for says in ("Name: required", "Threshold: required: a finite number", "not JSON"):
+            assert says in said, said
+        page.fill(field("mitigation.params"), "")
         page.fill(field("name"), "browser_rule")
         page.fill(field("metric"), "acr_all_fail")
         page.fill(field("threshold"), "0.5")
@@ -92,7 +101,10 @@ def test_a_rule_is_edited_disabled_and_deleted_on_the_rules_page(control_page, d
     assert "Saved rule edited_in_browser" in page.inner_text("#rules-saved")
     row.get_by_role("button", name="Disable", exact=True).click()
     page.wait_for_selector("#rules-done")
-    assert "disabled" in row.inner_text() and "acr > 0.8 for 3 steps" in row.inner_text()
+    # the table is drawn again after the answer shows: wait for it, not for the answer
+    sel = f"tr[data-rule-id='{rule['id']}']"
+    page.wait_for_function(f"document.querySelector(\"{sel}\")?.innerText.includes('disabled')")
+    assert "acr > 0.8 for 3 steps" in row.inner_text()
     with dashboard_server.api("control") as lead:
         saved = lead.get(f"/api/v1/alert-rules/{rule['id']}").json()
     assert (saved["threshold"], saved["for_steps"], saved["enabled"]) == (0.8, 3, False)
@@ -157,6 +169,28 @@ def test_the_rule_form_sends_what_was_given_or_changed_and_says_what_it_cannot_r
     ):
         with pytest.raises(ValueError, match=said):
             form.rule_body(fields, {**edited, name: value}, rule)
+    # every error at once, by label; bad JSON refused with no command too (it was dropped)
+    bad = {**edited, "for_steps": "1.5", "mitigation": None, "mitigation.params": "{not json"}
+    with pytest.raises(ValueError) as said:
+        form.rule_body(fields, bad, rule)
+    assert str(said.value).splitlines() == [
+        "For steps: must be a whole number",
+        "Mitigation command: the parameters are not JSON (Expecting property name enclosed "
+        "in double quotes)",
+    ]
+    # the API's 422s by the form's labels; a number the browser could not hold (1e400) came
+    # as nothing: "threshold: Field required"
+    detail = [
+        {"type": "missing", "loc": ["body", "threshold"], "msg": "Field required"},
+        {"type": "value_error", "loc": ["body", "severity"], "msg": "Value error, severity …"},
+        {"type": "x", "loc": ["body", "mitigation", "params"], "msg": "bad"},
+    ]
+    assert form.api_errors(fields, detail) == [
+        "Threshold: required: a finite number",
+        "Severity: severity …",
+        "Mitigation command params: bad",
+    ]
+    assert next(f for f in fields if f.name == "severity").kind == "choice"
 
 
 def test_the_alerts_table_keeps_names_as_text_on_one_line():
@@ -175,3 +209,9 @@ def test_the_alerts_table_keeps_names_as_text_on_one_line():
     assert "<img" not in table and "<script>" not in table and "\n" not in table
     assert "&lt;img src=x onerror=alert(1)&gt;" in table
     assert 'href="/dashboard/runs/r1?step=4"' in table and 'data-alert-id="7"' in table
+    # each step named ("3 → 4", and "0 → 0" for pending and fired at once, read as a range)
+    assert "<td>pending 3, fired 4</td>" in table
+    # a stale alert's value is seconds, and says so
+    stale = {**alert, "metric": "stale", "value": 312.0, "resolved_step": 9}
+    table = alerts_table([stale], runs, {}, True)
+    assert "<td>312 s</td>" in table and "<td>pending 3, fired 4, resolved 9</td>" in table

@@ -133,6 +133,12 @@ def test_csv_downloads_use_the_login_cookie(dashboard_server):
         assert r.status_code == 200
         assert r.text.startswith("prompt_id,groups,steps,collapsed,all_pass")
         assert c.get("/dashboard/export/no-such-run/metrics.csv").status_code == 404
+        # the short id the pages show names the run here too (it was a 404)
+        short = c.get(f"/dashboard/export/{run_id[:8]}/metrics.csv")
+        assert short.status_code == 200, short.text
+        assert short.text == c.get(f"/dashboard/export/{run_id}/metrics.csv").text
+        assert run_id in short.headers["content-disposition"]
+        assert c.get(f"/dashboard/export/{run_id[:8]}/prompts.csv").status_code == 200
         # as the API: a split filters (it was ignored), a bad side or split is a 422 (an empty
         # CSV), and another file name a 404 (the page's HTML, as 200): a trial
         with dashboard_server.api("read") as api:

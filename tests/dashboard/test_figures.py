@@ -285,6 +285,9 @@ def test_kpi_cards_explain_each_number():
         cards = {c["id"]: c for c in kpis.cards(state, {"group_size": size, "status": "running"})}
         assert cards["wasted"]["value"] == "20%"
     assert cards["wasted"]["sub"] == "last 3 steps"
+    one = kpis.initial_state({}, tail[:1], False, 1)
+    one_card = {c["id"]: c for c in kpis.cards(one, {"status": "running"})}
+    assert one_card["wasted"]["sub"] == "last 1 step"  # not "last 1 steps"
     # counted before the trainer's mitigation, which the card says once there is one (a trial)
     tail[-1]["acr_effective"] = 0.0
     state = kpis.initial_state({}, tail, False, 1)
@@ -429,14 +432,19 @@ def test_a_non_finite_scalar_is_a_gap_named_in_the_title():
     fig = figures.scalars_figure(points)
     go.Figure(fig)
     assert fig["data"][0]["y"] == [0.5, None, None]
-    # every non-finite scalar of the step is counted (the others went unsaid: a trial)
-    said = "<br><sup>non-finite: loss NaN, reward_std Infinity at step 1</sup>"
+    # every scalar with non-finite values is named, with its first step and how many steps
+    # (only the first step's were: a KL gone Infinity later went unsaid, a trial)
+    said = "<br><sup>non-finite: loss NaN at step 1 (2 steps), reward_std Infinity at step 1</sup>"
     assert fig["layout"]["title"]["text"].endswith(said)
     # a scalar's name is text in the title too (`<a href=…>` was a link there)
     evil = point(1, scalars={'<a href="https://evil.example/">l</a>': "NaN"})
     assert figures.non_finite_scalar([evil]).startswith('&lt;a href="https://evil.example/"&gt;')
-    many = point(1, scalars={"a": "NaN", "b": "NaN", "c": "Infinity", "d": 1.0})
-    assert figures.non_finite_scalar([many]) == "a NaN, b NaN and 1 more at step 1"
+    later = [point(0, scalars={"loss": "NaN", "kl": 0.1}), point(2, scalars={"kl": "Infinity"})]
+    assert figures.non_finite_scalar(later) == "loss NaN at step 0, kl Infinity at step 2"
+    many = point(1, scalars={"a": "NaN", "b": "NaN", "c": "Infinity", "e": "NaN", "d": 1.0})
+    assert figures.non_finite_scalar([many]) == (
+        "a NaN at step 1, b NaN at step 1, c Infinity at step 1 and 1 more"
+    )
     go.Figure(figures.reward_figure(points, False))  # reward ± std skips the non-finite std
     assert "non-finite" not in figures.scalars_figure(points[:1])["layout"]["title"]["text"]
 

@@ -17,8 +17,8 @@ ALERT_COLUMNS = [
     ("Severity", "The rule's label, sent with its notifications."),
     ("Rule", "The rule and the metric it watches; rules are on the Rules page."),
     ("Run", "The run, linked at the alert's step."),
-    ("Value", "The metric at the latest step evaluated."),
-    ("Steps", "Pending → fired → resolved step."),
+    ("Value", "The metric at the latest step evaluated (stale: seconds since the last step)."),
+    ("Steps", "The step it began pending at, fired at and resolved at."),
     ("Fired", "When it fired (UTC)."),
     ("What to do", "The rule's recommended action, when it has one."),
     ("Notifications", "Muted until a silence ends, or a button that mutes them."),
@@ -55,9 +55,26 @@ def run_link(alert: dict, run: dict | None) -> str:
     return _tag("a", _text(name), {"href": href, "title": title})
 
 
+# each step named ("0 → 0" read as a range for an alert pending and fired at step 0)
+_STEP_NAMES = (("pending_step", "pending"), ("fired_step", "fired"), ("resolved_step", "resolved"))
+# metrics whose value is not a bare ratio or count: their unit beside the value
+_UNITS = {"stale": "s"}
+
+
 def _steps(alert: dict) -> str:
-    shown = [explain.fmt(alert.get(k)) for k in ("pending_step", "fired_step", "resolved_step")]
-    return " → ".join(s for s in shown if s != "—") or "—"
+    """As "pending 3, fired 5, resolved 9": the steps the alert has reached; "—" for none."""
+    shown = [
+        f"{said} {explain.fmt(alert[k])}" for k, said in _STEP_NAMES if alert.get(k) is not None
+    ]
+    return ", ".join(shown) or "—"
+
+
+def _value(alert: dict) -> str:
+    """The alert's value with its metric's unit (a `stale` alert's 312 is seconds)."""
+    unit = _UNITS.get(alert.get("metric") or "")
+    if not unit or not isinstance(alert.get("value"), int | float):
+        return explain.fmt(alert.get("value"))
+    return f"{explain.fmt(alert['value'], 0)} {unit}"
 
 
 def _silence_cell(alert: dict, muted: str | None, can_control: bool) -> str:
@@ -86,7 +103,7 @@ def _row(a: dict, run: dict | None, muted: str | None, can_control: bool) -> str
         (_text(a.get("severity") or "—"), None),
         (_text(a.get("rule") or "?") + metric, None),
         (run_link(a, run) + project, "wrap"),
-        (_text(explain.fmt(a.get("value"))), None),
+        (_text(_value(a)), None),
         (_text(_steps(a)), None),
         (_text((a.get("fired_at") or "")[:16].replace("T", " ") or "—"), None),
         (_text(a.get("recommended_action") or "—"), "wrap"),

@@ -56,7 +56,8 @@ FIELDS: tuple[Field, ...] = (
           "relative comparison covers."),
     Field("warmup_steps", "Warmup steps", "int", "A run's first steps with a value, which "
           "feed the baseline and never fire."),
-    Field("severity", "Severity", "text", "A label sent with notifications (default warning).",
+    Field("severity", "Severity", "choice", "Sent with notifications; a firing critical alert "
+          "makes the run critical (default warning).",
           ("info", "warning", "critical")),
     Field("project", "Project", "text", "Only this project's runs (empty: every project)."),
     Field("run_id", "Run id", "text", "Only this run (empty: every run)."),
@@ -80,6 +81,10 @@ FIELDS: tuple[Field, ...] = (
           "when the rule has no field of that name."),
     Field("enabled", "Enabled", "bool", "A disabled rule is not evaluated."),
 )  # fmt: skip
+
+
+# the fields a new rule must have, and what each must be
+REQUIRED = {"name": "required", "metric": "required", "threshold": "required: a finite number"}
 
 
 def shown_fields() -> tuple[Field, ...]:
@@ -151,10 +156,21 @@ def rule_body(
 ) -> dict[str, Any]:
     """The API body of the form's ``values`` (by field id): for a new rule (``original``
     None) the fields given; for an edit, only those that differ from ``original`` (a cleared
-    one as null). Raises ValueError naming the field for a value the form cannot read."""
+    one as null). Raises ValueError naming, by its label, each field the form cannot read
+    (one a line: only the first was said)."""
     body: dict[str, Any] = {}
+    errors: list[str] = []
     for f in fields:
-        value = _read(f, values)
+        try:
+            value = _read(f, values)
+        except ValueError as exc:
+            errors.append(str(exc))
+            continue
+        if original is None and f.name in REQUIRED and value is None:
+            # a number input holds nothing for one it cannot read (1e400): said here with the
+            # rest, not as the API's "threshold: Field required" after them
+            errors.append(f"{f.label}: {REQUIRED[f.name]}")
+            continue
         if original is None:
             if value is not None and value != []:
                 body[f.name] = value
@@ -162,7 +178,32 @@ def rule_body(
         before = original.get(f.name)
         if value != (before or [] if f.kind == "lines" else before):
             body[f.name] = value
+    if errors:
+        raise ValueError("\n".join(errors))
     return body
+
+
+def api_errors(fields: tuple[Field, ...], detail: Any) -> list[str] | None:
+    """A 422's errors (FastAPI's ``detail`` list) as the form says them, each field by its
+    label ("Threshold: …", not "threshold: …"); None when ``detail`` is not such a list. A
+    number field that is "required" was empty or not a number the browser could hold (1e400
+    reached the server as nothing)."""
+    if not isinstance(detail, list) or not all(isinstance(e, dict) for e in detail):
+        return None
+    by_name = {f.name: f for f in fields}
+    out = []
+    for e in detail:
+        loc = [str(p) for p in e.get("loc") or [] if p != "body"]
+        f = by_name.get(loc[0]) if loc else None
+        msg = str(e.get("msg", "")).removeprefix("Value error, ")
+        if f is None:
+            out.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
+            continue
+        if f.kind in ("number", "int") and e.get("type") == "missing":
+            msg = "required: a finite number" if f.kind == "number" else "required: a whole number"
+        rest = f" {'.'.join(loc[1:])}" if loc[1:] else ""
+        out.append(f"{f.label}{rest}: {msg}")
+    return out
 
 
 def _read(f: Field, values: dict[str, Any]) -> Any:
@@ -172,8 +213,8 @@ def _read(f: Field, values: dict[str, Any]) -> Any:
     if f.kind == "lines":
         return [line.strip() for line in str(raw or "").splitlines() if line.strip()]
     if f.kind == "command":
-        if not raw:
-            return None
+        # the parameters are read even without a command: `{not json` beside "none" was
+        # dropped without a word
         text = str(values.get(f.name + ".params") or "").strip()
         try:
             params = json.loads(text) if text else {}
@@ -181,6 +222,10 @@ def _read(f: Field, values: dict[str, Any]) -> Any:
             raise ValueError(f"{f.label}: the parameters are not JSON ({exc.msg})") from None
         if not isinstance(params, dict):
             raise ValueError(f"{f.label}: the parameters must be a JSON object, like {{}}")
+        if not raw:
+            if params:
+                raise ValueError(f"{f.label}: parameters given, but no command chosen")
+            return None
         return {"type": raw, "params": params}
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return None

@@ -35,6 +35,8 @@ def layout(**_query: Any) -> html.Div:
             ),
             html.Div(form.inputs(fields, form.form_values(fields, None)), className="rule-form"),
             html.Button("Save rule", id="rules-save", className="action", n_clicks=0),
+            # the save's answer beside the button (at the page's top it went unseen)
+            html.Div(id="rules-form-result"),
         ],
         className="card",
         id="rules-editor",
@@ -64,9 +66,13 @@ def layout(**_query: Any) -> html.Div:
     )
 
 
-@callback(Output("rules-body", "children"), Input("rules-result", "children"))
+@callback(
+    Output("rules-body", "children"),
+    Input("rules-result", "children"),
+    Input("rules-form-result", "children"),
+)
 @context.in_thread
-def refresh_rules(_result) -> Any:
+def refresh_rules(_result, _saved) -> Any:
     info = context.current_key()
     why_not = None if context.can(info, "control") else READ_ONLY
     return rules_table(alert_data.rules(info), why_not)
@@ -104,6 +110,7 @@ def fill_form(_edits, _new) -> Any:
 
 @callback(
     Output("rules-result", "children"),
+    Output("rules-form-result", "children"),
     Input("rules-save", "n_clicks"),
     Input({"type": "rule-toggle", "rule": ALL}, "n_clicks"),
     Input({"type": "rule-delete", "rule": ALL}, "n_clicks"),
@@ -115,15 +122,21 @@ def fill_form(_edits, _new) -> Any:
 )
 @context.in_thread
 def act(_save, _toggle, _delete, _confirm, _test, values, editing) -> Any:
-    """Save the form, enable or disable, delete (after a confirmation) or test a rule."""
+    """Save the form (its answer beside the form), enable or disable, delete (after a
+    confirmation) or test a rule (their answers above the table)."""
     if not _clicked():
-        return no_update
+        return no_update, no_update
     if not context.can(context.current_key(), "control"):
-        return _said(READ_ONLY)
+        return _said(READ_ONLY), no_update
     trigger = ctx.triggered_id
     if trigger == "rules-save":
         ids = [s["id"]["field"] for s in ctx.states_list[0]]
-        return _save_rule(dict(zip(ids, values or [], strict=False)), editing)
+        return no_update, _save_rule(dict(zip(ids, values or [], strict=False)), editing)
+    return _acted(trigger), no_update
+
+
+def _acted(trigger: dict) -> Any:
+    """Enable or disable, delete (after a confirmation) or test the rule of ``trigger``."""
     kind, rule_id = trigger.get("type"), trigger.get("rule")
     if kind == "rule-delete":
         return html.Div(
@@ -158,11 +171,11 @@ def act(_save, _toggle, _delete, _confirm, _test, values, editing) -> Any:
     return _said(f"Sent a test message to {target}.", answer, "rules-test-sent")
 
 
-def _save_rule(values: dict[str, Any], editing: dict | None) -> html.P:
+def _save_rule(values: dict[str, Any], editing: dict | None) -> html.Div | html.P:
     try:
         body = form.rule_body(form.shown_fields(), values, editing)
     except ValueError as exc:
-        return _said(str(exc))
+        return _refused(str(exc).splitlines())
     if editing is None:
         answer = alert_data.call_api("POST", RULES_API, body)
         done = f"Created rule {answer.body.get('name')} ({answer.body.get('id')})."
@@ -171,9 +184,21 @@ def _save_rule(values: dict[str, Any], editing: dict | None) -> html.P:
     else:
         answer = alert_data.call_api("PUT", f"{RULES_API}/{editing['id']}", body)
         done = f"Saved rule {editing['name']}."
-    if answer.ok and answer.body.get("warning"):
+    if not answer.ok:
+        detail = answer.body.get("detail") if isinstance(answer.body, dict) else None
+        return _refused(form.api_errors(form.shown_fields(), detail) or [answer.said()])
+    if answer.body.get("warning"):
         done += f" Note: {answer.body['warning']}"
     return _said(done, answer, "rules-saved")
+
+
+def _refused(errors: list[str]) -> html.Div:
+    """Every error of a save, one a line, each field by the form's label."""
+    return html.Div(
+        [html.P("Not saved:", className="result-error"),
+         html.Ul([html.Li(e) for e in errors], className="result-error")],
+        id="rules-form-error",
+    )  # fmt: skip
 
 
 def _said(done: str, answer: alert_data.ApiAnswer | None = None, id_: str = "") -> html.P:

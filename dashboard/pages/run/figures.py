@@ -171,17 +171,27 @@ def reward_figure(
 REWARD_BAND = 1  # the trace of REWARD_SERIES that names the ± std band in the legend
 
 
-def non_finite_scalar(points: Iterable[Point]) -> str | None:
-    """The non-finite trainer scalars of the first step that has any, as "loss NaN at step
-    812" or "loss NaN, kl Infinity and 2 more at step 812"; None if there is none. A loss gone
-    NaN is the usual sign of a diverged run."""
+def non_finite_scalar(points: Iterable[Point], most: int = 3) -> str | None:
+    """Each trainer scalar with non-finite values, by first such step: its first value, step
+    and how many steps had one, as "loss NaN at step 0 (3 steps), kl Infinity at step 2"
+    (up to ``most`` scalars, then "and 2 more"); None if there is none. Naming only the first
+    step's hid a KL gone Infinity later. A loss gone NaN is the usual sign of a diverged run."""
+    first: dict[str, tuple[int, str]] = {}
+    count: dict[str, int] = {}
     for p in points:
-        scalars = (p.get("scalars") or {}).items()
-        bad = [f"{plotly_text(name)} {v}" for name, v in scalars if isinstance(v, str)]
-        if bad:
-            more = f" and {len(bad) - 2} more" if len(bad) > 2 else ""
-            return f"{', '.join(bad[:2])}{more} at step {p['step']}"
-    return None
+        for name, v in (p.get("scalars") or {}).items():
+            if isinstance(v, str):
+                first.setdefault(name, (p["step"], v))
+                count[name] = count.get(name, 0) + 1
+    if not first:
+        return None
+    said = [
+        f"{plotly_text(name)} {v} at step {step}"
+        + (f" ({count[name]} steps)" if count[name] > 1 else "")
+        for name, (step, v) in sorted(first.items(), key=lambda kv: kv[1][0])
+    ]
+    more = f" and {len(said) - most} more" if len(said) > most else ""
+    return ", ".join(said[:most]) + more
 
 
 SCALARS_TITLE = "Trainer scalars (as the trainer logged them)"

@@ -166,7 +166,7 @@ def cards(state: dict[str, Any], run: dict) -> list[dict[str, Any]]:
     if wasted is None and tail and scored:  # no ACR at all: no "0.0/step" either
         # Without a group size that fits the data, show completions wasted per step instead.
         wasted_text = f"{explain.fmt(sum(r[3] or 0 for r in tail) / len(tail), 1)}/step"
-    wasted_sub = f"last {len(tail)} steps"
+    wasted_sub = f"last {len(tail)} step{'' if len(tail) == 1 else 's'}"
     if why:
         wasted_sub += f"; {why}"
     cost = run.get("cost")

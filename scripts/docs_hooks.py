@@ -21,6 +21,8 @@ import json
 import os
 import re
 import tempfile
+import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -203,6 +205,26 @@ def _cli() -> str:
     return "\n".join(out)
 
 
+def _kind(annotation: Any) -> tuple[str, list[Any]]:
+    """A setting's type in words, and the constraints hidden in its ``Annotated`` parts:
+    ``Optional[Annotated[float, Field(gt=0)]]`` is ("float or unset", [the Field's metadata])."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        kind, metadata = _kind(args[0])
+        for extra in args[1:]:
+            metadata += [extra, *getattr(extra, "metadata", [])]
+        return kind, metadata
+    if origin in (typing.Union, types.UnionType):
+        parts = [_kind(a) for a in args if a is not type(None)]
+        kind = " or ".join(k for k, _ in parts)
+        if type(None) in args:
+            kind += " or unset"
+        return kind, [m for _, ms in parts for m in ms]
+    if isinstance(annotation, type):
+        return annotation.__name__, []
+    return str(annotation).replace("typing.", "").replace("pydantic.types.", ""), []
+
+
 def _settings() -> str:
     from pydantic_core import PydanticUndefined
     from vantage.server.settings import Settings
@@ -220,12 +242,10 @@ def _settings() -> str:
             default = "unset"
         else:
             default = f"`{json.dumps(field.default)}`"
-        kind = str(field.annotation).replace("typing.", "").replace("pydantic.types.", "")
-        if isinstance(field.annotation, type):
-            kind = field.annotation.__name__
+        kind, metadata = _kind(field.annotation)
         bounds = [
             f"{label} {getattr(m, attr)}"
-            for m in field.metadata
+            for m in [*field.metadata, *metadata]
             for attr, label in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"))
             if getattr(m, attr, None) is not None
         ]

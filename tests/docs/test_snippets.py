@@ -25,11 +25,14 @@ pytestmark = pytest.mark.xdist_group("docs-snippets")  # one worker, one server
 
 @pytest.fixture(scope="module")
 def docs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One `vantage serve` with auth on, on SQLite, and a key with every scope the snippets use."""
+    """One `vantage serve` with auth on, on SQLite, and the two keys the docs tell a user to make:
+    the trainer's (ingest, read) and a lead's (read, control), so a snippet that uses the wrong
+    one fails as it would for the user."""
     workdir = tmp_path_factory.mktemp("docs-server")
     server = start_server(f"sqlite:///{workdir / 'vantage.db'}", workdir)
     try:
-        server.keys["docs"] = create_key(server.database_url, "ingest,read,control", name="docs")
+        server.keys["trainer"] = create_key(server.database_url, "ingest,read", name="trainer")
+        server.keys["lead"] = create_key(server.database_url, "read,control", name="lead")
         yield server
     finally:
         server.proc.terminate()
@@ -37,11 +40,12 @@ def docs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 
 
 def _env(server: ServerProcess, workdir: Path) -> dict[str, str]:
-    key = server.keys["docs"]
+    key = server.keys["trainer"]
     return {
         **os.environ,
         "VANTAGE_SERVER": server.url,
         "VANTAGE_API_KEY": key,
+        "VANTAGE_CONTROL_KEY": server.keys["lead"],
         "KEY": key,
         "VANTAGE_SPOOL_DIR": str(workdir / "spool"),
     }

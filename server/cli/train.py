@@ -11,8 +11,18 @@ from ..preflight import TRAINER_MODULES, needs
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `train` to the `vantage` parser."""
     p = sub.add_parser("train", help="run the bundled GRPO trainer")
-    p.add_argument("config")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p.add_argument(
+        "config",
+        help="a config shipped in trainer/configs (arith-tiny, smollm2-arith, gsm8k-gpu) "
+        "or the path of a YAML file of trainer settings",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override one trainer setting (repeat for more: --set steps=20 --set lr=1e-5); "
+        "the settings are the fields of trainer/config.py",
+    )
     p.set_defaults(func=cmd_train)
 
 

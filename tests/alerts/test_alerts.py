@@ -17,7 +17,7 @@ import pytest
 from tests.helpers.alerts import Receiver, alerts_of, make_rule
 from tests.helpers.api import new_run, post_steps
 from tests.helpers.cli import create_key, run_cli
-from tests.helpers.postgres import REQUIRE_POSTGRES, new_postgres_database
+from tests.helpers.postgres import database_for
 from tests.helpers.server import start_server
 
 ALL_FAIL = [[0, 0, 0, 0]] * 4
@@ -32,16 +32,7 @@ def groups_with_acr(acr: float) -> list[list[int]]:
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def alerts_server(request, tmp_path_factory):
-    drop = None
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('alerts-db') / 'vantage.db'}"
-    else:
-        try:
-            url, drop = new_postgres_database()
-        except Exception as exc:  # noqa: BLE001
-            if REQUIRE_POSTGRES:
-                pytest.fail(f"PostgreSQL is required but: {exc}")
-            pytest.skip(f"PostgreSQL not reachable: {exc}")
+    url, drop = database_for(request.param, tmp_path_factory.mktemp("alerts-db"))
     run_cli("db", "upgrade", "--database-url", url)
     keys = {
         "read": create_key(url, "read"),

@@ -16,7 +16,7 @@ from tests.helpers.alerts import Receiver
 from tests.helpers.api import new_run, post_steps
 from tests.helpers.cli import create_key, run_cli
 from tests.helpers.polling import wait_until
-from tests.helpers.postgres import REQUIRE_POSTGRES, new_postgres_database
+from tests.helpers.postgres import database_for
 from tests.helpers.server import start_server
 
 DETECTORS = (
@@ -34,16 +34,7 @@ AFTER = 8  # ... and how many steps a faulty run goes on
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def server(request, tmp_path_factory):
-    drop = None
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('detectors-db') / 'vantage.db'}"
-    else:
-        try:
-            url, drop = new_postgres_database()
-        except Exception as exc:  # noqa: BLE001
-            if REQUIRE_POSTGRES:
-                pytest.fail(f"PostgreSQL is required but: {exc}")
-            pytest.skip(f"PostgreSQL not reachable: {exc}")
+    url, drop = database_for(request.param, tmp_path_factory.mktemp("detectors-db"))
     run_cli("db", "upgrade", "--database-url", url)
     srv = start_server(url, tmp_path_factory.mktemp("detectors-logs"))
     srv.keys = {"all": create_key(url, "ingest,read,control,admin", "all")}

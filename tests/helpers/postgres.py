@@ -47,3 +47,17 @@ def new_postgres_database(prefix: str = "vantage_test") -> tuple[str, Callable[[
         _execute_on_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     return f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}", drop
+
+
+def database_for(kind: str, folder) -> tuple[str, Callable[[], None] | None]:  # noqa: ANN001
+    """An empty database of ``kind`` ("sqlite": a file in ``folder``; "postgres": a new database,
+    skipped or failed as `require_postgres` does): its URL and its drop function (None for
+    SQLite)."""
+    if kind == "sqlite":
+        return f"sqlite:///{folder / 'vantage.db'}", None
+    try:
+        return new_postgres_database()
+    except Exception as exc:  # noqa: BLE001 - any failure to connect means "not here"
+        if REQUIRE_POSTGRES:
+            pytest.fail(f"PostgreSQL is required but: {exc}")
+        pytest.skip(f"PostgreSQL not reachable: {exc}")
